@@ -1,0 +1,42 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both build .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit integration netns bench bench-quick stress clean
+
+$(STAMP): pyproject.toml setup.cfg constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check torch_mingle tests benchmarks examples
+	$(BIN)/ruff format --check torch_mingle tests benchmarks examples
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest tests
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration
+
+netns: $(STAMP)
+	$(BIN)/python -m pytest tests/netns
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/rendezvous_latency.py
+
+bench-quick: $(STAMP)
+	$(BIN)/python benchmarks/rendezvous_latency.py --quick
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

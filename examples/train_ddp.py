@@ -1,0 +1,128 @@
+"""A small DDP training (nn.Linear, gloo or NCCL) that torchrun starts on every node.
+
+Nothing here knows an address: torchrun's agent sets MASTER_ADDR/MASTER_PORT, RANK and
+WORLD_SIZE from the mingle rendezvous, and ``init_process_group`` reads them (env://).
+
+With ``--checkpoint DIR`` rank 0 saves the model after every step and every restarted
+round resumes from the last checkpoint, as an elastic job should. ``--report DIR`` makes
+every rank write what it saw (JSON), which the tests read. The ``--fail-*`` options
+inject failures for the fault-tolerance tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+IN_FEATURES = 8
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step (simulated compute)")
+    p.add_argument("--checkpoint", type=Path, default=None)
+    p.add_argument("--report", type=Path, default=None)
+    p.add_argument("--fail-at-step", type=int, default=-1, help="global rank --fail-rank exits 1 at this step")
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-once-marker", type=Path, default=None, help="fail only if this file does not exist")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args()
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def load_checkpoint(path: Path | None, model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    if path is None or not (path / "ckpt.pt").exists():
+        return 0
+    state = torch.load(path / "ckpt.pt", weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return int(state["step"])
+
+
+def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / f"ckpt.pt.tmp{os.getpid()}"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+    tmp.replace(path / "ckpt.pt")
+
+
+def main() -> int:
+    args = parse_args()
+    t_start = time.time()
+    backend = "nccl" if torch.cuda.is_available() and os.environ.get("TRAIN_BACKEND") != "gloo" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if backend == "nccl" else torch.device("cpu")
+    torch.manual_seed(0)
+    model = nn.Linear(IN_FEATURES, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    start_step = load_checkpoint(args.checkpoint, model, opt)
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters to every rank
+    env = {k: os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT",
+                                              "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    if not args.quiet:
+        log(f"rank {rank}/{world} up: MASTER_ADDR={env['MASTER_ADDR']} MASTER_PORT={env['MASTER_PORT']} "
+            f"backend={backend} resuming at step {start_step}")
+    t_first = None
+    gen = torch.Generator().manual_seed(1234)
+    true_w = torch.arange(IN_FEATURES, dtype=torch.float32).unsqueeze(1) / IN_FEATURES
+    loss = torch.tensor(0.0)
+    for step in range(start_step, args.steps):
+        if step == args.fail_at_step and rank == args.fail_rank:
+            marker = args.fail_once_marker
+            if marker is None or not marker.exists():
+                if marker is not None:
+                    marker.touch()
+                log(f"rank {rank}: injected failure at step {step}")
+                sys.stdout.flush()
+                os._exit(1)
+        # Every rank draws its own slice of the same global batch, so the run is reproducible.
+        x_all = torch.randn(world * 16, IN_FEATURES, generator=gen)
+        x = x_all[rank * 16:(rank + 1) * 16].to(device)
+        y = x @ true_w.to(device)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        if t_first is None:
+            t_first = time.time()
+        if rank == 0 and args.checkpoint is not None:
+            save_checkpoint(args.checkpoint, model, opt, step + 1)
+        if not args.quiet and (rank == 0 or step == args.steps - 1):
+            log(f"rank {rank}/{world} step {step + 1}/{args.steps} loss {loss.item():.5f}")
+        if args.step_time:
+            time.sleep(args.step_time)
+    dist.barrier()
+    params = [p.detach().cpu().flatten().tolist() for p in model.parameters()]
+    if args.report is not None:
+        args.report.mkdir(parents=True, exist_ok=True)
+        report = {
+            "rank": rank, "world_size": world, "steps": args.steps, "start_step": start_step,
+            "params": params, "loss": float(loss.item()), "env": env, "pid": os.getpid(),
+            "t_start": t_start, "t_first_step": t_first, "t_end": time.time(),
+        }
+        attempt = env["TORCHELASTIC_RESTART_COUNT"] or "0"
+        (args.report / f"rank{rank}-pid{os.getpid()}-attempt{attempt}.json").write_text(json.dumps(report))
+    if not args.quiet:
+        log(f"rank {rank}/{world} done: final loss {loss.item():.5f}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

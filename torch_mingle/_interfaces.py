@@ -1,0 +1,186 @@
+"""Network interfaces: listing them (netifaces, via multicast-expert) and choosing one.
+
+All interface code lives here because netifaces is unmaintained: if it has to be
+replaced, this is the only module that changes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import struct
+import sys
+from dataclasses import dataclass
+
+import multicast_expert
+from multicast_expert import IfaceInfo
+
+from torch_mingle.errors import README_NETWORKS, MingleConfigError
+
+log = logging.getLogger(__name__)
+
+_SIOCGIFFLAGS = 0x8913
+_IFF_UP = 0x1
+_IFF_LOOPBACK = 0x8
+_IFF_RUNNING = 0x40
+_IFF_MULTICAST = 0x1000
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One interface as torch_mingle uses it: a name, its addresses of one family, its flags."""
+
+    name: str
+    index: int
+    family: int
+    addresses: tuple[str, ...]
+    up: bool
+    loopback: bool
+    multicast: bool
+    info: IfaceInfo
+
+    @property
+    def address(self) -> str:
+        """The address this node advertises on the interface (global before link-local)."""
+        return _preferred(self.addresses)
+
+    def describe(self) -> str:
+        flags = ",".join(
+            f for f, on in (("up", self.up), ("loopback", self.loopback), ("multicast", self.multicast)) if on
+        )
+        return f"{self.name} ({', '.join(self.addresses) or 'no address'}; {flags or 'down'})"
+
+
+def family_of(address: str) -> int:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    return socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+
+
+def _preferred(addresses: tuple[str, ...]) -> str:
+    def rank(addr: str) -> tuple[int, str]:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+        return (1 if ip.is_link_local else 0, addr)
+
+    return min(addresses, key=rank)
+
+
+def _flags(name: str) -> int | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    import fcntl  # noqa: PLC0415 - Linux only
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            res = fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, struct.pack("16sH", name.encode()[:15], 0))
+    except OSError:
+        return None
+    flags: int = struct.unpack("16sH", res[:18])[1]
+    return flags
+
+
+def _addresses(info: IfaceInfo, family: int) -> tuple[str, ...]:
+    if family == socket.AF_INET:
+        return tuple(str(a.ip) for a in info.ip4_addrs)
+    out = []
+    for a in info.ip6_addrs:
+        ip = a.ip
+        text = str(ip).split("%", 1)[0]
+        out.append(f"{text}%{info.machine_name}" if ip.is_link_local else text)
+    return tuple(out)
+
+
+def list_interfaces(family: int) -> list[Interface]:
+    """Every interface on this node, with its addresses of ``family``, sorted by name."""
+    result = []
+    for info in multicast_expert.scan_interfaces():
+        flags = _flags(info.machine_name)
+        loopback = info.is_localhost() if flags is None else bool(flags & _IFF_LOOPBACK)
+        result.append(
+            Interface(
+                name=info.machine_name,
+                index=info.index,
+                family=family,
+                addresses=_addresses(info, family),
+                up=True if flags is None else bool(flags & _IFF_UP),
+                loopback=loopback,
+                multicast=True if flags is None else bool(flags & _IFF_MULTICAST) or loopback,
+                info=info,
+            )
+        )
+    return sorted(result, key=lambda i: i.name)
+
+
+def _matches(iface: Interface, spec: str) -> bool:
+    if iface.name == spec:
+        return True
+    try:
+        wanted = ipaddress.ip_address(spec.split("%", 1)[0])
+    except ValueError:
+        return False
+    return any(ipaddress.ip_address(a.split("%", 1)[0]) == wanted for a in iface.addresses)
+
+
+def _listing(ifaces: list[Interface]) -> str:
+    return "; ".join(i.describe() for i in ifaces) or "none"
+
+
+def _usable(iface: Interface) -> bool:
+    return iface.up and iface.multicast and bool(iface.addresses)
+
+
+def _default_route_interface(family: int) -> str | None:
+    try:
+        import netifaces  # noqa: PLC0415
+
+        gateways = netifaces.gateways()
+        name: str = gateways["default"][netifaces.AF_INET6 if family == socket.AF_INET6 else netifaces.AF_INET][1]
+    except (KeyError, OSError, IndexError, TypeError):
+        return None
+    return name
+
+
+def choose_interface(spec: str | None, family: int, *, local_addr: str | None = None) -> tuple[Interface, str]:
+    """Resolve ``interface=`` (a name or an address) or pick one; returns it and why it was chosen."""
+    ifaces = list_interfaces(family)
+    fam = "IPv6" if family == socket.AF_INET6 else "IPv4"
+    if spec is not None:
+        found = [i for i in ifaces if _matches(i, spec)]
+        if not found:
+            raise MingleConfigError(
+                f"rdzv_conf interface={spec!r} matches no interface on this node; interfaces here: "
+                f"{_listing(ifaces)}; fix: --rdzv_conf interface=<one of these names or addresses>"
+            )
+        iface = found[0]
+        if not iface.up:
+            raise MingleConfigError(f"rdzv_conf interface={spec!r}: {iface.name} is down; bring it up or pick another")
+        if not iface.addresses:
+            raise MingleConfigError(
+                f"rdzv_conf interface={spec!r}: {iface.name} has no {fam} address, but the group is {fam}; "
+                f"give it an address or pick a group of the other family (see {README_NETWORKS})"
+            )
+        if not iface.multicast:
+            raise MingleConfigError(
+                f"rdzv_conf interface={spec!r}: {iface.name} does not support multicast (no MULTICAST flag); "
+                f"pick another interface (see {README_NETWORKS})"
+            )
+        return iface, "set by rdzv_conf interface"
+    if local_addr:
+        for i in ifaces:
+            if _usable(i) and _matches(i, local_addr):
+                return i, f"holds --local-addr {local_addr}"
+    usable = [i for i in ifaces if _usable(i)]
+    gateway = _default_route_interface(family)
+    for i in usable:
+        if i.name == gateway and not i.loopback:
+            return i, f"carries the default {fam} route"
+    external = [i for i in usable if not i.loopback]
+    if external:
+        return external[0], f"first multicast-capable {fam} interface by name (no default route)"
+    loop = [i for i in usable if i.loopback]
+    if loop:
+        return loop[0], f"loopback: no other {fam} interface is up"
+    raise MingleConfigError(
+        f"no interface on this node can carry {fam} multicast; interfaces here: {_listing(ifaces)}; "
+        f"fix: --rdzv_conf interface=<name> (see {README_NETWORKS})"
+    )

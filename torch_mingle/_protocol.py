@@ -1,0 +1,605 @@
+"""Discovery and leader election for one job, without I/O.
+
+How it works
+------------
+Every node of a job runs one ``Discovery``. Time comes in as ``now`` (seconds, any
+monotonic origin); datagrams come in through ``receive_datagram`` and go out through
+``datagrams_to_send``; the caller asks ``next_timer()`` and calls ``handle_timer(now)``.
+Decisions come out as events (``BecomeLeader``, ``LeaderFound``, ``LeaderLost``,
+``SteppedDown``). Nothing here touches a socket, a thread or the clock, so a test can
+run hundreds of nodes on a fake network in milliseconds.
+
+* A starting node multicasts ``QUERY`` ("who leads job J?") and retries with backoff.
+  A leader answers at once with ``ANNOUNCE`` (unicast to the asker, and multicast,
+  rate-limited), so a late joiner adopts the existing leader in one round trip.
+* If no leader answers within ``election_window_s``, the nodes that heard each other's
+  queries pick the lowest node id among the candidates heard. That node claims
+  leadership with ``epoch = highest epoch seen + 1``; the others wait ``claim_wait_s``
+  for its announcement, then suspect it and decide again.
+* Claims are totally ordered: higher epoch wins, then lower node id. A leader that
+  hears a better claim steps down; a follower switches to a better claim. Lost or
+  reordered datagrams can produce two leaders for a moment; the order resolves it.
+* Fencing: a claim reported dead (``leader_failed``), resigned, or timed out raises the
+  fence; an announcement at or below the fence is rejected, so a stale leader (killed,
+  frozen, or a delayed datagram) is never followed again.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from torch_mingle._wire import Announce, Codec, Datagram, Invalid, MsgType, Query, Resign
+from torch_mingle.errors import MingleStateError
+
+log = logging.getLogger(__name__)
+
+#: A destination: ``None`` is the job's multicast group; otherwise a socket address.
+Dest = tuple[object, ...] | None
+
+MAX_PEERS = 4096
+MAX_OTHER_JOBS = 32
+MAX_CANDIDATES = 4096
+INVALID_LOG_INTERVAL_S = 60.0
+
+
+class Role(enum.Enum):
+    IDLE = "idle"
+    DISCOVERING = "discovering"
+    CLAIMING = "claiming"
+    LEADING = "leading"
+    FOLLOWING = "following"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A leadership claim; ``a.beats(b)`` orders claims by (higher epoch, lower node id)."""
+
+    epoch: int
+    leader: int
+
+    def key(self) -> tuple[int, int]:
+        return (self.epoch, -self.leader)
+
+    def beats(self, other: Claim | None) -> bool:
+        return other is None or self.key() > other.key()
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch} leader {self.leader:016x}"
+
+
+@dataclass(frozen=True)
+class LeaderView:
+    """What this node knows of the current leader."""
+
+    claim: Claim
+    store_ip: str
+    store_port: int
+    is_self: bool
+    heard_at: float
+    round: int = 0
+    members: int = 0
+    closed: bool = False
+
+
+@dataclass(frozen=True)
+class BecomeLeader:
+    """This node won the election: the shell must host the store, then call ``leader_ready``."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class LeaderFound:
+    """A (new) leader is known; ``leader.is_self`` when it is this node."""
+
+    leader: LeaderView
+
+
+@dataclass(frozen=True)
+class LeaderLost:
+    claim: Claim
+    reason: str
+
+
+@dataclass(frozen=True)
+class SteppedDown:
+    """This node led under ``own`` and yields to the better claim ``winner``."""
+
+    own: Claim
+    winner: Claim
+
+
+Event = BecomeLeader | LeaderFound | LeaderLost | SteppedDown
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Protocol timers in seconds."""
+
+    election_window_s: float = 0.05
+    query_retry_s: float = 0.01
+    query_retry_max_s: float = 1.0
+    claim_wait_s: float = 0.25
+    announce_burst_s: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)
+    beacon_interval_s: float = 5.0
+    leader_timeout_s: float = 15.0
+    announce_min_gap_s: float = 0.005
+    candidate_ttl_s: float = 2.5
+    suspect_ttl_s: float = 5.0
+
+    @classmethod
+    def for_keep_alive(cls, election_window_s: float, interval_s: float, attempts: int) -> Timing:
+        return cls(
+            election_window_s=election_window_s,
+            claim_wait_s=max(0.25, 4 * election_window_s),
+            beacon_interval_s=interval_s,
+            leader_timeout_s=interval_s * attempts,
+        )
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    node: int
+    addr: Dest
+    last_heard: float
+    addrs: tuple[str, ...] = ()
+
+
+@dataclass
+class Stats:
+    """Counters a user can read (``doctor``, debug logs) to see what reached this node."""
+
+    received: int = 0
+    accepted: int = 0
+    sent: int = 0
+    invalid: Counter[str] = field(default_factory=Counter)
+    other_jobs: dict[str, int] = field(default_factory=dict)
+    other_jobs_overflow: int = 0
+    stale_claims: int = 0
+
+    def dropped_total(self) -> int:
+        return sum(self.invalid.values())
+
+
+_Handler = Callable[["Discovery", Datagram, Dest, float], None]
+
+
+class Discovery:
+    """The discovery/election state machine of one node in one job."""
+
+    def __init__(
+        self,
+        job: str,
+        node_id: int,
+        *,
+        timing: Timing | None = None,
+        codec: Codec | None = None,
+        addrs: tuple[str, ...] = (),
+        wall_offset_s: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 0 < node_id < 2**64:
+            raise ValueError(f"node id must be a non-zero 64-bit integer, got {node_id}")
+        self.job = job
+        self.node_id = node_id
+        self.timing = timing or Timing()
+        self.codec = codec or Codec()
+        self.addrs = addrs
+        self.wall_offset_s = wall_offset_s
+        self._rng = rng or random.Random()
+        self.role = Role.IDLE
+        self.leader: LeaderView | None = None
+        self.fence: Claim | None = None
+        self.max_epoch_seen = 0
+        self.stats = Stats()
+        self.peers: OrderedDict[int, PeerInfo] = OrderedDict()
+        self._own_claim: Claim | None = None
+        self._store: tuple[str, int] | None = None
+        self._status = Announce(epoch=1, store_ip="0.0.0.0", store_port=1)
+        self._candidates: dict[int, float] = {}
+        self._suspects: dict[int, float] = {}
+        self._awaiting: tuple[int, float] | None = None
+        self._next_query = 0.0
+        self._query_gap = self.timing.query_retry_s
+        self._election_deadline = 0.0
+        self._next_announce = 0.0
+        self._burst_left: list[float] = []
+        self._last_mcast_announce = float("-inf")
+        self._outbox: list[tuple[bytes, Dest]] = []
+        self._events: list[Event] = []
+        self._invalid_logged_at: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- inputs
+
+    def start(self, now: float) -> None:
+        if self.role is not Role.IDLE:
+            raise MingleStateError(f"start() in role {self.role.value}: discovery was already started")
+        self._enter_discovery(now)
+
+    def receive_datagram(self, data: bytes, addr: Dest, now: float) -> None:
+        self.stats.received += 1
+        dgram = self.codec.decode(data, wall_ms=self._wall_ms(now))
+        if isinstance(dgram, Invalid):
+            self._count_invalid(dgram.reason, addr, now)
+            return
+        if dgram.sender == self.node_id:
+            return  # our own multicast, looped back
+        if dgram.job != self.job:
+            self._count_other_job(dgram.job)
+            return
+        self.stats.accepted += 1
+        self._note_peer(dgram, addr, now)
+        handler = _TRANSITIONS.get((self.role, dgram.body.type))
+        if handler is None:
+            raise MingleStateError(
+                f"no transition for a {dgram.body.type.name} datagram in role {self.role.value}"
+            )
+        handler(self, dgram, addr, now)
+
+    def handle_timer(self, now: float) -> None:
+        if self.role is Role.DISCOVERING:
+            if now >= self._next_query:
+                self._send_query(now)
+            if now >= self._election_deadline:
+                if self._awaiting is not None and now >= self._awaiting[1]:
+                    suspect = self._awaiting[0]
+                    log.debug(
+                        "[%s %016x] candidate %016x did not claim within %.3fs; suspecting it",
+                        self.job, self.node_id, suspect, self.timing.claim_wait_s,
+                    )
+                    self._suspects[suspect] = now + self.timing.suspect_ttl_s
+                    self._candidates.pop(suspect, None)
+                    self._awaiting = None
+                self._decide(now)
+        elif self.role is Role.LEADING:
+            if now >= self._next_announce:
+                self._send_announce(None, now)
+                self._schedule_announce(now)
+        elif (
+            self.role is Role.FOLLOWING
+            and self.leader is not None
+            and now >= self.leader.heard_at + self.timing.leader_timeout_s
+        ):
+            self._lose_leader(now, f"no announcement for {self.timing.leader_timeout_s:g}s")
+
+    def leader_ready(self, now: float, store_ip: str, store_port: int) -> bool:
+        """The shell hosts the store for our claim; returns False if the claim was overtaken."""
+        if self.role is not Role.CLAIMING or self._own_claim is None:
+            return False
+        self.role = Role.LEADING
+        self._store = (store_ip, store_port)
+        self._status = replace(
+            self._status, epoch=self._own_claim.epoch, store_ip=store_ip, store_port=store_port
+        )
+        self.leader = self._own_view(now)
+        self._burst_left = list(self.timing.announce_burst_s)
+        self._send_announce(None, now)
+        self._schedule_announce(now)
+        self._events.append(LeaderFound(self.leader))
+        return True
+
+    def update_status(
+        self, now: float, *, round: int, members: int, closed: bool, min_nodes: int, max_nodes: int
+    ) -> None:
+        """The leader's job state, carried in its announcements; announces a change soon."""
+        new = replace(
+            self._status, round=round, members=members, closed=closed, min_nodes=min_nodes, max_nodes=max_nodes
+        )
+        if new == self._status:
+            return
+        self._status = new
+        if self.role is Role.LEADING:
+            self.leader = self._own_view(now)
+            self._next_announce = min(self._next_announce, now + self.timing.announce_min_gap_s)
+
+    def leader_failed(self, now: float, claim: Claim, reason: str) -> None:
+        """The shell has evidence that ``claim``'s leader is gone (store refused, reset, ...)."""
+        if claim.leader == self.node_id:
+            return  # we know we are alive; our own store failing is the shell's business
+        self._raise_fence(claim)
+        if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
+            self._lose_leader(now, reason)
+
+    def leader_alive(self, now: float, claim: Claim) -> None:
+        """The shell reached the leader's store: as good as hearing its announcement."""
+        if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
+            self.leader = replace(self.leader, heard_at=now)
+
+    def resign(self, now: float) -> None:
+        """Stop leading (shutdown): tell the followers so they do not wait for a timeout."""
+        if self.role is Role.LEADING and self._own_claim is not None:
+            self._emit(Resign(epoch=self._own_claim.epoch), None, now)
+        self.stop()
+
+    def stop(self) -> None:
+        self.role = Role.STOPPED
+        self.leader = None
+
+    # ---------------------------------------------------------------- outputs
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Dest]]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def events(self) -> list[Event]:
+        out, self._events = self._events, []
+        return out
+
+    def next_timer(self) -> float | None:
+        if self.role is Role.DISCOVERING:
+            return min(self._next_query, self._election_deadline)
+        if self.role is Role.LEADING:
+            return self._next_announce
+        if self.role is Role.FOLLOWING and self.leader is not None:
+            return self.leader.heard_at + self.timing.leader_timeout_s
+        return None
+
+    def live_peers(self, now: float, within_s: float) -> list[PeerInfo]:
+        return [p for p in self.peers.values() if now - p.last_heard <= within_s]
+
+    # ------------------------------------------------------------ transitions
+
+    def _query_while_electing(self, d: Datagram, addr: Dest, now: float) -> None:
+        assert isinstance(d.body, Query)  # noqa: S101 - guaranteed by the transition table
+        self.max_epoch_seen = max(self.max_epoch_seen, d.body.epoch_seen)
+        if self._suspects.get(d.sender, float("-inf")) > now:
+            return
+        if len(self._candidates) >= MAX_CANDIDATES and d.sender not in self._candidates:
+            worst = max(self._candidates)
+            if d.sender > worst:
+                return
+            del self._candidates[worst]
+        self._candidates[d.sender] = now
+
+    def _query_while_leading(self, d: Datagram, addr: Dest, now: float) -> None:
+        assert isinstance(d.body, Query)  # noqa: S101
+        self.max_epoch_seen = max(self.max_epoch_seen, d.body.epoch_seen)
+        if addr is not None:
+            self._send_announce(addr, now)
+        if now - self._last_mcast_announce >= self.timing.announce_min_gap_s:
+            self._send_announce(None, now)
+
+    def _announce_while_electing(self, d: Datagram, addr: Dest, now: float) -> None:
+        claim = self._checked_claim(d)
+        if claim is None:
+            return
+        self._follow(d, claim, now)
+
+    def _announce_while_claiming(self, d: Datagram, addr: Dest, now: float) -> None:
+        claim = self._checked_claim(d)
+        if claim is not None and claim.beats(self._own_claim):
+            self._own_claim = None  # the shell's leader_ready() will now be refused
+            self._follow(d, claim, now)
+
+    def _announce_while_leading(self, d: Datagram, addr: Dest, now: float) -> None:
+        claim = self._checked_claim(d)
+        own = self._own_claim
+        if claim is None or own is None:
+            return
+        if claim.beats(own):
+            log.info("[%s %016x] stepping down: %s beats our %s", self.job, self.node_id, claim, own)
+            self._events.append(SteppedDown(own=own, winner=claim))
+            self._own_claim = None
+            self._store = None
+            self._follow(d, claim, now)
+        elif now - self._last_mcast_announce >= self.timing.announce_min_gap_s:
+            self._send_announce(None, now)  # let the weaker leader hear us and step down
+
+    def _announce_while_following(self, d: Datagram, addr: Dest, now: float) -> None:
+        current = self.leader
+        claim = Claim(epoch=self._body_announce(d).epoch, leader=d.sender)
+        self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
+        if current is not None and claim == current.claim:
+            body = self._body_announce(d)
+            self.leader = replace(
+                current,
+                heard_at=now,
+                round=body.round,
+                members=body.members,
+                closed=body.closed,
+                store_ip=body.store_ip,
+                store_port=body.store_port,
+            )
+            return
+        checked = self._checked_claim(d)
+        if checked is not None and checked.beats(current.claim if current else None):
+            self._follow(d, checked, now)
+
+    def _resign_from_anyone(self, d: Datagram, addr: Dest, now: float) -> None:
+        assert isinstance(d.body, Resign)  # noqa: S101
+        claim = Claim(epoch=d.body.epoch, leader=d.sender)
+        self._raise_fence(claim)
+        if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
+            self._lose_leader(now, "the leader resigned")
+
+    def _ignore(self, d: Datagram, addr: Dest, now: float) -> None:
+        return
+
+    # ---------------------------------------------------------------- helpers
+
+    def _enter_discovery(self, now: float) -> None:
+        self.role = Role.DISCOVERING
+        self.leader = None
+        self._own_claim = None
+        self._candidates = {}
+        self._awaiting = None
+        self._query_gap = self.timing.query_retry_s
+        self._next_query = now
+        self._election_deadline = now + self.timing.election_window_s
+        self._send_query(now)
+
+    def _send_query(self, now: float) -> None:
+        self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), None, now)
+        if self._best_candidate(now) != self.node_id:
+            # Someone better is electing: our retries would only add traffic.
+            gap = self.timing.query_retry_max_s
+        else:
+            gap = self._query_gap
+            self._query_gap = min(self._query_gap * 2, self.timing.query_retry_max_s)
+        # A little jitter keeps many nodes that started together from retrying in lockstep.
+        self._next_query = now + gap * (1.0 + 0.1 * self._rng.random())
+
+    def _best_candidate(self, now: float) -> int:
+        ttl = self.timing.candidate_ttl_s
+        best = self.node_id
+        for node, heard in self._candidates.items():
+            if node < best and now - heard <= ttl and self._suspects.get(node, float("-inf")) <= now:
+                best = node
+        return best
+
+    def _decide(self, now: float) -> None:
+        best = self._best_candidate(now)
+        if best == self.node_id:
+            epoch = self.max_epoch_seen + 1
+            self._own_claim = Claim(epoch=epoch, leader=self.node_id)
+            self.max_epoch_seen = epoch
+            self.role = Role.CLAIMING
+            log.debug("[%s %016x] claiming leadership, epoch %d", self.job, self.node_id, epoch)
+            self._events.append(BecomeLeader(epoch=epoch))
+            return
+        if self._awaiting is None or self._awaiting[0] != best:
+            self._awaiting = (best, now + self.timing.claim_wait_s)
+        self._election_deadline = self._awaiting[1]
+
+    def _checked_claim(self, d: Datagram) -> Claim | None:
+        body = self._body_announce(d)
+        claim = Claim(epoch=body.epoch, leader=d.sender)
+        self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
+        if not claim.beats(self.fence):
+            self.stats.stale_claims += 1
+            return None
+        return claim
+
+    @staticmethod
+    def _body_announce(d: Datagram) -> Announce:
+        if not isinstance(d.body, Announce):
+            raise MingleStateError(f"expected an ANNOUNCE body, got {type(d.body).__name__}")
+        return d.body
+
+    def _follow(self, d: Datagram, claim: Claim, now: float) -> None:
+        body = self._body_announce(d)
+        self.role = Role.FOLLOWING
+        self._own_claim = None
+        self.leader = LeaderView(
+            claim=claim,
+            store_ip=body.store_ip,
+            store_port=body.store_port,
+            is_self=False,
+            heard_at=now,
+            round=body.round,
+            members=body.members,
+            closed=body.closed,
+        )
+        self._events.append(LeaderFound(self.leader))
+
+    def _lose_leader(self, now: float, reason: str) -> None:
+        lost = self.leader
+        if lost is None:
+            return
+        self._raise_fence(lost.claim)
+        self._events.append(LeaderLost(claim=lost.claim, reason=reason))
+        self._enter_discovery(now)
+
+    def _raise_fence(self, claim: Claim) -> None:
+        if claim.beats(self.fence):
+            self.fence = claim
+        self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
+
+    def _own_view(self, now: float) -> LeaderView:
+        if self._own_claim is None or self._store is None:
+            raise MingleStateError("own leader view requested while not leading")
+        s = self._status
+        return LeaderView(
+            claim=self._own_claim,
+            store_ip=self._store[0],
+            store_port=self._store[1],
+            is_self=True,
+            heard_at=now,
+            round=s.round,
+            members=s.members,
+            closed=s.closed,
+        )
+
+    def _send_announce(self, dest: Dest, now: float) -> None:
+        if self._own_claim is None or self._store is None:
+            return
+        self._emit(self._status, dest, now)
+        if dest is None:
+            self._last_mcast_announce = now
+
+    def _schedule_announce(self, now: float) -> None:
+        if self._burst_left:
+            self._next_announce = now + self._burst_left.pop(0)
+        else:
+            self._next_announce = now + self.timing.beacon_interval_s
+
+    def _emit(self, body: Query | Announce | Resign, dest: Dest, now: float) -> None:
+        dgram = Datagram(
+            job=self.job,
+            sender=self.node_id,
+            body=body,
+            sent_ms=self._wall_ms(now),
+            nonce=self._rng.getrandbits(64),
+        )
+        self._outbox.append((self.codec.encode(dgram), dest))
+        self.stats.sent += 1
+
+    def _wall_ms(self, now: float) -> int:
+        return max(0, int((now + self.wall_offset_s) * 1000))
+
+    def _note_peer(self, d: Datagram, addr: Dest, now: float) -> None:
+        addrs = d.body.addrs if isinstance(d.body, Query) else ()
+        old = self.peers.pop(d.sender, None)
+        if old is not None and not addrs:
+            addrs = old.addrs
+        self.peers[d.sender] = PeerInfo(node=d.sender, addr=addr, last_heard=now, addrs=addrs)
+        if len(self.peers) > MAX_PEERS:
+            self.peers.popitem(last=False)
+
+    def _count_other_job(self, job: str) -> None:
+        jobs = self.stats.other_jobs
+        if job in jobs:
+            jobs[job] += 1
+        elif len(jobs) < MAX_OTHER_JOBS:
+            jobs[job] = 1
+        else:
+            self.stats.other_jobs_overflow += 1
+
+    def _count_invalid(self, reason: str, addr: Dest, now: float) -> None:
+        self.stats.invalid[reason] += 1
+        last = self._invalid_logged_at.get(reason)
+        if last is None or now - last >= INVALID_LOG_INTERVAL_S:
+            self._invalid_logged_at[reason] = now
+            log.warning(
+                "[%s %016x] dropped an invalid datagram from %s (%s); %d dropped so far, "
+                "logged at most once a minute per reason",
+                self.job, self.node_id, addr, reason, self.stats.dropped_total(),
+            )
+
+
+_TRANSITIONS: dict[tuple[Role, MsgType], _Handler] = {
+    (Role.IDLE, MsgType.QUERY): Discovery._ignore,
+    (Role.IDLE, MsgType.ANNOUNCE): Discovery._ignore,
+    (Role.IDLE, MsgType.RESIGN): Discovery._ignore,
+    (Role.DISCOVERING, MsgType.QUERY): Discovery._query_while_electing,
+    (Role.DISCOVERING, MsgType.ANNOUNCE): Discovery._announce_while_electing,
+    (Role.DISCOVERING, MsgType.RESIGN): Discovery._resign_from_anyone,
+    (Role.CLAIMING, MsgType.QUERY): Discovery._query_while_electing,
+    (Role.CLAIMING, MsgType.ANNOUNCE): Discovery._announce_while_claiming,
+    (Role.CLAIMING, MsgType.RESIGN): Discovery._resign_from_anyone,
+    (Role.LEADING, MsgType.QUERY): Discovery._query_while_leading,
+    (Role.LEADING, MsgType.ANNOUNCE): Discovery._announce_while_leading,
+    (Role.LEADING, MsgType.RESIGN): Discovery._resign_from_anyone,
+    (Role.FOLLOWING, MsgType.QUERY): Discovery._ignore,
+    (Role.FOLLOWING, MsgType.ANNOUNCE): Discovery._announce_while_following,
+    (Role.FOLLOWING, MsgType.RESIGN): Discovery._resign_from_anyone,
+    (Role.STOPPED, MsgType.QUERY): Discovery._ignore,
+    (Role.STOPPED, MsgType.ANNOUNCE): Discovery._ignore,
+    (Role.STOPPED, MsgType.RESIGN): Discovery._ignore,
+}

@@ -1,0 +1,417 @@
+"""Rounds on the leader's TCPStore: the leader's round master and each node's session.
+
+How it works
+------------
+The leader hosts a *control* store for its term. Nodes talk to the leader's round master
+through an ordered event log on that store: a node reserves a slot with the atomic
+``add("mingle/ev", 1)`` and writes its event (join, close, leave) into ``mingle/ev/<n>``.
+The master blocks in ``wait()`` on the next slot (no polling), applies each event to its
+``RoundBook`` and, when the book says ``Form``, publishes the round and answers every
+admitted join at ``mingle/ev/<n>/reply``; the joiners were blocked in ``wait()`` on that
+key. Deaths reported by the liveness channel enter the same log, so one thread decides.
+
+Every round gets a fresh TCPStore (port 0) on the leader: it is the store handed to the
+elastic agent and named by ``MASTER_ADDR``/``MASTER_PORT``, so each round's workers start
+with a clean key space (torch's workers do not prefix keys per round). The last two round
+stores are kept, so agents still in an exit barrier of the previous round keep theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import DistError, DistNetworkError, DistStoreError, TCPStore
+
+from torch_mingle._liveness import LivenessServer, sockaddr
+from torch_mingle._protocol import Claim
+from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, node_hex
+
+log = logging.getLogger(__name__)
+
+EPOCH_KEY = "mingle/epoch"
+LIVENESS_KEY = "mingle/liveness_port"
+STATUS_KEY = "mingle/status"
+EV_COUNTER = "mingle/ev"
+HOLE_CHECK_S = 2.0
+FOREVER = timedelta(days=365)
+ROUND_STORES_KEPT = 2
+ROUND_STORE_TIMEOUT_S = 300.0
+
+
+def ev_key(seq: int) -> str:
+    return f"mingle/ev/{seq}"
+
+
+def reply_key(seq: int) -> str:
+    return f"mingle/ev/{seq}/reply"
+
+
+def round_key(number: int) -> str:
+    return f"mingle/round/{number}"
+
+
+def epoch_value(claim: Claim) -> str:
+    return f"{claim.epoch}:{node_hex(claim.leader)}"
+
+
+class LeaderUnreachable(Exception):  # noqa: N818 - a condition, handled inside the handler
+    """The leader's store or liveness channel cannot be used; the claim should be fenced."""
+
+
+class JoinClosed(Exception):  # noqa: N818
+    """The job's rendezvous is closed."""
+
+
+class JoinAborted(Exception):  # noqa: N818
+    """The leader asks this node to join again (it had declared the node dead)."""
+
+
+class JoinTimeout(Exception):  # noqa: N818
+    """``join_timeout`` passed while waiting for a round."""
+
+
+def probe(ip: str, port: int, timeout_s: float) -> None:
+    """Plain TCP connect: fails fast (and quietly) where TCPStore would retry until its timeout."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(sockaddr(ip, port))
+
+
+def open_client(ip: str, port: int, timeout_s: float) -> TCPStore:
+    """A TCPStore client to ``ip:port``; raises ``LeaderUnreachable`` if nothing answers."""
+    try:
+        probe(ip, port, timeout_s)
+        return TCPStore(ip, port, None, False, timeout=timedelta(seconds=timeout_s))
+    except (OSError, DistError, RuntimeError) as exc:
+        raise LeaderUnreachable(f"cannot connect to the leader's store at {ip}:{port}: {exc}") from exc
+
+
+def open_server(ip: str, timeout_s: float = ROUND_STORE_TIMEOUT_S) -> TCPStore:
+    """A TCPStore server on a free port (it listens on every address of this host)."""
+    return TCPStore(ip, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, DistStoreError) and not isinstance(exc, DistNetworkError)
+
+
+class MemberSession:
+    """One node's connection to the control store of one leader's term."""
+
+    def __init__(self, claim: Claim, ip: str, port: int, *, node: int, timeout_s: float) -> None:
+        self.claim = claim
+        self.ip = ip
+        self.port = port
+        self.node = node
+        self._ops = open_client(ip, port, timeout_s)
+        self._waiter: TCPStore | None = None
+        self._timeout_s = timeout_s
+        found = self._call(lambda: self._ops.get(EPOCH_KEY).decode() if self._ops.check([EPOCH_KEY]) else None)
+        if found != epoch_value(claim):
+            raise LeaderUnreachable(
+                f"the store at {ip}:{port} belongs to {found or 'no leader'}, not to {claim}: stale announcement"
+            )
+        self.liveness_port = int(self._call(lambda: self._ops.get(LIVENESS_KEY)))
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except (DistError, RuntimeError, OSError) as exc:
+            if _is_timeout(exc):
+                raise
+            raise LeaderUnreachable(f"the leader's store at {self.ip}:{self.port} failed: {exc}") from exc
+
+    def _push(self, kind: str, **fields: Any) -> int:
+        payload = json.dumps({"t": kind, "node": node_hex(self.node), **fields})
+
+        def push() -> int:
+            seq = int(self._ops.add(EV_COUNTER, 1))
+            self._ops.set(ev_key(seq), payload)
+            return seq
+
+        seq: int = self._call(push)
+        return seq
+
+    def join(self, *, ip: str, history: History | None, deadline: float) -> Round:
+        """Ask for a place in the next round and block until it forms (or closes, or the leader goes)."""
+        seq = self._push("join", ip=ip, history=history.to_json() if history else None)
+        if self._waiter is None:
+            self._waiter = open_client(self.ip, self.port, self._timeout_s)
+        waiter = self._waiter
+        left = deadline - time.monotonic()
+        try:
+            self._call(lambda: waiter.wait([reply_key(seq)], timedelta(seconds=max(0.001, left))))
+        except DistError as exc:
+            raise JoinTimeout(f"no round formed (join request #{seq})") from exc
+        reply = json.loads(self._call(lambda: self._ops.get(reply_key(seq))))
+        if reply.get("closed"):
+            raise JoinClosed("the rendezvous was closed while this node waited")
+        if "retry" in reply:
+            raise JoinAborted(str(reply["retry"]))
+        number = int(reply["round"])
+        return Round.decode(self._call(lambda: self._ops.get(round_key(number))))
+
+    def status(self) -> Status:
+        return Status.decode(self._call(lambda: self._ops.get(STATUS_KEY)))
+
+    def close_job(self) -> None:
+        self._push("close")
+
+    def leave(self) -> None:
+        self._push("leave")
+
+
+
+class EventLog:
+    """Appends events to the leader's log from threads other than the master (thread-safe)."""
+
+    def __init__(self, ip: str, port: int) -> None:
+        self._client = open_client(ip, port, ROUND_STORE_TIMEOUT_S)
+        self._lock = threading.Lock()
+
+    def push(self, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload)
+        with self._lock:
+            seq = int(self._client.add(EV_COUNTER, 1))
+            self._client.set(ev_key(seq), data)
+
+    def fill_hole(self, seq: int) -> bool:
+        """If slot ``seq`` was reserved but never written, write a no-op there; True if we did."""
+        with self._lock:
+            if int(self._client.add(EV_COUNTER, 0)) < seq or self._client.check([ev_key(seq)]):
+                return False
+            skip = json.dumps({"t": "skip"})
+            return bool(self._client.compare_set(ev_key(seq), "", skip) == skip.encode())
+
+    def slot_missing(self, seq: int) -> bool:
+        with self._lock:
+            return int(self._client.add(EV_COUNTER, 0)) >= seq and not self._client.check([ev_key(seq)])
+
+
+class RoundMaster:
+    """The leader's thread that applies the event log to its ``RoundBook`` and publishes rounds.
+
+    It blocks in ``wait()`` on the next slot of the log and never wakes on its own: a ticker
+    thread pushes a ``tick`` event when the book's deadline (the last call) is due, and
+    repairs a slot whose writer died between reserving and writing it.
+    """
+
+    def __init__(
+        self,
+        *,
+        ip: str,
+        control_port: int,
+        book: RoundBook,
+        events: EventLog,
+        on_status: Callable[[Status], None],
+        label: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ip = ip
+        self.book = book
+        self.events = events
+        self.on_status = on_status
+        self.label = label
+        self.clock = clock
+        self.all_gone = threading.Event()
+        self.round_stores: dict[int, TCPStore] = {}
+        self._client = open_client(ip, control_port, ROUND_STORE_TIMEOUT_S)
+        self._stopping = False
+        self._status: Status | None = None
+        self._next_seq = 1
+        self._deadline: float | None = None
+        self._tick_cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"mingle-master{label}", daemon=True)
+        self._ticker = threading.Thread(target=self._tick_loop, name=f"mingle-ticker{label}", daemon=True)
+
+    def start(self) -> None:
+        self._publish_status()
+        self._thread.start()
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        with self._tick_cond:
+            self._tick_cond.notify_all()
+        if self._thread.is_alive():
+            with contextlib.suppress(DistError, RuntimeError):
+                self.events.push({"t": "stop"})
+        for thread in (self._thread, self._ticker):
+            if thread.is_alive() and threading.current_thread() is not thread:
+                thread.join(timeout=10)
+        self.round_stores.clear()
+
+    # ---------------------------------------------------------------- master
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except (DistError, RuntimeError) as exc:
+            if not self._stopping:
+                log.warning("%s round master stopped: the control store failed: %s", self.label, exc)
+
+    def _loop(self) -> None:
+        client = self._client
+        while not self._stopping:
+            decision = self.book.decide(self.clock())
+            if isinstance(decision, Form):
+                self._form(decision)
+                continue
+            self._publish_status()
+            with self._tick_cond:
+                self._deadline = decision.until
+                self._tick_cond.notify_all()
+            client.wait([ev_key(self._next_seq)], FOREVER)
+            event = json.loads(client.get(ev_key(self._next_seq)))
+            self._apply(self._next_seq, event)
+            self._next_seq += 1
+
+    def _reply(self, seq: int, **answer: Any) -> None:
+        self._client.set(reply_key(seq), json.dumps(answer))
+
+    def _apply(self, seq: int, event: dict[str, Any]) -> None:
+        kind = event.get("t")
+        if kind == "stop":
+            self._stopping = True
+            return
+        if kind in ("tick", "skip"):
+            return
+        node = int(event["node"], 16)
+        if kind == "join":
+            hist = event.get("history")
+            self.book.join(
+                JoinRequest(node=node, seq=seq, ip=event["ip"], history=History.from_json(hist) if hist else None)
+            )
+            if self.book.closed:
+                self._reply(seq, closed=True)
+        elif kind == "close":
+            for waiting in self.book.close():
+                self._reply(waiting, closed=True)
+            log.info("%s rendezvous closed by node %s", self.label, event["node"])
+        elif kind == "leave":
+            self.book.leave(node)
+        elif kind == "dead" and node not in self.book.left:
+            log.warning("%s node %s is gone: %s", self.label, event["node"], event.get("why"))
+            dropped = self.book.died(node)
+            if dropped is not None:
+                self._reply(dropped, retry=f"the leader declared this node dead: {event.get('why')}")
+        if self.book.closed and self.book.all_gone():
+            self.all_gone.set()
+
+    def _form(self, form: Form) -> None:
+        number = self.book.last_round_number + 1
+        store = open_server(self.ip)
+        self.round_stores[number] = store
+        for old in [n for n in self.round_stores if n <= number - ROUND_STORES_KEPT]:
+            del self.round_stores[old]
+        rnd = Round(number=number, epoch=self.book.epoch, members=form.members, store_ip=self.ip,
+                    store_port=store.port)
+        reply = json.dumps({"round": number})
+        self._client.multi_set(
+            [round_key(number), *(reply_key(s) for s in form.admitted)],
+            [rnd.encode(), *([reply] * len(form.admitted))],
+        )
+        self.book.formed(rnd)
+        self._publish_status()
+        log.info(
+            "%s round %d formed (%s): world size %d, store %s:%d, members %s",
+            self.label, number, form.reason, rnd.world_size, self.ip, store.port,
+            " ".join(node_hex(m) for m in form.members),
+        )
+
+    def _publish_status(self) -> None:
+        status = self.book.status()
+        if status == self._status:
+            return
+        self._status = status
+        self._client.set(STATUS_KEY, status.encode())
+        self.on_status(status)
+
+    # ---------------------------------------------------------------- ticker
+
+    def _tick_loop(self) -> None:
+        suspect: int | None = None
+        next_check = self.clock() + HOLE_CHECK_S
+        with self._tick_cond:
+            while not self._stopping:
+                now = self.clock()
+                due = self._deadline
+                if due is not None and now >= due:
+                    self._deadline = None
+                    self._safely(lambda: self.events.push({"t": "tick"}))
+                elif now >= next_check:
+                    next_check = now + HOLE_CHECK_S
+                    suspect = self._check_hole(suspect)
+                else:
+                    self._tick_cond.wait((next_check if due is None else min(due, next_check)) - now)
+
+    def _check_hole(self, suspect: int | None) -> int | None:
+        """A slot missing on two checks in a row had a writer that died: fill it so the master moves on."""
+        seq = self._next_seq
+        if not self._safely(lambda: self.events.slot_missing(seq)):
+            return None
+        if suspect != seq:
+            return seq
+        if self._safely(lambda: self.events.fill_hole(seq)):
+            log.warning("%s skipped event #%d: its writer died mid-write", self.label, seq)
+        return None
+
+    def _safely(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except (DistError, RuntimeError) as exc:
+            if not self._stopping:
+                log.debug("%s ticker: store call failed: %s", self.label, exc)
+            return None
+
+
+class LeaderHost:
+    """Everything the leader hosts for its term: control store, liveness server, round master."""
+
+    def __init__(
+        self,
+        *,
+        ip: str,
+        claim: Claim,
+        book: RoundBook,
+        keep_alive_interval_s: float,
+        keep_alive_timeout_s: float,
+        on_status: Callable[[Status], None],
+        label: str,
+    ) -> None:
+        self.ip = ip
+        self.claim = claim
+        self.label = label
+        self.control = open_server(ip)
+        self.port = int(self.control.port)
+        self.control.set(EPOCH_KEY, epoch_value(claim))
+        self.events = EventLog(ip, self.port)
+        self.liveness = LivenessServer(
+            ip,
+            interval_s=keep_alive_interval_s,
+            timeout_s=keep_alive_timeout_s,
+            on_dead=lambda node, why: self.events.push({"t": "dead", "node": node_hex(node), "why": why}),
+            label=label,
+        )
+        self.control.set(LIVENESS_KEY, str(self.liveness.start()))
+        self.master = RoundMaster(
+            ip=ip, control_port=self.port, book=book, events=self.events, on_status=on_status, label=label
+        )
+        self.master.start()
+
+    def wait_all_gone(self, timeout_s: float) -> bool:
+        return self.master.all_gone.wait(timeout_s)
+
+    def stop(self) -> None:
+        self.liveness.stop()
+        self.master.stop()
+        del self.control  # the last reference: the store server stops and its clients see EOF

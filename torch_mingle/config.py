@@ -1,0 +1,217 @@
+"""The backend's configuration: one frozen dataclass built from torch's ``RendezvousParameters``.
+
+Every ``--rdzv_conf`` key is a field of the same name. Values arrive as strings from torchrun
+and as Python values from scripts; both are parsed and validated here, and a bad value raises
+``MingleConfigError`` showing the value and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch_mingle.errors import MingleConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+DEFAULT_GROUP_V4 = "239.255.77.77"
+DEFAULT_PORT = 29477
+MAX_RUN_ID_BYTES = 200
+
+
+@dataclass(frozen=True)
+class MingleConfig:
+    """Settings of one ``mingle`` rendezvous; see the README's table for each key."""
+
+    run_id: str
+    min_nodes: int = 1
+    max_nodes: int = 1
+    #: Interface name (``eth0``) or one of its addresses; ``None`` picks one and logs why.
+    interface: str | None = None
+    #: Multicast group shared by every node of the job (IPv4 239.x or IPv6 ff0x::).
+    group: str = DEFAULT_GROUP_V4
+    port: int = DEFAULT_PORT
+    #: Multicast TTL / hop limit. 1 keeps discovery on the local segment.
+    ttl: int = 1
+    join_timeout: float = 600.0
+    last_call_timeout: float = 30.0
+    close_timeout: float = 30.0
+    keep_alive_interval: float = 5.0
+    keep_alive_max_attempt: int = 3
+    #: How long a starting node listens for an existing leader before it may claim leadership.
+    election_window: float = 0.05
+    #: Injected by torchrun (``--rdzv_timeout``, default 900). Accepted and not used: see README.
+    timeout: float | None = None
+    #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
+    local_addr: str | None = None
+    #: Keys the user set explicitly, for logging.
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @property
+    def keep_alive_timeout(self) -> float:
+        """Seconds without a heartbeat after which a node (or the leader) counts as dead."""
+        return self.keep_alive_interval * self.keep_alive_max_attempt
+
+    @property
+    def family_name(self) -> str:
+        return "IPv6" if ipaddress.ip_address(self.group).version == 6 else "IPv4"
+
+    @classmethod
+    def from_params(cls, params: RendezvousParameters) -> MingleConfig:
+        """Build and validate the config from what torchrun (or a script) passed."""
+        return cls.from_mapping(
+            run_id=params.run_id,
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            local_addr=params.local_addr,
+            conf=params.config,
+        )
+
+    @classmethod
+    def from_mapping(
+        cls,
+        *,
+        run_id: str,
+        min_nodes: int,
+        max_nodes: int,
+        conf: Mapping[str, Any],
+        local_addr: str | None = None,
+    ) -> MingleConfig:
+        _check_unknown_keys(conf)
+        values: dict[str, Any] = {}
+        for key, raw in conf.items():
+            if raw is None:
+                continue
+            values[key] = _PARSERS[key](key, raw)
+        cfg = cls(
+            run_id=_check_run_id(run_id),
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            local_addr=local_addr or None,
+            explicit=frozenset(values),
+            **values,
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Check the cross-field rules; single values were checked while parsing."""
+        if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
+            raise MingleConfigError(
+                f"nnodes {self.min_nodes}:{self.max_nodes} is invalid: need 1 <= min_nodes <= max_nodes, "
+                "e.g. --nnodes=2:4"
+            )
+        _check_group(self.group)
+        if self.last_call_timeout > self.join_timeout:
+            raise MingleConfigError(
+                f"rdzv_conf last_call_timeout={self.last_call_timeout:g} is longer than "
+                f"join_timeout={self.join_timeout:g}: the rendezvous would time out before its last call; "
+                "lower last_call_timeout or raise join_timeout"
+            )
+
+    def describe(self) -> str:
+        """One line with the settings that matter when reading a log."""
+        iface = self.interface or "auto"
+        return (
+            f"run_id={self.run_id} nnodes={self.min_nodes}:{self.max_nodes} interface={iface} "
+            f"group={self.group} port={self.port} ttl={self.ttl} join_timeout={self.join_timeout:g}s "
+            f"last_call_timeout={self.last_call_timeout:g}s "
+            f"keep_alive={self.keep_alive_interval:g}s x{self.keep_alive_max_attempt}"
+        )
+
+
+def _fix(key: str, example: str) -> str:
+    return f"fix: --rdzv_conf {key}={example}"
+
+
+def _parse_float(key: str, raw: Any, *, minimum: float, example: str) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise MingleConfigError(
+            f"rdzv_conf {key}={raw!r} is not a number of seconds; {_fix(key, example)}"
+        ) from None
+    if not value >= minimum or value != value or value == float("inf"):
+        raise MingleConfigError(
+            f"rdzv_conf {key}={raw!r} must be a finite number >= {minimum:g}; {_fix(key, example)}"
+        )
+    return value
+
+
+def _parse_int(key: str, raw: Any, *, low: int, high: int, example: str) -> int:
+    if isinstance(raw, bool):
+        raise MingleConfigError(f"rdzv_conf {key}={raw!r} is not an integer; {_fix(key, example)}")
+    try:
+        value = int(str(raw).strip(), 10) if not isinstance(raw, int) else raw
+    except ValueError:
+        raise MingleConfigError(f"rdzv_conf {key}={raw!r} is not an integer; {_fix(key, example)}") from None
+    if not low <= value <= high:
+        raise MingleConfigError(
+            f"rdzv_conf {key}={raw!r} is out of range {low}..{high}; {_fix(key, example)}"
+        )
+    return value
+
+
+def _parse_str(key: str, raw: Any) -> str:
+    value = str(raw).strip()
+    if not value:
+        raise MingleConfigError(f"rdzv_conf {key} is empty; leave it out to use the default")
+    return value
+
+
+def _check_group(group: str) -> None:
+    try:
+        addr = ipaddress.ip_address(group.split("%", 1)[0])
+    except ValueError:
+        raise MingleConfigError(
+            f"rdzv_conf group={group!r} is not an IP address; {_fix('group', DEFAULT_GROUP_V4)} "
+            "(IPv4 239.0.0.0/8) or group=ff12::7777 (IPv6)"
+        ) from None
+    if not addr.is_multicast:
+        raise MingleConfigError(
+            f"rdzv_conf group={group!r} is not a multicast address; use one in 239.0.0.0/8 "
+            f"(administratively scoped IPv4), e.g. {_fix('group', DEFAULT_GROUP_V4)}"
+        )
+
+
+def _check_run_id(run_id: str) -> str:
+    if not run_id:
+        raise MingleConfigError("the rendezvous id is empty; fix: torchrun --rdzv_id=<job name>")
+    if len(run_id.encode("utf-8")) > MAX_RUN_ID_BYTES:
+        raise MingleConfigError(
+            f"--rdzv_id {run_id[:40]!r}... is {len(run_id.encode())} bytes long; "
+            f"the mingle backend carries it in every datagram and allows at most {MAX_RUN_ID_BYTES}"
+        )
+    return run_id
+
+
+_PARSERS: dict[str, Any] = {
+    "interface": lambda k, v: _parse_str(k, v),
+    "group": lambda k, v: _parse_str(k, v),
+    "port": lambda k, v: _parse_int(k, v, low=1, high=65535, example=str(DEFAULT_PORT)),
+    "ttl": lambda k, v: _parse_int(k, v, low=1, high=255, example="1"),
+    "join_timeout": lambda k, v: _parse_float(k, v, minimum=0.001, example="600"),
+    "last_call_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="30"),
+    "close_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="30"),
+    "keep_alive_interval": lambda k, v: _parse_float(k, v, minimum=0.01, example="5"),
+    "keep_alive_max_attempt": lambda k, v: _parse_int(k, v, low=1, high=1000, example="3"),
+    "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, example="0.05"),
+    "timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="900"),
+}
+
+KNOWN_KEYS = tuple(sorted(_PARSERS))
+
+
+def _check_unknown_keys(conf: Mapping[str, Any]) -> None:
+    for key in conf:
+        if key not in _PARSERS:
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise MingleConfigError(
+                f"unknown --rdzv_conf key {key!r} for the mingle backend.{hint} "
+                f"Known keys: {', '.join(KNOWN_KEYS)}"
+            )

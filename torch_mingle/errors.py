@@ -1,0 +1,41 @@
+"""Errors raised by torch_mingle; all belong to torch's ``RendezvousError`` family."""
+
+from __future__ import annotations
+
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+
+README_NETWORKS = "README.md#networks"
+
+
+class MingleError(RendezvousError):
+    """Base class of every error torch_mingle raises."""
+
+
+class MingleConfigError(MingleError, ValueError):
+    """A ``--rdzv_conf`` value (or handler argument) is invalid; the message shows the value."""
+
+
+class MingleTimeoutError(MingleError, RendezvousTimeoutError):
+    """The rendezvous did not complete within ``join_timeout``."""
+
+
+class MingleConnectionError(MingleError, RendezvousConnectionError):
+    """The leader's store could not be reached or was lost."""
+
+
+class MingleNetworkError(MingleConnectionError):
+    """A socket could not be set up on the chosen interface; the message says how to fix it."""
+
+
+class MingleClosedError(MingleError, RendezvousClosedError):
+    """The rendezvous of this job was closed (the job finished or failed for good)."""
+
+
+class MingleStateError(MingleError, RendezvousStateError):
+    """An internal state machine met an event it has no transition for: a bug in torch_mingle."""

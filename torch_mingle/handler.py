@@ -1,0 +1,410 @@
+"""``MingleRendezvousHandler``: torch's ``RendezvousHandler`` contract on discovery and rounds.
+
+Creating the handler picks the interface, opens the multicast sockets and starts
+discovery at once, so the election overlaps torchrun's own set-up. ``next_rendezvous``
+waits for a leader, joins the next round on the leader's store and hands the agent that
+round's fresh store, whose address is the leader's IP: the one every node just reached.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+
+from torch.distributed import DistError, TCPStore
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+)
+
+from torch_mingle import BACKEND_NAME
+from torch_mingle._driver import Driver
+from torch_mingle._interfaces import choose_interface, family_of
+from torch_mingle._liveness import LivenessClient
+from torch_mingle._protocol import Claim, Discovery, LeaderView, Timing
+from torch_mingle._rounds import History, Round, RoundBook, Status
+from torch_mingle._store import (
+    ROUND_STORE_TIMEOUT_S,
+    JoinAborted,
+    JoinClosed,
+    JoinTimeout,
+    LeaderHost,
+    LeaderUnreachable,
+    MemberSession,
+    open_client,
+)
+from torch_mingle._transport import McastTransport
+from torch_mingle.config import MingleConfig
+from torch_mingle.errors import (
+    README_NETWORKS,
+    MingleClosedError,
+    MingleConfigError,
+    MingleStateError,
+    MingleTimeoutError,
+)
+
+log = logging.getLogger(__name__)
+
+#: Set for the workers (to the discovery interface) unless the user set them.
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+MAX_CONNECT_TIMEOUT_S = 5.0
+
+
+def _new_node_id() -> int:
+    return secrets.randbits(64) or 1
+
+
+def _resolve_ip(addr: str, family: int) -> str:
+    try:
+        ipaddress.ip_address(addr.split("%", 1)[0])
+        return addr
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(addr, None, family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise MingleConfigError(f"--local-addr {addr!r} does not resolve to an address: {exc}") from exc
+    return str(infos[0][4][0])
+
+
+class MingleRendezvousHandler(RendezvousHandler):
+    """The ``mingle`` backend: no endpoint, no MASTER_ADDR; rank 0 is found by multicast."""
+
+    def __init__(self, config: MingleConfig, *, node_id: int | None = None) -> None:
+        self._config = config
+        family = family_of(config.group)
+        self._iface, why = choose_interface(config.interface, family, local_addr=config.local_addr)
+        self._ip = _resolve_ip(config.local_addr, family) if config.local_addr else self._iface.address
+        self._node = node_id or _new_node_id()
+        self._label = f"[{config.run_id} {self._node:016x}]"
+        log.info(
+            "%s mingle rendezvous: %s; interface %s chosen (%s), advertising %s",
+            self._label, config.describe(), self._iface.name, why, self._ip,
+        )
+        timing = Timing.for_keep_alive(
+            config.election_window, config.keep_alive_interval, config.keep_alive_max_attempt
+        )
+        self._core = Discovery(
+            config.run_id,
+            self._node,
+            timing=timing,
+            addrs=(self._ip,),
+            wall_offset_s=time.time() - time.monotonic(),
+        )
+        self._driver = Driver(
+            self._core,
+            McastTransport(self._iface, config.group, config.port, config.ttl),
+            on_become_leader=self._host,
+            on_step_down=self._unhost,
+            label=self._label,
+        )
+        self._host_lock = threading.Lock()
+        self._leader_host: LeaderHost | None = None
+        self._session: MemberSession | None = None
+        self._liveness: LivenessClient | None = None
+        self._trouble: str | None = None
+        self._round: Round | None = None
+        self._history: History | None = None
+        self._closed = False
+        self._shut = False
+        self._user_env = {var: os.environ.get(var) for var in SOCKET_IFNAME_VARS}
+        self._driver.start()
+
+    @classmethod
+    def from_params(cls, params: RendezvousParameters) -> MingleRendezvousHandler:
+        return cls(MingleConfig.from_params(params))
+
+    # ------------------------------------------------------ RendezvousHandler API
+
+    def get_backend(self) -> str:
+        return BACKEND_NAME
+
+    def get_run_id(self) -> str:
+        return self._config.run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True
+
+    @property
+    def node_id(self) -> int:
+        return self._node
+
+    @property
+    def interface_name(self) -> str:
+        return self._iface.name
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._shut:
+            raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
+        if self._closed:
+            raise MingleClosedError(f"the rendezvous of job {self._config.run_id!r} is closed")
+        started = time.monotonic()
+        deadline = started + self._config.join_timeout
+        generation = -1
+        while True:
+            found = self._driver.wait_leader(deadline, after_generation=generation)
+            if found is None:
+                raise self._timeout_error(started)
+            leader, generation = found
+            if leader.closed and not leader.is_self:
+                self._closed = True
+                raise MingleClosedError(
+                    f"job {self._config.run_id!r} is closed: its leader at {leader.store_ip} finished it; "
+                    "use a new --rdzv_id to start another run"
+                )
+            try:
+                session = self._ensure_session(leader, deadline)
+                rnd = session.join(ip=self._ip, history=self._history, deadline=deadline)
+                info = self._round_info(rnd)
+            except LeaderUnreachable as exc:
+                log.warning("%s leader %s unreachable: %s", self._label, leader.claim, exc)
+                self._drop_session()
+                self._driver.report_leader_failed(leader.claim, str(exc))
+                continue
+            except JoinAborted as exc:
+                log.info("%s re-joining: %s", self._label, exc)
+                self._drop_session()
+                continue
+            except JoinTimeout:
+                raise self._timeout_error(started) from None
+            except JoinClosed:
+                self._closed = True
+                raise MingleClosedError(f"the rendezvous of job {self._config.run_id!r} was closed") from None
+            log.info(
+                "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
+                self._label, rnd.number, info.rank, info.world_size,
+                "this node" if leader.is_self else leader.store_ip, rnd.store_ip, rnd.store_port,
+                time.monotonic() - started,
+            )
+            return info
+
+    def is_closed(self) -> bool:
+        if not self._closed and self._session is not None:
+            try:
+                self._closed = self._session.status().closed
+            except (LeaderUnreachable, DistError):
+                pass
+        return self._closed
+
+    def set_closed(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            try:
+                self._session.close_job()
+            except (LeaderUnreachable, DistError) as exc:
+                log.warning("%s could not tell the leader that the job is closed: %s", self._label, exc)
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins)."""
+        if self._round is None or self._closed:
+            return 0
+        if self._trouble is not None:
+            return 1
+        session = self._session
+        if session is None:
+            return 1
+        try:
+            status = session.status()
+        except (LeaderUnreachable, DistError) as exc:
+            self._trouble = f"the leader's store failed: {exc}"
+            self._driver.report_leader_failed(session.claim, self._trouble)
+            return 1
+        if status.closed:
+            self._closed = True
+            return 0
+        if status.round > self._round.number or status.stale:
+            return max(1, status.waiting)
+        return status.waiting
+
+    def shutdown(self) -> bool:
+        if self._shut:
+            return True
+        self._shut = True
+        self._closed = True
+        session = self._session
+        if session is not None:
+            try:
+                session.close_job()
+                session.leave()
+            except (LeaderUnreachable, DistError) as exc:
+                log.info("%s leader gone at shutdown: %s", self._label, exc)
+        if self._liveness is not None:
+            self._liveness.stop()
+            self._liveness = None
+        with self._host_lock:
+            host = self._leader_host
+            self._leader_host = None
+        if host is not None and not host.wait_all_gone(self._config.close_timeout):
+            log.warning(
+                "%s stopping the store although not every node left within close_timeout=%gs",
+                self._label, self._config.close_timeout,
+            )
+        self._driver.stop(resign=True)
+        if host is not None:
+            host.stop()
+        self._session = None
+        log.info("%s shut down", self._label)
+        return True
+
+    # --------------------------------------------------------------- internals
+
+    def _ensure_session(self, leader: LeaderView, deadline: float) -> MemberSession:
+        session = self._session
+        if session is not None and session.claim == leader.claim and self._trouble is None:
+            return session
+        self._drop_session()
+        timeout = max(0.1, min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout, deadline - time.monotonic()))
+        session = MemberSession(
+            leader.claim, leader.store_ip, leader.store_port, node=self._node, timeout_s=timeout
+        )
+        claim = leader.claim
+        liveness = LivenessClient(
+            leader.store_ip,
+            session.liveness_port,
+            node=self._node,
+            epoch=claim.epoch,
+            interval_s=self._config.keep_alive_interval,
+            timeout_s=self._config.keep_alive_timeout,
+            on_lost=lambda reason, evicted: self._liveness_lost(claim, reason, evicted),
+            label=self._label,
+        )
+        try:
+            liveness.start(timeout)
+        except OSError as exc:
+            raise LeaderUnreachable(f"cannot open the liveness channel to {leader.store_ip}: {exc}") from exc
+        self._session, self._liveness, self._trouble = session, liveness, None
+        self._driver.report_leader_alive(claim)
+        return session
+
+    def _drop_session(self) -> None:
+        if self._liveness is not None:
+            self._liveness.stop()
+        self._session = None
+        self._liveness = None
+
+    def _liveness_lost(self, claim: Claim, reason: str, evicted: bool) -> None:
+        self._trouble = reason
+        if evicted:
+            log.warning("%s %s; re-joining", self._label, reason)
+        else:
+            log.warning("%s leader %s lost: %s", self._label, claim, reason)
+            self._driver.report_leader_failed(claim, reason)
+
+    def _round_info(self, rnd: Round) -> RendezvousInfo:
+        rank = rnd.rank_of(self._node)
+        if rank is None:
+            raise MingleStateError(f"{self._label} round {rnd.number} was reported to us but does not list us")
+        store: TCPStore = open_client(rnd.store_ip, rnd.store_port, ROUND_STORE_TIMEOUT_S)
+        self._round = rnd
+        self._history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
+        self._export_worker_env()
+        return RendezvousInfo(
+            store, rank, rnd.world_size, RendezvousStoreInfo(master_addr=rnd.store_ip, master_port=rnd.store_port)
+        )
+
+    def _export_worker_env(self) -> None:
+        for var in SOCKET_IFNAME_VARS:
+            if self._user_env[var] is None:
+                os.environ[var] = self._iface.name
+
+    # ---------------------------------------------------------- leader's side
+
+    def _host(self, epoch: int) -> tuple[str, int]:
+        """Driver callback: we won the election; host the control store for this term."""
+        claim = Claim(epoch=epoch, leader=self._node)
+        book = RoundBook(
+            leader=self._node,
+            epoch=epoch,
+            min_nodes=self._config.min_nodes,
+            max_nodes=self._config.max_nodes,
+            last_call_timeout=self._config.last_call_timeout,
+        )
+        host = LeaderHost(
+            ip=self._ip,
+            claim=claim,
+            book=book,
+            keep_alive_interval_s=self._config.keep_alive_interval,
+            keep_alive_timeout_s=self._config.keep_alive_timeout,
+            on_status=self._status_changed,
+            label=self._label,
+        )
+        with self._host_lock:
+            old, self._leader_host = self._leader_host, host
+        if old is not None:
+            threading.Thread(target=old.stop, name="mingle-unhost", daemon=True).start()
+        log.info("%s this node leads job %r (epoch %d): store %s:%d", self._label, self._config.run_id, epoch,
+                 self._ip, host.port)
+        return self._ip, host.port
+
+    def _unhost(self, claim: Claim) -> None:
+        """Driver callback: a better claim won; stop hosting (off the driver thread)."""
+        with self._host_lock:
+            host, self._leader_host = self._leader_host, None
+        if host is not None:
+            self._trouble = f"this node stepped down as leader ({claim} lost)"
+            threading.Thread(target=host.stop, name="mingle-unhost", daemon=True).start()
+
+    def _status_changed(self, status: Status) -> None:
+        cfg = self._config
+        self._driver.call(
+            lambda now: self._core.update_status(
+                now,
+                round=status.round,
+                members=status.size,
+                closed=status.closed,
+                min_nodes=cfg.min_nodes,
+                max_nodes=cfg.max_nodes,
+            )
+        )
+
+    # -------------------------------------------------------------- messages
+
+    def _timeout_error(self, started: float) -> MingleTimeoutError:
+        cfg = self._config
+        snap = self._driver.snapshot()
+        waited = time.monotonic() - started
+        where = f"interface {self._iface.name} ({self._ip}), group {cfg.group} port {cfg.port}"
+        if snap.leader is None:
+            situation = "no leader was found or elected"
+        elif snap.leader.is_self:
+            situation = f"this node leads ({snap.leader.claim})"
+        else:
+            situation = f"the leader is {snap.leader.store_ip} ({snap.leader.claim})"
+        joined = ""
+        if self._session is not None:
+            try:
+                st = self._session.status()
+                joined = f"; {st.joined} of min_nodes={cfg.min_nodes} nodes joined ({st.reason})"
+            except (LeaderUnreachable, DistError):
+                joined = ""
+        others = ", ".join(f"{job!r} ({n})" for job, n in sorted(snap.stats.other_jobs.items()))
+        heard = f"heard {snap.peers_heard} other node(s) of this job"
+        if others:
+            heard += f"; datagrams of other jobs: {others}"
+        if snap.stats.dropped_total():
+            heard += f"; {snap.stats.dropped_total()} invalid datagram(s) dropped {dict(snap.stats.invalid)}"
+        if snap.peers_heard == 0 and others:
+            advice = (
+                f"multicast works here but no node runs job {cfg.run_id!r}: start every node with the same "
+                "--rdzv_id (and group/port)"
+            )
+        elif snap.peers_heard == 0:
+            advice = (
+                "nothing was heard on the group: start the other nodes, or multicast is blocked between the "
+                "nodes, or they use another interface/group/port; run `python -m torch_mingle doctor` on each "
+                f"node and see {README_NETWORKS}"
+            )
+        else:
+            advice = f"fewer than min_nodes={cfg.min_nodes} nodes joined: start the missing nodes or lower --nnodes"
+        return MingleTimeoutError(
+            f"rendezvous of job {cfg.run_id!r} timed out after {waited:.1f}s (join_timeout={cfg.join_timeout:g}s) "
+            f"on {where}: {situation}{joined}; {heard}. What to try: {advice}"
+        )
