@@ -29,12 +29,18 @@ IN_FEATURES = 8
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--step-time", type=float, default=0.0, help="seconds to sleep per step (simulated compute)")
+    p.add_argument(
+        "--step-time", type=float, default=0.0, help="seconds to sleep per step (simulated compute)"
+    )
     p.add_argument("--checkpoint", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None)
-    p.add_argument("--fail-at-step", type=int, default=-1, help="global rank --fail-rank exits 1 at this step")
+    p.add_argument(
+        "--fail-at-step", type=int, default=-1, help="global rank --fail-rank exits 1 at this step"
+    )
     p.add_argument("--fail-rank", type=int, default=-1)
-    p.add_argument("--fail-once-marker", type=Path, default=None, help="fail only if this file does not exist")
+    p.add_argument(
+        "--fail-once-marker", type=Path, default=None, help="fail only if this file does not exist"
+    )
     p.add_argument("--quiet", action="store_true")
     return p.parse_args()
 
@@ -73,11 +79,22 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     start_step = load_checkpoint(args.checkpoint, model, opt)
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters to every rank
-    env = {k: os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT",
-                                              "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    env = {
+        k: os.environ.get(k, "")
+        for k in (
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GROUP_RANK",
+            "TORCHELASTIC_RESTART_COUNT",
+            "GLOO_SOCKET_IFNAME",
+            "NCCL_SOCKET_IFNAME",
+        )
+    }
     if not args.quiet:
-        log(f"rank {rank}/{world} up: MASTER_ADDR={env['MASTER_ADDR']} MASTER_PORT={env['MASTER_PORT']} "
-            f"backend={backend} resuming at step {start_step}")
+        log(
+            f"rank {rank}/{world} up: MASTER_ADDR={env['MASTER_ADDR']} MASTER_PORT={env['MASTER_PORT']} "
+            f"backend={backend} resuming at step {start_step}"
+        )
     t_first = None
     gen = torch.Generator().manual_seed(1234)
     true_w = torch.arange(IN_FEATURES, dtype=torch.float32).unsqueeze(1) / IN_FEATURES
@@ -93,11 +110,11 @@ def main() -> int:
                 os._exit(1)
         # Every rank draws its own slice of the same global batch, so the run is reproducible.
         x_all = torch.randn(world * 16, IN_FEATURES, generator=gen)
-        x = x_all[rank * 16:(rank + 1) * 16].to(device)
+        x = x_all[rank * 16 : (rank + 1) * 16].to(device)
         y = x @ true_w.to(device)
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         if t_first is None:
             t_first = time.time()
@@ -112,9 +129,17 @@ def main() -> int:
     if args.report is not None:
         args.report.mkdir(parents=True, exist_ok=True)
         report = {
-            "rank": rank, "world_size": world, "steps": args.steps, "start_step": start_step,
-            "params": params, "loss": float(loss.item()), "env": env, "pid": os.getpid(),
-            "t_start": t_start, "t_first_step": t_first, "t_end": time.time(),
+            "rank": rank,
+            "world_size": world,
+            "steps": args.steps,
+            "start_step": start_step,
+            "params": params,
+            "loss": float(loss.item()),
+            "env": env,
+            "pid": os.getpid(),
+            "t_start": t_start,
+            "t_first_step": t_first,
+            "t_end": time.time(),
         }
         attempt = env["TORCHELASTIC_RESTART_COUNT"] or "0"
         (args.report / f"rank{rank}-pid{os.getpid()}-attempt{attempt}.json").write_text(json.dumps(report))

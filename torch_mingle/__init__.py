@@ -29,6 +29,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'torch_mingle' has no attribute {name!r}")
-    import importlib
+    import importlib  # noqa: PLC0415 - deferred so that importing the package stays cheap
 
     return getattr(importlib.import_module(module), name)

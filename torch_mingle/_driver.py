@@ -122,7 +122,9 @@ class Driver:
     def snapshot(self) -> Snapshot:
         with self._cond:
             core = self.core
-            stats = replace(core.stats, invalid=core.stats.invalid.copy(), other_jobs=dict(core.stats.other_jobs))
+            stats = replace(
+                core.stats, invalid=core.stats.invalid.copy(), other_jobs=dict(core.stats.other_jobs)
+            )
             return Snapshot(
                 role=core.role,
                 leader=core.leader,
@@ -136,7 +138,7 @@ class Driver:
     def stop(self, *, resign: bool) -> None:
         """Stop the thread and close the sockets; ``resign`` tells followers first."""
         if resign:
-            self.call(lambda now: self.core.resign(now))
+            self.call(self.core.resign)
         self.call(lambda now: self.core.stop())
         with self._cond:
             self._stopping = True
@@ -153,7 +155,7 @@ class Driver:
     def _run(self) -> None:
         try:
             self._loop()
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the handler through wait_leader()
+        except BaseException as exc:
             log.exception("%s discovery stopped on an internal error", self.label)
             with self._cond:
                 self.error = exc
@@ -208,7 +210,13 @@ class Driver:
                 elif isinstance(ev, LeaderFound):
                     self._generation += 1
                     who = "this node" if ev.leader.is_self else f"{ev.leader.store_ip}"
-                    log.info("%s leader: %s (%s), store port %d", self.label, who, ev.leader.claim, ev.leader.store_port)
+                    log.info(
+                        "%s leader: %s (%s), store port %d",
+                        self.label,
+                        who,
+                        ev.leader.claim,
+                        ev.leader.store_port,
+                    )
                 elif isinstance(ev, LeaderLost):
                     self._generation += 1
                     log.warning("%s lost leader %s: %s; electing again", self.label, ev.claim, ev.reason)

@@ -134,13 +134,17 @@ def _default_route_interface(family: int) -> str | None:
         import netifaces  # noqa: PLC0415
 
         gateways = netifaces.gateways()
-        name: str = gateways["default"][netifaces.AF_INET6 if family == socket.AF_INET6 else netifaces.AF_INET][1]
+        name: str = gateways["default"][
+            netifaces.AF_INET6 if family == socket.AF_INET6 else netifaces.AF_INET
+        ][1]
     except (KeyError, OSError, IndexError, TypeError):
         return None
     return name
 
 
-def choose_interface(spec: str | None, family: int, *, local_addr: str | None = None) -> tuple[Interface, str]:
+def choose_interface(
+    spec: str | None, family: int, *, local_addr: str | None = None
+) -> tuple[Interface, str]:
     """Resolve ``interface=`` (a name or an address) or pick one; returns it and why it was chosen."""
     ifaces = list_interfaces(family)
     fam = "IPv6" if family == socket.AF_INET6 else "IPv4"
@@ -153,7 +157,9 @@ def choose_interface(spec: str | None, family: int, *, local_addr: str | None = 
             )
         iface = found[0]
         if not iface.up:
-            raise MingleConfigError(f"rdzv_conf interface={spec!r}: {iface.name} is down; bring it up or pick another")
+            raise MingleConfigError(
+                f"rdzv_conf interface={spec!r}: {iface.name} is down; bring it up or pick another"
+            )
         if not iface.addresses:
             raise MingleConfigError(
                 f"rdzv_conf interface={spec!r}: {iface.name} has no {fam} address, but the group is {fam}; "

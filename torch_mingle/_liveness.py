@@ -10,6 +10,7 @@ Lines on the wire (ASCII): ``hello <node hex> <epoch>``, ``hb``, ``evicted``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
 import socket
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ def sockaddr(ip: str, port: int) -> tuple[str, int] | tuple[str, int, int, int]:
     """A connect/bind address for ``ip`` (IPv6 with ``%scope`` resolved) and ``port``."""
     if ":" not in ip:
         return (ip, port)
-    info = socket.getaddrinfo(ip, port, socket.AF_INET6, socket.SOCK_STREAM)[0][4]
+    info: tuple[Any, ...] = socket.getaddrinfo(ip, port, socket.AF_INET6, socket.SOCK_STREAM)[0][4]
     return (str(info[0]), int(info[1]), int(info[2]), int(info[3]))
 
 
@@ -85,10 +87,8 @@ class LivenessServer:
 
     def stop(self) -> None:
         self._stopping.set()
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         for sock in (self._listener, self._wake_r, self._wake_w, *self._conns):
@@ -171,10 +171,8 @@ class LivenessServer:
                     self._close(conn)
                 continue
             if now - conn.last_heard > self.timeout_s:
-                try:
+                with contextlib.suppress(OSError):
                     conn.sock.send(b"evicted\n")
-                except OSError:
-                    pass
                 self._drop(conn, f"no heartbeat for {self.timeout_s:g}s")
                 continue
             try:
@@ -191,7 +189,7 @@ class LivenessServer:
         if conn.node is not None:
             try:
                 self.on_dead(conn.node, reason)
-            except Exception:  # noqa: BLE001 - a failing report must not stop liveness tracking
+            except Exception:
                 log.exception("%s reporting the death of node %016x failed", self.label, conn.node)
 
 
@@ -242,10 +240,8 @@ class LivenessClient:
 
     def stop(self) -> None:
         self._stopping.set()
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         for sock in (self._sock, self._wake_r, self._wake_w):
@@ -277,7 +273,9 @@ class LivenessClient:
                     self._lost(f"connection to the leader failed: {exc}", evicted=False)
                     return
                 if not data:
-                    self._lost("the leader closed its connection (its process exited or was killed)", evicted=False)
+                    self._lost(
+                        "the leader closed its connection (its process exited or was killed)", evicted=False
+                    )
                     return
                 last_heard = now
                 buf = (buf + data)[-MAX_LINE_BYTES:]
@@ -302,5 +300,5 @@ class LivenessClient:
             return
         try:
             self.on_lost(reason, evicted)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("%s liveness callback failed", self.label)

@@ -201,7 +201,8 @@ class Discovery:
         self.peers: OrderedDict[int, PeerInfo] = OrderedDict()
         self._own_claim: Claim | None = None
         self._store: tuple[str, int] | None = None
-        self._status = Announce(epoch=1, store_ip="0.0.0.0", store_port=1)
+        # Placeholder address and epoch until leader_ready() fills them in.
+        self._status = Announce(epoch=1, store_ip="127.0.0.1", store_port=1)
         self._candidates: dict[int, float] = {}
         self._suspects: dict[int, float] = {}
         self._awaiting: tuple[int, float] | None = None
@@ -251,7 +252,10 @@ class Discovery:
                     suspect = self._awaiting[0]
                     log.debug(
                         "[%s %016x] candidate %016x did not claim within %.3fs; suspecting it",
-                        self.job, self.node_id, suspect, self.timing.claim_wait_s,
+                        self.job,
+                        self.node_id,
+                        suspect,
+                        self.timing.claim_wait_s,
                     )
                     self._suspects[suspect] = now + self.timing.suspect_ttl_s
                     self._candidates.pop(suspect, None)
@@ -289,7 +293,12 @@ class Discovery:
     ) -> None:
         """The leader's job state, carried in its announcements; announces a change soon."""
         new = replace(
-            self._status, round=round, members=members, closed=closed, min_nodes=min_nodes, max_nodes=max_nodes
+            self._status,
+            round=round,
+            members=members,
+            closed=closed,
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
         )
         if new == self._status:
             return
@@ -579,7 +588,11 @@ class Discovery:
             log.warning(
                 "[%s %016x] dropped an invalid datagram from %s (%s); %d dropped so far, "
                 "logged at most once a minute per reason",
-                self.job, self.node_id, addr, reason, self.stats.dropped_total(),
+                self.job,
+                self.node_id,
+                addr,
+                reason,
+                self.stats.dropped_total(),
             )
 
 

@@ -43,7 +43,9 @@ class History:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> History:
         return cls(
-            epoch=int(data["epoch"]), round=int(data["round"]), members=tuple(int(m, 16) for m in data["members"])
+            epoch=int(data["epoch"]),
+            round=int(data["round"]),
+            members=tuple(int(m, 16) for m in data["members"]),
         )
 
 

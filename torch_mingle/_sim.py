@@ -9,8 +9,9 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
+from typing import cast
 
-from torch_mingle._protocol import BecomeLeader, Discovery, Event, Role, Timing
+from torch_mingle._protocol import BecomeLeader, Dest, Discovery, Event, Role, Timing
 from torch_mingle._transport import InMemoryNetwork, RouteHook
 from torch_mingle._wire import Codec
 
@@ -48,7 +49,11 @@ class Simulation:
         self.timing = timing or Timing()
         self.key = key
         self.net = InMemoryNetwork(
-            seed=self.rng.getrandbits(32), latency_s=latency_s, drop=drop, duplicate=duplicate, route_hook=route_hook
+            seed=self.rng.getrandbits(32),
+            latency_s=latency_s,
+            drop=drop,
+            duplicate=duplicate,
+            route_hook=route_hook,
         )
         self.now = 0.0
         self.nodes: list[SimNode] = []
@@ -63,7 +68,11 @@ class Simulation:
         node_id = self.rng.getrandbits(64) or 1
         addr = (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 40000 + index % 20000)
         core = Discovery(
-            self.job, node_id, timing=self.timing, codec=Codec(self.key), rng=random.Random(node_id),
+            self.job,
+            node_id,
+            timing=self.timing,
+            codec=Codec(self.key),
+            rng=random.Random(node_id),
             wall_offset_s=1.7e9,
         )
         node = SimNode(index=index, addr=addr, core=core, start_at=start_at)
@@ -126,7 +135,7 @@ class Simulation:
         for dst, data, src in self.net.pop_due(self.now):
             node = self._by_addr[dst]
             if node.alive and node.started:
-                node.core.receive_datagram(data, src, self.now)
+                node.core.receive_datagram(data, cast(Dest, src), self.now)
                 self._flush(node)
         while self._timers and self._timers[0][0] <= self.now:
             t, i = heapq.heappop(self._timers)

@@ -62,19 +62,19 @@ def epoch_value(claim: Claim) -> str:
     return f"{claim.epoch}:{node_hex(claim.leader)}"
 
 
-class LeaderUnreachable(Exception):  # noqa: N818 - a condition, handled inside the handler
+class LeaderUnreachable(Exception):
     """The leader's store or liveness channel cannot be used; the claim should be fenced."""
 
 
-class JoinClosed(Exception):  # noqa: N818
+class JoinClosed(Exception):
     """The job's rendezvous is closed."""
 
 
-class JoinAborted(Exception):  # noqa: N818
+class JoinAborted(Exception):
     """The leader asks this node to join again (it had declared the node dead)."""
 
 
-class JoinTimeout(Exception):  # noqa: N818
+class JoinTimeout(Exception):
     """``join_timeout`` passed while waiting for a round."""
 
 
@@ -115,10 +115,13 @@ class MemberSession:
         self._ops = open_client(ip, port, timeout_s)
         self._waiter: TCPStore | None = None
         self._timeout_s = timeout_s
-        found = self._call(lambda: self._ops.get(EPOCH_KEY).decode() if self._ops.check([EPOCH_KEY]) else None)
+        found = self._call(
+            lambda: self._ops.get(EPOCH_KEY).decode() if self._ops.check([EPOCH_KEY]) else None
+        )
         if found != epoch_value(claim):
             raise LeaderUnreachable(
-                f"the store at {ip}:{port} belongs to {found or 'no leader'}, not to {claim}: stale announcement"
+                f"the store at {ip}:{port} belongs to {found or 'no leader'}, not to {claim}: "
+                "a stale announcement"
             )
         self.liveness_port = int(self._call(lambda: self._ops.get(LIVENESS_KEY)))
 
@@ -168,7 +171,6 @@ class MemberSession:
 
     def leave(self) -> None:
         self._push("leave")
-
 
 
 class EventLog:
@@ -289,7 +291,9 @@ class RoundMaster:
         if kind == "join":
             hist = event.get("history")
             self.book.join(
-                JoinRequest(node=node, seq=seq, ip=event["ip"], history=History.from_json(hist) if hist else None)
+                JoinRequest(
+                    node=node, seq=seq, ip=event["ip"], history=History.from_json(hist) if hist else None
+                )
             )
             if self.book.closed:
                 self._reply(seq, closed=True)
@@ -313,10 +317,15 @@ class RoundMaster:
         self.round_stores[number] = store
         for old in [n for n in self.round_stores if n <= number - ROUND_STORES_KEPT]:
             del self.round_stores[old]
-        rnd = Round(number=number, epoch=self.book.epoch, members=form.members, store_ip=self.ip,
-                    store_port=store.port)
+        rnd = Round(
+            number=number,
+            epoch=self.book.epoch,
+            members=form.members,
+            store_ip=self.ip,
+            store_port=store.port,
+        )
         reply = json.dumps({"round": number})
-        self._client.multi_set(
+        self._client.multi_set(  # type: ignore[attr-defined]  # missing from torch's stubs
             [round_key(number), *(reply_key(s) for s in form.admitted)],
             [rnd.encode(), *([reply] * len(form.admitted))],
         )
@@ -324,7 +333,12 @@ class RoundMaster:
         self._publish_status()
         log.info(
             "%s round %d formed (%s): world size %d, store %s:%d, members %s",
-            self.label, number, form.reason, rnd.world_size, self.ip, store.port,
+            self.label,
+            number,
+            form.reason,
+            rnd.world_size,
+            self.ip,
+            store.port,
             " ".join(node_hex(m) for m in form.members),
         )
 

@@ -11,6 +11,7 @@ RNG drops, duplicates and delays them, and partitions cut it in pieces.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import heapq
 import logging
@@ -32,7 +33,9 @@ MAX_DATAGRAM_READ = 2048
 MAX_READS_PER_WAKE = 512
 
 
-def network_advice(exc: OSError, *, action: str, iface: Interface, group: str, port: int) -> MingleNetworkError:
+def network_advice(
+    exc: OSError, *, action: str, iface: Interface, group: str, port: int
+) -> MingleNetworkError:
     """Turn an OS error on a discovery socket into an error that names the cause and the fix."""
     where = f"{action} on interface {iface.name} ({iface.address}) for group {group} port {port}"
     code = exc.errno
@@ -98,10 +101,9 @@ class McastTransport:
             raise MingleNetworkError(f"cannot send on {self.iface.describe()}: {exc}") from exc
         for sock in [*rx.sockets, tx.socket]:
             sock.setblocking(False)
-            try:
+            # A smaller buffer still works; floods just drop earlier.
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-            except OSError:
-                pass  # a smaller buffer still works; floods just drop earlier
         self._rx, self._tx = rx, tx
         return self
 
@@ -147,7 +149,8 @@ class McastTransport:
             if not self._send_error_logged:
                 self._send_error_logged = True
                 log.warning(
-                    "%s", network_advice(exc, action="sending", iface=self.iface, group=self.group, port=self.port)
+                    "%s",
+                    network_advice(exc, action="sending", iface=self.iface, group=self.group, port=self.port),
                 )
 
     def close(self) -> None:

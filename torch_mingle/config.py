@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -135,7 +136,7 @@ def _parse_float(key: str, raw: Any, *, minimum: float, example: str) -> float:
         raise MingleConfigError(
             f"rdzv_conf {key}={raw!r} is not a number of seconds; {_fix(key, example)}"
         ) from None
-    if not value >= minimum or value != value or value == float("inf"):
+    if not value >= minimum or math.isnan(value) or value == float("inf"):
         raise MingleConfigError(
             f"rdzv_conf {key}={raw!r} must be a finite number >= {minimum:g}; {_fix(key, example)}"
         )
@@ -190,8 +191,8 @@ def _check_run_id(run_id: str) -> str:
 
 
 _PARSERS: dict[str, Any] = {
-    "interface": lambda k, v: _parse_str(k, v),
-    "group": lambda k, v: _parse_str(k, v),
+    "interface": _parse_str,
+    "group": _parse_str,
     "port": lambda k, v: _parse_int(k, v, low=1, high=65535, example=str(DEFAULT_PORT)),
     "ttl": lambda k, v: _parse_int(k, v, low=1, high=255, example="1"),
     "join_timeout": lambda k, v: _parse_float(k, v, minimum=0.001, example="600"),

@@ -8,6 +8,7 @@ round's fresh store, whose address is the leader's IP: the one every node just r
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -57,16 +58,27 @@ SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 MAX_CONNECT_TIMEOUT_S = 5.0
 
 
+def _log_to_stderr_if_asked() -> None:
+    """``TORCH_MINGLE_LOG=info|debug``: show our logs under torchrun, which only prints its own."""
+    level = os.environ.get("TORCH_MINGLE_LOG", "").upper()
+    root = logging.getLogger("torch_mingle")
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR") or root.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s mingle %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+
+
 def _new_node_id() -> int:
     return secrets.randbits(64) or 1
 
 
 def _resolve_ip(addr: str, family: int) -> str:
-    try:
+    with contextlib.suppress(ValueError):
         ipaddress.ip_address(addr.split("%", 1)[0])
         return addr
-    except ValueError:
-        pass
     try:
         infos = socket.getaddrinfo(addr, None, family, socket.SOCK_STREAM)
     except OSError as exc:
@@ -78,6 +90,7 @@ class MingleRendezvousHandler(RendezvousHandler):
     """The ``mingle`` backend: no endpoint, no MASTER_ADDR; rank 0 is found by multicast."""
 
     def __init__(self, config: MingleConfig, *, node_id: int | None = None) -> None:
+        _log_to_stderr_if_asked()
         self._config = config
         family = family_of(config.group)
         self._iface, why = choose_interface(config.interface, family, local_addr=config.local_addr)
@@ -86,7 +99,11 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._label = f"[{config.run_id} {self._node:016x}]"
         log.info(
             "%s mingle rendezvous: %s; interface %s chosen (%s), advertising %s",
-            self._label, config.describe(), self._iface.name, why, self._ip,
+            self._label,
+            config.describe(),
+            self._iface.name,
+            why,
+            self._ip,
         )
         timing = Timing.for_keep_alive(
             config.election_window, config.keep_alive_interval, config.keep_alive_max_attempt
@@ -180,18 +197,21 @@ class MingleRendezvousHandler(RendezvousHandler):
                 raise MingleClosedError(f"the rendezvous of job {self._config.run_id!r} was closed") from None
             log.info(
                 "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
-                self._label, rnd.number, info.rank, info.world_size,
-                "this node" if leader.is_self else leader.store_ip, rnd.store_ip, rnd.store_port,
+                self._label,
+                rnd.number,
+                info.rank,
+                info.world_size,
+                "this node" if leader.is_self else leader.store_ip,
+                rnd.store_ip,
+                rnd.store_port,
                 time.monotonic() - started,
             )
             return info
 
     def is_closed(self) -> bool:
         if not self._closed and self._session is not None:
-            try:
+            with contextlib.suppress(LeaderUnreachable, DistError):
                 self._closed = self._session.status().closed
-            except (LeaderUnreachable, DistError):
-                pass
         return self._closed
 
     def set_closed(self) -> None:
@@ -245,7 +265,8 @@ class MingleRendezvousHandler(RendezvousHandler):
         if host is not None and not host.wait_all_gone(self._config.close_timeout):
             log.warning(
                 "%s stopping the store although not every node left within close_timeout=%gs",
-                self._label, self._config.close_timeout,
+                self._label,
+                self._config.close_timeout,
             )
         self._driver.stop(resign=True)
         if host is not None:
@@ -261,7 +282,9 @@ class MingleRendezvousHandler(RendezvousHandler):
         if session is not None and session.claim == leader.claim and self._trouble is None:
             return session
         self._drop_session()
-        timeout = max(0.1, min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout, deadline - time.monotonic()))
+        timeout = max(
+            0.1, min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout, deadline - time.monotonic())
+        )
         session = MemberSession(
             leader.claim, leader.store_ip, leader.store_port, node=self._node, timeout_s=timeout
         )
@@ -301,13 +324,18 @@ class MingleRendezvousHandler(RendezvousHandler):
     def _round_info(self, rnd: Round) -> RendezvousInfo:
         rank = rnd.rank_of(self._node)
         if rank is None:
-            raise MingleStateError(f"{self._label} round {rnd.number} was reported to us but does not list us")
+            raise MingleStateError(
+                f"{self._label} round {rnd.number} was reported to us but does not list us"
+            )
         store: TCPStore = open_client(rnd.store_ip, rnd.store_port, ROUND_STORE_TIMEOUT_S)
         self._round = rnd
         self._history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
         self._export_worker_env()
         return RendezvousInfo(
-            store, rank, rnd.world_size, RendezvousStoreInfo(master_addr=rnd.store_ip, master_port=rnd.store_port)
+            store,
+            rank,
+            rnd.world_size,
+            RendezvousStoreInfo(master_addr=rnd.store_ip, master_port=rnd.store_port),
         )
 
     def _export_worker_env(self) -> None:
@@ -340,8 +368,14 @@ class MingleRendezvousHandler(RendezvousHandler):
             old, self._leader_host = self._leader_host, host
         if old is not None:
             threading.Thread(target=old.stop, name="mingle-unhost", daemon=True).start()
-        log.info("%s this node leads job %r (epoch %d): store %s:%d", self._label, self._config.run_id, epoch,
-                 self._ip, host.port)
+        log.info(
+            "%s this node leads job %r (epoch %d): store %s:%d",
+            self._label,
+            self._config.run_id,
+            epoch,
+            self._ip,
+            host.port,
+        )
         return self._ip, host.port
 
     def _unhost(self, claim: Claim) -> None:
@@ -398,13 +432,16 @@ class MingleRendezvousHandler(RendezvousHandler):
             )
         elif snap.peers_heard == 0:
             advice = (
-                "nothing was heard on the group: start the other nodes, or multicast is blocked between the "
-                "nodes, or they use another interface/group/port; run `python -m torch_mingle doctor` on each "
-                f"node and see {README_NETWORKS}"
+                "nothing was heard on the group: start the other nodes, or multicast is blocked between "
+                "the nodes, or they use another interface/group/port; run `python -m torch_mingle doctor` "
+                f"on each node and see {README_NETWORKS}"
             )
         else:
-            advice = f"fewer than min_nodes={cfg.min_nodes} nodes joined: start the missing nodes or lower --nnodes"
+            advice = (
+                f"fewer than min_nodes={cfg.min_nodes} nodes joined: start the missing ones or lower --nnodes"
+            )
         return MingleTimeoutError(
-            f"rendezvous of job {cfg.run_id!r} timed out after {waited:.1f}s (join_timeout={cfg.join_timeout:g}s) "
-            f"on {where}: {situation}{joined}; {heard}. What to try: {advice}"
+            f"rendezvous of job {cfg.run_id!r} timed out after {waited:.1f}s "
+            f"(join_timeout={cfg.join_timeout:g}s) on {where}: {situation}{joined}; {heard}. "
+            f"What to try: {advice}"
         )
