@@ -43,8 +43,12 @@ def main() -> int:
         f"--steps={args.steps}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_MINGLE_LOG": "info"}
-    print(f"$ {' '.join(cmd[:1] + [c for c in cmd[1:] if not c.endswith('.py')])} train_ddp.py ...", flush=True)
-    print(f"starting {args.nodes} agents (nodes) with the same command; nobody is told an address\n", flush=True)
+    print(
+        f"$ {' '.join(cmd[:1] + [c for c in cmd[1:] if not c.endswith('.py')])} train_ddp.py ...", flush=True
+    )
+    print(
+        f"starting {args.nodes} agents (nodes) with the same command; nobody is told an address\n", flush=True
+    )
     started = time.monotonic()
     procs = [
         subprocess.Popen(
@@ -71,7 +75,10 @@ def main() -> int:
     if any(codes):
         print(f"\ndemo FAILED (agent exit codes {codes}) after {took:.1f}s", flush=True)
         return 1
-    print(f"\ndemo OK: {args.nodes} agents x {args.nproc_per_node} workers trained together in {took:.1f}s", flush=True)
+    print(
+        f"\ndemo OK: {args.nodes} agents x {args.nproc_per_node} workers trained together in {took:.1f}s",
+        flush=True,
+    )
     return 0
 
 
@@ -79,8 +86,7 @@ _PRINT_LOCK = threading.Lock()
 
 
 def _pump(index: int, proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
+    for line in proc.stdout or ():
         text = line.rstrip()
         if _interesting(text):
             with _PRINT_LOCK:

@@ -76,7 +76,8 @@ class LivenessServer:
 
     def start(self) -> int:
         listener = socket.socket(_family(self.ip), socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # No SO_REUSEADDR: with it, Linux may hand out the port of a TCPStore listening on the
+        # wildcard address, and TCPStore clients of 127.0.0.1 would reach us instead of the store.
         listener.bind(sockaddr(self.ip, 0))
         listener.listen(256)
         listener.setblocking(False)

@@ -63,12 +63,12 @@ class Simulation:
         for _ in range(n):
             self.add_node(self.rng.uniform(0.0, start_spread_s))
 
-    def add_node(self, start_at: float) -> SimNode:
+    def add_node(self, start_at: float, *, job: str | None = None) -> SimNode:
         index = len(self.nodes)
         node_id = self.rng.getrandbits(64) or 1
         addr = (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 40000 + index % 20000)
         core = Discovery(
-            self.job,
+            job or self.job,
             node_id,
             timing=self.timing,
             codec=Codec(self.key),
@@ -159,15 +159,17 @@ class Simulation:
 
     # --------------------------------------------------------------- inspection
 
-    def live(self) -> list[SimNode]:
-        return [n for n in self.nodes if n.alive and n.started]
+    def live(self, job: str | None = None) -> list[SimNode]:
+        """Started, living nodes of ``job`` (default: the simulation's job)."""
+        job = job or self.job
+        return [n for n in self.nodes if n.alive and n.started and n.core.job == job]
 
     def leaders(self) -> list[SimNode]:
         return [n for n in self.live() if n.core.role is Role.LEADING]
 
     def converged(self) -> bool:
         live = self.live()
-        if not live or len(live) < sum(1 for n in self.nodes if n.alive):
+        if not live or len(live) < sum(1 for n in self.nodes if n.alive and n.core.job == self.job):
             return False
         leaders = self.leaders()
         if len(leaders) != 1:

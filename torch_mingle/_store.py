@@ -43,7 +43,7 @@ EV_COUNTER = "mingle/ev"
 HOLE_CHECK_S = 2.0
 FOREVER = timedelta(days=365)
 ROUND_STORES_KEPT = 2
-ROUND_STORE_TIMEOUT_S = 300.0
+CLIENT_TIMEOUT_S = 300.0
 
 
 def ev_key(seq: int) -> str:
@@ -79,25 +79,54 @@ class JoinTimeout(Exception):
 
 
 def probe(ip: str, port: int, timeout_s: float) -> None:
-    """Plain TCP connect: fails fast (and quietly) where TCPStore would retry until its timeout."""
+    """Plain TCP connect: the evidence that a leader is gone (refused, unreachable, no answer).
+
+    TCPStore's own connect retries a refused port until its timeout, and its handshake can
+    stall on things that say nothing about the peer (see ``open_client``).
+    """
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         sock.connect(sockaddr(ip, port))
 
 
-def open_client(ip: str, port: int, timeout_s: float) -> TCPStore:
-    """A TCPStore client to ``ip:port``; raises ``LeaderUnreachable`` if nothing answers."""
+def open_client(ip: str, port: int, probe_timeout_s: float) -> TCPStore:
+    """A TCPStore client to ``ip:port``; raises ``LeaderUnreachable`` only if the probe fails.
+
+    Once the port answered, the client gets a long timeout: TCPStore resolves the peer's
+    address back to a name (getnameinfo) for its logs on every connect, and a resolver that
+    drops queries stalls that for seconds without saying anything about the leader.
+    """
     try:
-        probe(ip, port, timeout_s)
-        return TCPStore(ip, port, None, False, timeout=timedelta(seconds=timeout_s))
-    except (OSError, DistError, RuntimeError) as exc:
+        probe(ip, port, probe_timeout_s)
+    except OSError as exc:
         raise LeaderUnreachable(f"cannot connect to the leader's store at {ip}:{port}: {exc}") from exc
+    try:
+        return TCPStore(ip, port, None, False, timeout=timedelta(seconds=CLIENT_TIMEOUT_S))
+    except (DistError, RuntimeError) as exc:
+        raise LeaderUnreachable(f"the store at {ip}:{port} answered but its handshake failed: {exc}") from exc
 
 
-def open_server(ip: str, timeout_s: float = ROUND_STORE_TIMEOUT_S) -> TCPStore:
-    """A TCPStore server on a free port (it listens on every address of this host)."""
-    return TCPStore(ip, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+def open_server(ip: str) -> TCPStore:
+    """A TCPStore server on a free port of ``ip`` only (not every address of the host).
+
+    We bind the listening socket ourselves: an IPv4 listener makes the store see IPv4 peers,
+    which /etc/hosts resolves for loopback, instead of IPv4-mapped IPv6 ones that always go
+    to DNS (TCPStore resolves every peer for its logs, and a slow resolver stalls the store).
+    """
+    listener = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(sockaddr(ip, 0))
+        listener.listen(1024)
+        port = int(listener.getsockname()[1])
+    except OSError:
+        listener.close()
+        raise
+    fd = listener.detach()  # the store owns the descriptor from here on and closes it
+    return TCPStore(
+        ip, port, None, True, timeout=timedelta(seconds=CLIENT_TIMEOUT_S), wait_for_workers=False,
+        master_listen_fd=fd,
+    )  # fmt: skip
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -113,8 +142,6 @@ class MemberSession:
         self.port = port
         self.node = node
         self._ops = open_client(ip, port, timeout_s)
-        self._waiter: TCPStore | None = None
-        self._timeout_s = timeout_s
         found = self._call(
             lambda: self._ops.get(EPOCH_KEY).decode() if self._ops.check([EPOCH_KEY]) else None
         )
@@ -133,7 +160,7 @@ class MemberSession:
                 raise
             raise LeaderUnreachable(f"the leader's store at {self.ip}:{self.port} failed: {exc}") from exc
 
-    def _push(self, kind: str, **fields: Any) -> int:
+    def push(self, kind: str, **fields: Any) -> int:
         payload = json.dumps({"t": kind, "node": node_hex(self.node), **fields})
 
         def push() -> int:
@@ -146,13 +173,10 @@ class MemberSession:
 
     def join(self, *, ip: str, history: History | None, deadline: float) -> Round:
         """Ask for a place in the next round and block until it forms (or closes, or the leader goes)."""
-        seq = self._push("join", ip=ip, history=history.to_json() if history else None)
-        if self._waiter is None:
-            self._waiter = open_client(self.ip, self.port, self._timeout_s)
-        waiter = self._waiter
+        seq = self.push("join", ip=ip, history=history.to_json() if history else None)
         left = deadline - time.monotonic()
         try:
-            self._call(lambda: waiter.wait([reply_key(seq)], timedelta(seconds=max(0.001, left))))
+            self._call(lambda: self._ops.wait([reply_key(seq)], timedelta(seconds=max(0.001, left))))
         except DistError as exc:
             raise JoinTimeout(f"no round formed (join request #{seq})") from exc
         reply = json.loads(self._call(lambda: self._ops.get(reply_key(seq))))
@@ -166,18 +190,12 @@ class MemberSession:
     def status(self) -> Status:
         return Status.decode(self._call(lambda: self._ops.get(STATUS_KEY)))
 
-    def close_job(self) -> None:
-        self._push("close")
-
-    def leave(self) -> None:
-        self._push("leave")
-
 
 class EventLog:
     """Appends events to the leader's log from threads other than the master (thread-safe)."""
 
-    def __init__(self, ip: str, port: int) -> None:
-        self._client = open_client(ip, port, ROUND_STORE_TIMEOUT_S)
+    def __init__(self, store: TCPStore) -> None:
+        self._client = store
         self._lock = threading.Lock()
 
     def push(self, payload: dict[str, Any]) -> None:
@@ -226,7 +244,7 @@ class RoundMaster:
         self.clock = clock
         self.all_gone = threading.Event()
         self.round_stores: dict[int, TCPStore] = {}
-        self._client = open_client(ip, control_port, ROUND_STORE_TIMEOUT_S)
+        self._client = open_client(ip, control_port, CLIENT_TIMEOUT_S)
         self._stopping = False
         self._status: Status | None = None
         self._next_seq = 1
@@ -408,7 +426,7 @@ class LeaderHost:
         self.control = open_server(ip)
         self.port = int(self.control.port)
         self.control.set(EPOCH_KEY, epoch_value(claim))
-        self.events = EventLog(ip, self.port)
+        self.events = EventLog(self.control)
         self.liveness = LivenessServer(
             ip,
             interval_s=keep_alive_interval_s,

@@ -107,12 +107,19 @@ class MingleConfig:
                 "e.g. --nnodes=2:4"
             )
         _check_group(self.group)
-        if self.last_call_timeout > self.join_timeout:
-            raise MingleConfigError(
-                f"rdzv_conf last_call_timeout={self.last_call_timeout:g} is longer than "
-                f"join_timeout={self.join_timeout:g}: the rendezvous would time out before its last call; "
-                "lower last_call_timeout or raise join_timeout"
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but probably not what the user meant."""
+        out = []
+        if self.min_nodes < self.max_nodes and self.last_call_timeout >= self.join_timeout:
+            out.append(
+                f"last_call_timeout={self.last_call_timeout:g}s is not shorter than join_timeout="
+                f"{self.join_timeout:g}s: with fewer than max_nodes={self.max_nodes} nodes the first round "
+                "times out before its last call ends; lower last_call_timeout"
             )
+        if self.ttl > 1:
+            out.append(f"ttl={self.ttl}: discovery datagrams may cross routers beyond this segment")
+        return out
 
     def describe(self) -> str:
         """One line with the settings that matter when reading a log."""

@@ -30,9 +30,8 @@ from torch_mingle._driver import Driver
 from torch_mingle._interfaces import choose_interface, family_of
 from torch_mingle._liveness import LivenessClient
 from torch_mingle._protocol import Claim, Discovery, LeaderView, Timing
-from torch_mingle._rounds import History, Round, RoundBook, Status
+from torch_mingle._rounds import History, Round, RoundBook, Status, node_hex
 from torch_mingle._store import (
-    ROUND_STORE_TIMEOUT_S,
     JoinAborted,
     JoinClosed,
     JoinTimeout,
@@ -105,6 +104,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             why,
             self._ip,
         )
+        for warning in config.warnings():
+            log.warning("%s %s", self._label, warning)
         timing = Timing.for_keep_alive(
             config.election_window, config.keep_alive_interval, config.keep_alive_max_attempt
         )
@@ -216,11 +217,7 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     def set_closed(self) -> None:
         self._closed = True
-        if self._session is not None:
-            try:
-                self._session.close_job()
-            except (LeaderUnreachable, DistError) as exc:
-                log.warning("%s could not tell the leader that the job is closed: %s", self._label, exc)
+        self._tell_leader("close")
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins)."""
@@ -249,13 +246,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             return True
         self._shut = True
         self._closed = True
-        session = self._session
-        if session is not None:
-            try:
-                session.close_job()
-                session.leave()
-            except (LeaderUnreachable, DistError) as exc:
-                log.info("%s leader gone at shutdown: %s", self._label, exc)
+        # torch's contract: shutting down closes the rendezvous for every node (as c10d does).
+        self._tell_leader("close", "leave")
         if self._liveness is not None:
             self._liveness.stop()
             self._liveness = None
@@ -276,6 +268,19 @@ class MingleRendezvousHandler(RendezvousHandler):
         return True
 
     # --------------------------------------------------------------- internals
+
+    def _tell_leader(self, *kinds: str) -> None:
+        """Push events to the leader: through our own host's log if we lead, else our session."""
+        with self._host_lock:
+            host = self._leader_host
+        try:
+            for kind in kinds:
+                if host is not None:
+                    host.events.push({"t": kind, "node": node_hex(self._node)})
+                elif self._session is not None:
+                    self._session.push(kind)
+        except (LeaderUnreachable, DistError, RuntimeError) as exc:
+            log.info("%s could not tell the leader %s: %s", self._label, "/".join(kinds), exc)
 
     def _ensure_session(self, leader: LeaderView, deadline: float) -> MemberSession:
         session = self._session
@@ -327,7 +332,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             raise MingleStateError(
                 f"{self._label} round {rnd.number} was reported to us but does not list us"
             )
-        store: TCPStore = open_client(rnd.store_ip, rnd.store_port, ROUND_STORE_TIMEOUT_S)
+        store: TCPStore = open_client(rnd.store_ip, rnd.store_port, MAX_CONNECT_TIMEOUT_S)
         self._round = rnd
         self._history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
         self._export_worker_env()
@@ -416,7 +421,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         if self._session is not None:
             try:
                 st = self._session.status()
-                joined = f"; {st.joined} of min_nodes={cfg.min_nodes} nodes joined ({st.reason})"
+                joined = f"; {st.reason}"
             except (LeaderUnreachable, DistError):
                 joined = ""
         others = ", ".join(f"{job!r} ({n})" for job, n in sorted(snap.stats.other_jobs.items()))

@@ -1,0 +1,124 @@
+"""MingleRendezvousHandler in-process, over real multicast on 127.0.0.1 and real TCPStores."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousTimeoutError
+
+from tests.helpers import random_port, unique_job, wait_until
+from torch_mingle._protocol import Role
+from torch_mingle.errors import MingleClosedError, MingleConfigError, MingleTimeoutError
+from torch_mingle.handler import MingleRendezvousHandler
+
+Factory = Callable[..., MingleRendezvousHandler]
+
+
+@pytest.fixture
+def make_handler() -> Iterator[Factory]:
+    made: list[MingleRendezvousHandler] = []
+    port = random_port()
+
+    def make(
+        job: str, min_nodes: int = 1, max_nodes: int | None = None, **conf: Any
+    ) -> MingleRendezvousHandler:
+        conf.setdefault("interface", "127.0.0.1")
+        conf.setdefault("port", str(port))
+        params = RendezvousParameters("mingle", "", job, min_nodes, max_nodes or min_nodes, **conf)
+        handler = MingleRendezvousHandler.from_params(params)
+        made.append(handler)
+        return handler
+
+    yield make
+    with ThreadPoolExecutor(max_workers=max(1, len(made))) as pool:
+        list(pool.map(lambda h: h.shutdown(), made))
+
+
+def rendezvous_all(handlers: list[MingleRendezvousHandler]) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=len(handlers)) as pool:
+        return list(pool.map(lambda h: h.next_rendezvous(), handlers))
+
+
+def test_four_nodes_agree_on_ranks_and_on_rank_0s_store(make_handler):
+    job = unique_job()
+    handlers = [make_handler(job, 4) for _ in range(4)]
+    infos = rendezvous_all(handlers)
+    assert sorted(i.rank for i in infos) == [0, 1, 2, 3]
+    assert {i.world_size for i in infos} == {4}
+    stores = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos}
+    assert len(stores) == 1
+    assert stores.pop()[0] == "127.0.0.1"
+    (leader,) = [h for h in handlers if h._core.role is Role.LEADING]
+    assert infos[handlers.index(leader)].rank == 0
+    # Every agent's store is the same server: what one writes, all read.
+    infos[3].store.set("hello", f"from rank {infos[3].rank}")
+    assert {i.store.get("hello") for i in infos} == {f"from rank {infos[3].rank}".encode()}
+    assert [h.num_nodes_waiting() for h in handlers] == [0, 0, 0, 0]
+
+
+def test_a_lone_node_times_out_with_a_message_that_says_what_to_do(make_handler):
+    handler = make_handler(unique_job("lonely"), 2, join_timeout="1.5")
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError) as err:
+        handler.next_rendezvous()
+    assert time.monotonic() - started < 1.5 + 1.0
+    assert isinstance(err.value, MingleTimeoutError)
+    message = str(err.value)
+    assert "interface lo (127.0.0.1)" in message
+    assert "group 239.255.77.77 port" in message
+    assert "this node leads" in message
+    assert "1 of min_nodes=2 nodes joined" in message
+    assert "heard 0 other node(s) of this job" in message
+    assert "What to try:" in message
+
+
+def test_the_timeout_message_names_the_other_jobs_it_heard(make_handler):
+    other = make_handler(unique_job("other"), 1)
+    rendezvous_all([other])
+    handler = make_handler(unique_job("mine"), 2, join_timeout="1.5")
+    with pytest.raises(MingleTimeoutError) as err:
+        handler.next_rendezvous()
+    assert f"datagrams of other jobs: '{other.get_run_id()}'" in str(err.value)
+    assert "same --rdzv_id" in str(err.value)
+
+
+def test_invalid_config_fails_at_creation_with_the_value(make_handler):
+    with pytest.raises(MingleConfigError, match="interface='nosuch0' matches no interface"):
+        make_handler(unique_job(), 1, interface="nosuch0")
+    with pytest.raises(MingleConfigError, match="keep_alive_interval='often'"):
+        make_handler(unique_job(), 1, keep_alive_interval="often")
+
+
+def test_a_newcomer_is_counted_then_admitted_at_the_next_round(make_handler):
+    job = unique_job()
+    first = [make_handler(job, 2, 3, last_call_timeout="0.3") for _ in range(2)]
+    infos = rendezvous_all(first)
+    assert {i.world_size for i in infos} == {2}
+    newcomer = make_handler(job, 2, 3, last_call_timeout="0.3")
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(info=newcomer.next_rendezvous()))
+    t.start()
+    for h in first:
+        wait_until(lambda h=h: h.num_nodes_waiting() == 1, 10.0, "the running nodes to see the newcomer")
+    infos = rendezvous_all(first)
+    t.join(timeout=10)
+    ranks = {h.node_id: i.rank for h, i in zip(first, infos, strict=True)}
+    ranks[newcomer.node_id] = result["info"].rank
+    assert sorted(ranks.values()) == [0, 1, 2]
+    assert ranks[newcomer.node_id] == 2  # members of the last round keep their ranks
+    assert {i.world_size for i in infos} == {3}
+
+
+def test_set_closed_is_seen_by_everyone_and_ends_further_rounds(make_handler):
+    job = unique_job()
+    handlers = [make_handler(job, 2) for _ in range(2)]
+    rendezvous_all(handlers)
+    handlers[1].set_closed()
+    wait_until(handlers[0].is_closed, 5.0, "the close to propagate")
+    with pytest.raises(MingleClosedError):
+        handlers[0].next_rendezvous()

@@ -1,0 +1,100 @@
+"""Config from --rdzv_conf: every key parsed, every bad value named with its fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from torch_mingle import config as config_module
+from torch_mingle.config import KNOWN_KEYS, MingleConfig
+from torch_mingle.errors import MingleConfigError
+
+
+def make(**conf):
+    return MingleConfig.from_mapping(run_id="job42", min_nodes=2, max_nodes=4, conf=conf)
+
+
+def test_defaults_match_c10d_where_c10d_has_the_key():
+    cfg = make()
+    assert (cfg.join_timeout, cfg.last_call_timeout, cfg.close_timeout) == (600.0, 30.0, 30.0)
+    assert (cfg.keep_alive_interval, cfg.keep_alive_max_attempt) == (5.0, 3)
+    assert cfg.keep_alive_timeout == 15.0
+    assert cfg.group == "239.255.77.77" and cfg.port == 29477 and cfg.ttl == 1
+    assert cfg.interface is None
+
+
+def test_values_arrive_as_strings_from_torchrun():
+    params = RendezvousParameters(
+        "mingle",
+        "",
+        "job42",
+        2,
+        4,
+        interface="eth1",
+        join_timeout="60",
+        port="30001",
+        keep_alive_interval="0.5",
+        timeout=900,
+    )
+    cfg = MingleConfig.from_params(params)
+    assert cfg.interface == "eth1"
+    assert cfg.join_timeout == 60.0
+    assert cfg.port == 30001
+    assert cfg.keep_alive_interval == 0.5
+    assert cfg.timeout == 900.0
+    assert cfg.explicit == {"interface", "join_timeout", "port", "keep_alive_interval", "timeout"}
+
+
+def test_every_known_key_is_a_field_of_the_same_name():
+    fields = {f.name for f in dataclasses.fields(MingleConfig)}
+    assert set(KNOWN_KEYS) <= fields
+    assert set(KNOWN_KEYS) == set(config_module._PARSERS)
+
+
+@pytest.mark.parametrize(
+    ("conf", "needle"),
+    [
+        ({"port": "0"}, "port='0' is out of range 1..65535"),
+        ({"port": "http"}, "port='http' is not an integer"),
+        ({"join_timeout": "soon"}, "join_timeout='soon' is not a number of seconds"),
+        ({"join_timeout": "-1"}, "join_timeout='-1' must be a finite number"),
+        ({"keep_alive_interval": "nan"}, "keep_alive_interval='nan'"),
+        ({"group": "10.0.0.1"}, "group='10.0.0.1' is not a multicast address"),
+        ({"group": "not-an-ip"}, "group='not-an-ip' is not an IP address"),
+        ({"ttl": "0"}, "ttl='0' is out of range 1..255"),
+        ({"interface": "  "}, "interface is empty"),
+    ],
+)
+def test_bad_values_name_the_value_and_the_fix(conf, needle):
+    with pytest.raises(MingleConfigError, match=None) as err:
+        make(**conf)
+    assert needle in str(err.value)
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(
+        MingleConfigError, match=r"unknown --rdzv_conf key 'intrface'.*Did you mean 'interface'"
+    ):
+        make(intrface="eth0")
+
+
+def test_config_errors_are_value_errors_and_rendezvous_errors():
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    with pytest.raises(ValueError) as err:
+        make(port="0")
+    assert isinstance(err.value, RendezvousError)
+
+
+def test_dubious_but_valid_settings_are_warned_about():
+    assert make(last_call_timeout="100", join_timeout="10").warnings()
+    assert not make().warnings()
+
+
+def test_run_id_limits():
+    with pytest.raises(MingleConfigError, match="--rdzv_id"):
+        MingleConfig.from_mapping(run_id="", min_nodes=1, max_nodes=1, conf={})
+    with pytest.raises(MingleConfigError, match="at most 200"):
+        MingleConfig.from_mapping(run_id="x" * 201, min_nodes=1, max_nodes=1, conf={})

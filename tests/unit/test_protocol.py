@@ -1,0 +1,215 @@
+"""The election core on a fake clock and an in-memory network that drops, duplicates and delays."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from torch_mingle import _protocol
+from torch_mingle._protocol import (
+    BecomeLeader,
+    Claim,
+    Discovery,
+    LeaderFound,
+    LeaderLost,
+    Role,
+    SteppedDown,
+    Timing,
+)
+from torch_mingle._sim import Simulation
+from torch_mingle._wire import Announce, Codec, Datagram, MsgType, Resign
+from torch_mingle.errors import MingleStateError
+
+FAST = Timing(beacon_interval_s=0.5, leader_timeout_s=1.5)
+
+
+def leader_claim(sim: Simulation) -> Claim:
+    (leader,) = sim.leaders()
+    assert leader.core.leader is not None
+    return leader.core.leader.claim
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10, 30, 100, 200])
+@pytest.mark.parametrize(
+    ("drop", "duplicate", "latency", "spread"),
+    [
+        (0.0, 0.0, (0.0002, 0.002), 0.0),
+        (0.1, 0.1, (0.0002, 0.005), 0.2),
+        (0.3, 0.2, (0.001, 0.02), 1.0),
+    ],
+)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_starts_converge_on_exactly_one_leader(n, drop, duplicate, latency, spread, seed):
+    sim = Simulation(n, seed=seed, drop=drop, duplicate=duplicate, latency_s=latency, start_spread_s=spread)
+    converged_at = sim.run_until_converged(deadline=60.0)
+    assert converged_at is not None, f"no single leader after 60 s: {len(sim.leaders())} leaders"
+    claim = leader_claim(sim)
+    assert all(node.core.leader and node.core.leader.claim == claim for node in sim.live())
+    # Once converged it stays converged: the order of claims leaves nothing to fight over.
+    sim.run_until(converged_at + 10.0)
+    assert sim.converged()
+    assert leader_claim(sim) == claim
+
+
+def test_loss_free_start_elects_the_lowest_node_id_without_conflict():
+    sim = Simulation(20, seed=5)
+    assert sim.run_until_converged(deadline=5.0) is not None
+    lowest = min(sim.nodes, key=lambda n: n.core.node_id)
+    assert sim.leaders() == [lowest]
+    assert leader_claim(sim).epoch == 1
+    assert not any(isinstance(ev, SteppedDown) for node in sim.nodes for _, ev in node.events)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_late_joiners_adopt_the_existing_leader_in_one_round_trip(seed):
+    sim = Simulation(4, seed=seed, latency_s=(0.0005, 0.001))
+    t0 = sim.run_until_converged(deadline=5.0)
+    assert t0 is not None
+    claim = leader_claim(sim)
+    late = [sim.add_node(t0 + 0.5 + 0.1 * i) for i in range(20)]
+    sim.run_until(t0 + 5.0)
+    assert sim.converged()
+    assert leader_claim(sim) == claim
+    for node in late:
+        assert not any(isinstance(ev, BecomeLeader) for _, ev in node.events)
+        found = [t for t, ev in node.events if isinstance(ev, LeaderFound)]
+        assert found, "late joiner never found the leader"
+        # Ask-and-answer: two one-way trips, not a wait for the periodic beacon.
+        assert found[0] - node.start_at <= 0.0025
+
+
+def test_late_joiners_adopt_the_leader_under_loss():
+    sim = Simulation(3, seed=9, drop=0.3, duplicate=0.1, timing=FAST)
+    t0 = sim.run_until_converged(deadline=10.0)
+    assert t0 is not None
+    for i in range(30):
+        sim.add_node(t0 + 0.05 * i)
+    assert sim.run_until_converged(deadline=t0 + 30.0) is not None
+
+
+def test_leader_death_elects_a_new_leader_with_a_higher_epoch():
+    sim = Simulation(5, seed=3, timing=FAST)
+    t0 = sim.run_until_converged(deadline=5.0)
+    assert t0 is not None
+    old = leader_claim(sim)
+    (dead,) = sim.leaders()
+    sim.kill(dead)
+    t1 = sim.run_until_converged(deadline=t0 + 10.0)
+    assert t1 is not None
+    new = leader_claim(sim)
+    assert new.epoch == old.epoch + 1
+    assert new.leader != old.leader
+    assert t1 - t0 <= FAST.leader_timeout_s + 1.0
+    for node in sim.live():
+        assert any(isinstance(ev, LeaderLost) and ev.claim == old for _, ev in node.events)
+
+
+def test_a_stale_leader_is_never_followed_again():
+    sim = Simulation(4, seed=11, timing=FAST)
+    t0 = sim.run_until_converged(deadline=5.0)
+    assert t0 is not None
+    (old_leader,) = sim.leaders()
+    old = leader_claim(sim)
+    stale = Codec().encode(
+        Datagram(
+            job=sim.job,
+            sender=old.leader,
+            body=Announce(epoch=old.epoch, store_ip="10.9.9.9", store_port=4242),
+            sent_ms=0,
+            nonce=1,
+        )
+    )
+    sim.kill(old_leader)
+    t1 = sim.run_until_converged(deadline=t0 + 10.0)
+    assert t1 is not None
+    new = leader_claim(sim)
+    # A delayed or replayed announcement of the dead leader arrives at every survivor.
+    sim.net.attach(old_leader.addr)
+    sim.net.send(old_leader.addr, stale, None, sim.now)
+    sim.net.detach(old_leader.addr)
+    sim.run_until(sim.now + 1.0)
+    assert sim.converged()
+    assert leader_claim(sim) == new
+    assert all(n.core.stats.stale_claims >= 1 for n in sim.live() if n.core.role is Role.FOLLOWING)
+
+
+def test_reported_leader_failure_fences_that_claim():
+    sim = Simulation(3, seed=4, timing=FAST)
+    assert sim.run_until_converged(deadline=5.0) is not None
+    old = leader_claim(sim)
+    follower = next(n for n in sim.live() if n.core.role is Role.FOLLOWING)
+    follower.core.leader_failed(sim.now, old, "store refused the connection")
+    assert follower.core.role is Role.DISCOVERING
+    assert follower.core.fence == old
+    sim.run_until(sim.now + 5.0)
+    # The old leader is alive, so the fenced follower elects itself with a higher epoch and
+    # the whole job moves to that better claim: never two leaders for long, never a stale one.
+    assert sim.converged()
+    assert leader_claim(sim).beats(old)
+
+
+def test_partition_then_heal_ends_under_one_leader():
+    sim = Simulation(6, seed=21, timing=FAST)
+    t0 = sim.run_until_converged(deadline=5.0)
+    assert t0 is not None
+    addrs = [n.addr for n in sim.nodes]
+    sim.net.partition(addrs[:3], addrs[3:])
+    sim.run_until(t0 + 5.0)
+    assert len(sim.leaders()) == 2  # each side elected or kept one
+    sim.net.heal()
+    assert sim.run_until_converged(deadline=sim.now + 10.0) is not None
+    assert len(sim.leaders()) == 1
+
+
+def test_jobs_sharing_a_group_never_mix():
+    sim = Simulation(3, seed=2)
+    strangers = [sim.add_node(0.0, job="another-job") for _ in range(2)]
+    assert sim.run_until_converged(deadline=5.0) is not None
+    ours = {n.core.node_id for n in sim.live()}
+    assert all(n.core.stats.other_jobs.get("another-job", 0) >= 1 for n in sim.live())
+    assert all(n.core.leader and n.core.leader.claim.leader in ours for n in sim.live())
+    # The other job elected its own leader among its own nodes.
+    theirs = {n.core.node_id for n in strangers}
+    assert all(n.core.leader and n.core.leader.claim.leader in theirs for n in strangers)
+
+
+def test_invalid_datagrams_are_counted_and_logged_once_a_minute(caplog):
+    core = Discovery("job", 7)
+    core.start(0.0)
+    with caplog.at_level(logging.WARNING, logger="torch_mingle._protocol"):
+        for i in range(100):
+            core.receive_datagram(b"garbage!" * 3, ("10.0.0.1", 9), 0.001 * i)
+        core.receive_datagram(b"garbage!" * 3, ("10.0.0.1", 9), 61.0)
+    assert core.stats.invalid["bad_magic"] == 101
+    assert sum("bad_magic" in r.message for r in caplog.records) == 2
+
+
+def test_every_role_handles_every_datagram_type():
+    for role in Role:
+        for kind in MsgType:
+            assert (role, kind) in _protocol._TRANSITIONS, f"no transition for {kind.name} in {role.value}"
+
+
+def test_a_missing_transition_names_the_state_and_the_event(monkeypatch):
+    core = Discovery("job", 7)
+    core.start(0.0)
+    table = dict(_protocol._TRANSITIONS)
+    del table[(Role.DISCOVERING, MsgType.RESIGN)]
+    monkeypatch.setattr(_protocol, "_TRANSITIONS", table)
+    data = Codec().encode(Datagram(job="job", sender=9, body=Resign(epoch=1)))
+    with pytest.raises(MingleStateError, match="RESIGN datagram in role discovering"):
+        core.receive_datagram(data, None, 0.01)
+
+
+def test_leader_ready_is_refused_after_a_better_claim_arrived():
+    core = Discovery("job", 50, timing=Timing(election_window_s=0.01))
+    core.start(0.0)
+    core.handle_timer(0.02)
+    assert [type(e) for e in core.events()] == [BecomeLeader]
+    better = Codec().encode(
+        Datagram(job="job", sender=60, body=Announce(epoch=2, store_ip="10.0.0.6", store_port=7))
+    )
+    core.receive_datagram(better, ("10.0.0.6", 1), 0.021)
+    assert core.leader_ready(0.022, "10.0.0.5", 9) is False
+    assert core.role is Role.FOLLOWING

@@ -1,0 +1,109 @@
+"""The datagram codec: round trips, and garbage that never raises and is never accepted."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_mingle._wire import (
+    MAX_DATAGRAM_BYTES,
+    Announce,
+    Codec,
+    Datagram,
+    Invalid,
+    Query,
+    Resign,
+)
+
+KEY = b"k" * 32
+NOW_MS = 1_700_000_000_000
+
+BODIES = [
+    Query(epoch_seen=3, addrs=("198.18.0.1", "fd00::5", "fe80::1%7")),
+    Query(epoch_seen=0),
+    Announce(epoch=7, store_ip="127.0.0.1", store_port=29500, round=4, members=3, min_nodes=2, max_nodes=4),
+    Announce(epoch=1, store_ip="2001:db8::1", store_port=1, closed=True),
+    Resign(epoch=9),
+]
+
+
+def dgram(body, job="job42", sender=0x1234, nonce=1):
+    return Datagram(job=job, sender=sender, body=body, sent_ms=NOW_MS, nonce=nonce)
+
+
+@pytest.mark.parametrize("body", BODIES)
+@pytest.mark.parametrize("key", [None, KEY])
+def test_round_trip(body, key):
+    codec = Codec(key)
+    data = codec.encode(dgram(body))
+    assert len(data) <= MAX_DATAGRAM_BYTES
+    assert Codec(key).decode(data, wall_ms=NOW_MS) == dgram(body)
+
+
+def test_job_label_travels():
+    data = Codec().encode(dgram(Resign(epoch=1), job="ünïcode-job"))
+    decoded = Codec().decode(data)
+    assert isinstance(decoded, Datagram)
+    assert decoded.job == "ünïcode-job"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda d: b"XXXX" + d[4:], "bad_magic"),
+        (lambda d: d[:4] + b"\x09" + d[5:], "bad_version"),
+        (lambda d: d[:5] + b"\x63" + d[6:], "bad_type"),
+        (lambda d: d[:3], "too_short"),
+        (lambda d: d[:-1], "length_mismatch"),
+        (lambda d: d + b"\x00", "length_mismatch"),
+        (lambda d: d + b"\x00" * MAX_DATAGRAM_BYTES, "too_long"),
+    ],
+)
+def test_malformed_is_invalid_with_a_reason(mutate, reason):
+    data = Codec().encode(dgram(BODIES[0]))
+    assert Codec().decode(mutate(data)) == Invalid(reason)
+
+
+def test_tag_is_required_and_checked():
+    plain = Codec().encode(dgram(BODIES[2]))
+    signed = Codec(KEY).encode(dgram(BODIES[2]))
+    assert Codec(KEY).decode(plain, wall_ms=NOW_MS) == Invalid("missing_tag")
+    assert Codec(b"other-key").decode(signed, wall_ms=NOW_MS) == Invalid("bad_tag")
+    assert Codec().decode(signed) == Invalid("unexpected_tag")
+
+
+def test_replay_is_rejected_with_a_key():
+    codec = Codec(KEY)
+    data = Codec(KEY).encode(dgram(BODIES[2], nonce=77))
+    assert isinstance(codec.decode(data, wall_ms=NOW_MS), Datagram)
+    assert codec.decode(data, wall_ms=NOW_MS) == Invalid("replayed")
+    late = NOW_MS + codec.replay_window_ms + 1
+    fresh = Codec(KEY).encode(dgram(BODIES[2], nonce=78))
+    assert codec.decode(fresh, wall_ms=late) == Invalid("outside_replay_window")
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.binary(max_size=MAX_DATAGRAM_BYTES + 64))
+def test_random_bytes_never_raise(data):
+    for codec in (Codec(), Codec(KEY)):
+        out = codec.decode(data, wall_ms=NOW_MS)
+        assert isinstance(out, Datagram | Invalid)
+        if codec.key is not None:
+            assert isinstance(out, Invalid)  # nobody forges HMAC-SHA256 at random
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(BODIES), st.data())
+def test_truncations_and_bit_flips_never_raise_nor_pass_the_tag(body, data):
+    original = Codec(KEY).encode(dgram(body))
+    cut = data.draw(st.integers(min_value=0, max_value=len(original) - 1))
+    assert isinstance(Codec(KEY).decode(original[:cut], wall_ms=NOW_MS), Invalid)
+    flipped = bytearray(original)
+    pos = data.draw(st.integers(min_value=0, max_value=len(original) - 1))
+    flipped[pos] ^= 1 << data.draw(st.integers(min_value=0, max_value=7))
+    assert isinstance(Codec(KEY).decode(bytes(flipped), wall_ms=NOW_MS), Invalid)
+    # Without a key there is no tag: a flip may still decode, but must never raise.
+    plain = bytearray(Codec().encode(dgram(body)))
+    plain[pos % len(plain)] ^= 0xFF
+    assert isinstance(Codec().decode(bytes(plain)), Datagram | Invalid)
