@@ -53,7 +53,7 @@ def measure(backend: str, n: int, port: int) -> float:
         p.join(timeout=60)
     if sorted(r["rank"] for r in results) != list(range(n)):
         raise RuntimeError(f"{backend} N={n}: bad ranks {results}")
-    return max(r["t1"] for r in results) - min(r["t0"] for r in results)
+    return float(max(r["t1"] for r in results) - min(r["t0"] for r in results))
 
 
 def main() -> int:

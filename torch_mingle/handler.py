@@ -438,8 +438,8 @@ class MingleRendezvousHandler(RendezvousHandler):
         elif snap.peers_heard == 0:
             advice = (
                 "nothing was heard on the group: start the other nodes, or multicast is blocked between "
-                "the nodes, or they use another interface/group/port; run `python -m torch_mingle doctor` "
-                f"on each node and see {README_NETWORKS}"
+                "the nodes, or they use another interface/group/port; see "
+                f"{README_NETWORKS} for how to check that multicast reaches the peers"
             )
         else:
             advice = (
