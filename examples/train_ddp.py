@@ -41,6 +41,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--fail-once-marker", type=Path, default=None, help="fail only if this file does not exist"
     )
+    p.add_argument(
+        "--linger", type=float, default=0.0, help="ranks other than 0 wait this long before exiting"
+    )
     p.add_argument("--quiet", action="store_true")
     return p.parse_args()
 
@@ -146,6 +149,8 @@ def main() -> int:
     if not args.quiet:
         log(f"rank {rank}/{world} done: final loss {loss.item():.5f}")
     dist.destroy_process_group()
+    if args.linger and rank != 0:
+        time.sleep(args.linger)  # rank 0's agent reaches its exit barrier (and shutdown) first
     return 0
 
 

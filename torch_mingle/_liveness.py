@@ -207,6 +207,7 @@ class LivenessClient:
         interval_s: float,
         timeout_s: float,
         on_lost: Callable[[str, bool], None],
+        on_heartbeat: Callable[[], None] | None = None,
         label: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -216,6 +217,7 @@ class LivenessClient:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.on_lost = on_lost
+        self.on_heartbeat = on_heartbeat
         self.label = label
         self.clock = clock
         self._sock: socket.socket | None = None
@@ -283,6 +285,8 @@ class LivenessClient:
                 if b"evicted\n" in buf:
                     self._lost("the leader declared this node dead (missed heartbeats)", evicted=True)
                     return
+                if self.on_heartbeat is not None:
+                    self.on_heartbeat()
             if now - last_heard > self.timeout_s:
                 self._lost(f"no heartbeat from the leader for {self.timeout_s:g}s", evicted=False)
                 return

@@ -171,14 +171,30 @@ class MemberSession:
         seq: int = self._call(push)
         return seq
 
-    def join(self, *, ip: str, history: History | None, deadline: float) -> Round:
-        """Ask for a place in the next round and block until it forms (or closes, or the leader goes)."""
+    def join(self, *, ip: str, history: History | None, deadline: float, spare_wait_s: float) -> Round:
+        """Ask for a place in the next round and block until it forms (or closes, or the leader goes).
+
+        If the deadline passes while a round of this job runs without us (we are a spare, or
+        the members have not restarted yet), we keep waiting, ``spare_wait_s`` at a time:
+        the job is alive, so there is nothing to time out on.
+        """
         seq = self.push("join", ip=ip, history=history.to_json() if history else None)
-        left = deadline - time.monotonic()
-        try:
-            self._call(lambda: self._ops.wait([reply_key(seq)], timedelta(seconds=max(0.001, left))))
-        except DistError as exc:
-            raise JoinTimeout(f"no round formed (join request #{seq})") from exc
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._call(lambda: self._ops.wait([reply_key(seq)], timedelta(seconds=max(0.001, left))))
+                break
+            except DistError as exc:
+                status = self.status()
+                if status.closed or status.round == 0:
+                    raise JoinTimeout(f"no round formed (join request #{seq})") from exc
+                log.info(
+                    "round %d runs with %d nodes; still waiting for a place (join request #%d)",
+                    status.round,
+                    status.size,
+                    seq,
+                )
+                deadline = time.monotonic() + spare_wait_s
         reply = json.loads(self._call(lambda: self._ops.get(reply_key(seq))))
         if reply.get("closed"):
             raise JoinClosed("the rendezvous was closed while this node waited")

@@ -16,6 +16,7 @@ import secrets
 import socket
 import threading
 import time
+from typing import NoReturn
 
 from torch.distributed import DistError, TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -173,14 +174,15 @@ class MingleRendezvousHandler(RendezvousHandler):
                 raise self._timeout_error(started)
             leader, generation = found
             if leader.closed and not leader.is_self:
-                self._closed = True
-                raise MingleClosedError(
-                    f"job {self._config.run_id!r} is closed: its leader at {leader.store_ip} finished it; "
-                    "use a new --rdzv_id to start another run"
-                )
+                self._job_closed(f"its leader at {leader.store_ip} finished it")
             try:
                 session = self._ensure_session(leader, deadline)
-                rnd = session.join(ip=self._ip, history=self._history, deadline=deadline)
+                rnd = session.join(
+                    ip=self._ip,
+                    history=self._history,
+                    deadline=deadline,
+                    spare_wait_s=self._config.join_timeout,
+                )
                 info = self._round_info(rnd)
             except LeaderUnreachable as exc:
                 log.warning("%s leader %s unreachable: %s", self._label, leader.claim, exc)
@@ -194,8 +196,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             except JoinTimeout:
                 raise self._timeout_error(started) from None
             except JoinClosed:
-                self._closed = True
-                raise MingleClosedError(f"the rendezvous of job {self._config.run_id!r} was closed") from None
+                self._job_closed("it was closed while this node waited")
             log.info(
                 "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
                 self._label,
@@ -269,6 +270,23 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     # --------------------------------------------------------------- internals
 
+    def _job_closed(self, why: str) -> NoReturn:
+        """The job is over. A node never admitted to it (a spare) has nothing to do: it exits 0."""
+        self._closed = True
+        if self._round is None:
+            log.warning(
+                "%s job %r finished before this node was admitted (%s); nothing to do, exiting",
+                self._label,
+                self._config.run_id,
+                why,
+            )
+            # torch 2.13's launcher crashes on RendezvousGracefulExitError (agent.run() returns
+            # None); SystemExit(0) ends torchrun cleanly, and shutdown() still runs on the way out.
+            raise SystemExit(0)
+        raise MingleClosedError(
+            f"the rendezvous of job {self._config.run_id!r} is closed: {why}; use a new --rdzv_id for a new run"
+        )
+
     def _tell_leader(self, *kinds: str) -> None:
         """Push events to the leader: through our own host's log if we lead, else our session."""
         with self._host_lock:
@@ -302,6 +320,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             interval_s=self._config.keep_alive_interval,
             timeout_s=self._config.keep_alive_timeout,
             on_lost=lambda reason, evicted: self._liveness_lost(claim, reason, evicted),
+            # The leader's heartbeats count as its announcements: lost multicast alone
+            # (a flood, a busy switch) must not depose a leader that TCP still reaches.
+            on_heartbeat=lambda: self._driver.report_leader_alive(claim),
             label=self._label,
         )
         try:

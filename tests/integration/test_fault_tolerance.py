@@ -1,0 +1,118 @@
+"""Fault tolerance with real torchrun agents on 127.0.0.1: worker failure, scale-up, spares, clean end."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import (
+    dump,
+    final_reports,
+    finish_all,
+    random_port,
+    read_reports,
+    start_agent,
+    torchrun_cmd,
+    unique_job,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _cmd(job, nnodes, tmp_path, *, steps, step_time=0.0, extra_args=(), conf=None, restarts=3, nproc=1):
+    base = {"interface": "127.0.0.1", "port": random_port(), "join_timeout": 120}
+    return torchrun_cmd(
+        job=job, nnodes=nnodes, nproc=nproc, conf={**base, **(conf or {})},
+        extra=[f"--max-restarts={restarts}"],
+        script_args=[
+            "--steps", str(steps), "--step-time", str(step_time),
+            "--checkpoint", str(tmp_path / "ckpt"), "--report", str(tmp_path / "report"), *extra_args,
+        ],
+    )  # fmt: skip
+
+
+def _assert_trained_together(reports, world, steps):
+    assert sorted(r["rank"] for r in reports) == list(range(world))
+    assert {r["world_size"] for r in reports} == {world}
+    assert {r["steps"] for r in reports} == {steps}
+    assert all(r["params"] == reports[0]["params"] for r in reports)
+    assert len({r["env"]["MASTER_PORT"] for r in reports}) == 1
+
+
+def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
+    job = unique_job("wfail")
+    cmd = _cmd(
+        job, "3", tmp_path, steps=12, step_time=0.1,
+        extra_args=["--fail-at-step", "5", "--fail-rank", "1", "--fail-once-marker", str(tmp_path / "failed")],
+    )  # fmt: skip
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
+    codes = finish_all(agents)
+    assert codes == [0, 0, 0], dump(agents)
+    assert (tmp_path / "failed").exists(), "the failure was not injected"
+    reports = final_reports(tmp_path / "report")
+    _assert_trained_together(reports, 3, 12)
+    assert {r["start_step"] for r in reports} == {5}, "the new round did not resume from the checkpoint"
+    assert all("joined round 2 as rank" in a.output() for a in agents), dump(agents)
+
+
+def test_a_new_node_is_admitted_at_the_next_round(tmp_path):
+    job = unique_job("scaleup")
+    cmd = _cmd(job, "2:3", tmp_path, steps=40, step_time=0.15, conf={"last_call_timeout": 1})
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(2)]
+    wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    agents.append(start_agent("newcomer", cmd, tmp_path))
+    codes = finish_all(agents)
+    assert codes == [0, 0, 0], dump(agents)
+    reports = final_reports(tmp_path / "report")
+    _assert_trained_together(reports, 3, 40)
+    assert min(r["start_step"] for r in reports) >= 3, "the bigger round did not resume from the checkpoint"
+    first_round = [r for r in read_reports(tmp_path / "report") if r["world_size"] == 2]
+    assert not first_round or all(r["steps"] == 40 for r in first_round)
+    # Restarts for membership changes do not use up --max-restarts.
+    assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports} == {"0"}, dump(agents)
+
+
+def test_a_spare_beyond_max_nodes_replaces_a_node_that_dies(tmp_path):
+    job = unique_job("spare")
+    cmd = _cmd(job, "2", tmp_path, steps=40, step_time=0.15)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
+    wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    members = [a for a in agents if "joined round 1 as rank" in a.output()]
+    (spare,) = [a for a in agents if a not in members]
+    (victim,) = [a for a in members if "joined round 1 as rank 1" in a.output()]
+    assert "still waiting for a place" in spare.output() or "joined round" not in spare.output()
+    victim.kill()  # the agent and its workers, as if the node died
+    survivors = [a for a in agents if a is not victim]
+    codes = finish_all(survivors)
+    assert codes == [0, 0], dump(agents)
+    reports = final_reports(tmp_path / "report")
+    _assert_trained_together(reports, 2, 40)
+    assert "joined round 2 as rank 1" in spare.output(), dump(agents)
+
+
+def test_a_spare_that_is_never_needed_exits_cleanly(tmp_path):
+    job = unique_job("idle-spare")
+    cmd = _cmd(job, "2", tmp_path, steps=10, step_time=0.1)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
+    codes = finish_all(agents)
+    assert codes == [0, 0, 0], dump(agents)
+    (spare,) = [a for a in agents if "joined round" not in a.output()]
+    assert "finished before this node was admitted" in spare.output()
+    _assert_trained_together(final_reports(tmp_path / "report"), 2, 10)
+
+
+def test_clean_end_when_the_leader_finishes_first(tmp_path):
+    job = unique_job("end")
+    # Rank 0 (the leader's worker) exits at once; the others linger: the leader's agent reaches
+    # its exit barrier and shutdown first, and its store must outlive everyone else's barrier.
+    cmd = _cmd(job, "3", tmp_path, steps=4, extra_args=["--linger", "3"], restarts=0)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
+    codes = finish_all(agents)
+    assert codes == [0, 0, 0], dump(agents)
+    _assert_trained_together(final_reports(tmp_path / "report"), 3, 4)
+    for agent in agents:
+        assert "Error waiting on exit barrier" not in agent.output(), dump(agents)
+        with pytest.raises(ProcessLookupError):
+            os.killpg(agent.pid, 0)  # nothing left in the agent's process group
