@@ -19,6 +19,7 @@ stores are kept, so agents still in an exit barrier of the previous round keep t
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -180,9 +181,9 @@ class MemberSession:
         """
         seq = self.push("join", ip=ip, history=history.to_json() if history else None)
         while True:
-            left = deadline - time.monotonic()
+            left = timedelta(seconds=max(0.001, deadline - time.monotonic()))
             try:
-                self._call(lambda: self._ops.wait([reply_key(seq)], timedelta(seconds=max(0.001, left))))
+                self._call(functools.partial(self._ops.wait, [reply_key(seq)], left))
                 break
             except DistError as exc:
                 status = self.status()

@@ -284,7 +284,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             # None); SystemExit(0) ends torchrun cleanly, and shutdown() still runs on the way out.
             raise SystemExit(0)
         raise MingleClosedError(
-            f"the rendezvous of job {self._config.run_id!r} is closed: {why}; use a new --rdzv_id for a new run"
+            f"the rendezvous of job {self._config.run_id!r} is closed: {why}; "
+            "use a new --rdzv_id for a new run"
         )
 
     def _tell_leader(self, *kinds: str) -> None:

@@ -43,10 +43,8 @@ def _assert_trained_together(reports, world, steps):
 
 def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
     job = unique_job("wfail")
-    cmd = _cmd(
-        job, "3", tmp_path, steps=12, step_time=0.1,
-        extra_args=["--fail-at-step", "5", "--fail-rank", "1", "--fail-once-marker", str(tmp_path / "failed")],
-    )  # fmt: skip
+    fail = ["--fail-at-step", "5", "--fail-rank", "1", "--fail-once-marker", str(tmp_path / "failed")]
+    cmd = _cmd(job, "3", tmp_path, steps=12, step_time=0.1, extra_args=fail)
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
     codes = finish_all(agents)
     assert codes == [0, 0, 0], dump(agents)
