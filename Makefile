@@ -40,3 +40,6 @@ bench-quick: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+stress: $(STAMP)
+	$(BIN)/python -m tests.stress.leader_kill --trials 20

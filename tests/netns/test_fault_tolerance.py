@@ -1,0 +1,115 @@
+"""Node loss, leader loss and partitions, one torchrun agent per network namespace."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.helpers import (
+    Agent,
+    dump,
+    final_reports,
+    finish_all,
+    start_agent,
+    torchrun_cmd,
+    unique_job,
+    wait_until,
+)
+
+pytestmark = pytest.mark.netns
+
+
+def _start(segment, tmp_path, *, steps, step_time, conf=None, n=3):
+    hosts = [segment.add_host(f"198.18.0.{10 + i}") for i in range(1, n + 1)]
+    cmd = torchrun_cmd(
+        job=unique_job("ft"), nnodes=f"2:{n}", nproc=1,
+        conf={"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1, **(conf or {})},
+        extra=["--max-restarts=3"],
+        script_args=[
+            "--steps", str(steps), "--step-time", str(step_time),
+            "--checkpoint", str(tmp_path / "ckpt"), "--report", str(tmp_path / "report"),
+        ],
+    )  # fmt: skip
+    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
+    wait_until(lambda: any("step 5/" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    return hosts, agents
+
+
+def _leader(agents: list[Agent]) -> Agent:
+    (leader,) = [a for a in agents if "this node leads job" in a.output()]
+    return leader
+
+
+def _resume_delay(reports, since: float) -> float:
+    return min(r["t_first_step"] for r in reports if r["t_start"] > since) - since
+
+
+def test_a_dead_node_is_dropped_and_the_others_finish(segment, tmp_path):
+    hosts, agents = _start(segment, tmp_path, steps=50, step_time=0.15)
+    leader = _leader(agents)
+    victim = next(a for a in agents if a is not leader)
+    killed_at = time.time()
+    victim.kill()  # SIGKILL to the agent and its workers
+    survivors = [a for a in agents if a is not victim]
+    assert finish_all(survivors) == [0, 0], dump(agents)
+    reports = final_reports(tmp_path / "report")
+    assert sorted(r["rank"] for r in reports) == [0, 1], dump(agents)
+    assert {r["world_size"] for r in reports} == {2}
+    assert {r["steps"] for r in reports} == {50}
+    assert all(r["params"] == reports[0]["params"] for r in reports)
+    assert min(r["start_step"] for r in reports) >= 5, "did not resume from the checkpoint"
+    leader_ip = hosts[agents.index(leader)].ip
+    assert {r["env"]["MASTER_ADDR"] for r in reports} == {leader_ip}
+    print(f"node loss: training resumed {_resume_delay(reports, killed_at):.2f}s after the kill")
+
+
+def test_the_leader_dies_and_a_new_leader_takes_over(segment, tmp_path):
+    hosts, agents = _start(segment, tmp_path, steps=50, step_time=0.15)
+    old = _leader(agents)
+    old_ip = hosts[agents.index(old)].ip
+    old_port = {r["env"]["MASTER_PORT"] for r in final_reports(tmp_path / "report")} or None
+    killed_at = time.time()
+    old.kill()
+    survivors = [a for a in agents if a is not old]
+    assert finish_all(survivors) == [0, 0], dump(agents)
+    (new,) = [a for a in survivors if "this node leads job" in a.output()]
+    assert "(epoch 2)" in new.output(), dump(agents)
+    new_ip = hosts[agents.index(new)].ip
+    reports = final_reports(tmp_path / "report")
+    assert sorted(r["rank"] for r in reports) == [0, 1], dump(agents)
+    assert {r["world_size"] for r in reports} == {2}
+    assert {r["steps"] for r in reports} == {50}
+    assert all(r["params"] == reports[0]["params"] for r in reports)
+    assert min(r["start_step"] for r in reports) >= 5, "did not resume from the checkpoint"
+    # Fresh bootstrap info: every worker of the new round got the new rank 0's IP and store.
+    assert {r["env"]["MASTER_ADDR"] for r in reports} == {new_ip}
+    assert new_ip != old_ip
+    assert old_port is None or {r["env"]["MASTER_PORT"] for r in reports}.isdisjoint(old_port)
+    print(f"leader loss: training resumed {_resume_delay(reports, killed_at):.2f}s after the kill")
+
+
+def test_a_partitioned_node_waits_and_rejoins_when_the_link_heals(segment, tmp_path):
+    conf = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2}
+    hosts, agents = _start(segment, tmp_path, steps=160, step_time=0.1, conf=conf)
+    leader = _leader(agents)
+    cut = next(a for a in agents if a is not leader)
+    cut_host = hosts[agents.index(cut)]
+    before = len(cut.output())
+    segment.link(cut_host, up=False)
+    majority = [a for a in agents if a is not cut]
+    # The majority (2 >= min_nodes) goes on without the cut node...
+    wait_until(
+        lambda: all("joined round 2 as rank" in a.output() for a in majority), 60, "the majority's round 2"
+    )
+    # ...and the cut node, alone below min_nodes, elects itself but never forms a job.
+    wait_until(lambda: "this node leads job" in cut.output()[before:], 60, "the cut node to lead its side")
+    assert "joined round" not in cut.output()[before:], dump(agents)
+    segment.link(cut_host, up=True)
+    assert finish_all(agents) == [0, 0, 0], dump(agents)
+    reports = final_reports(tmp_path / "report")
+    assert {r["world_size"] for r in reports} == {3}, dump(agents)
+    assert {r["steps"] for r in reports} == {160}
+    assert all(r["params"] == reports[0]["params"] for r in reports)
+    assert len({r["env"]["MASTER_ADDR"] for r in reports}) == 1  # one job, one leader
+    assert all(r["world_size"] != 1 for r in final_reports(tmp_path / "report"))
