@@ -42,7 +42,7 @@ def _leader(agents: list[Agent]) -> Agent:
 
 
 def _resume_delay(reports, since: float) -> float:
-    return min(r["t_first_step"] for r in reports if r["t_start"] > since) - since
+    return float(min(r["t_first_step"] for r in reports if r["t_start"] > since) - since)
 
 
 def test_a_dead_node_is_dropped_and_the_others_finish(segment, tmp_path):

@@ -87,9 +87,8 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     use_netns = not args.loopback and netns_available() is None
-    print(
-        f"leader-kill stress: {args.trials} trials, {'one network namespace per node' if use_netns else 'loopback'}"
-    )
+    where = "one network namespace per node" if use_netns else "loopback"
+    print(f"leader-kill stress: {args.trials} trials, {where}")
     results = []
     for i in range(1, args.trials + 1):
         with tempfile.TemporaryDirectory(prefix="mingle-stress-") as tmp:
@@ -97,10 +96,8 @@ def main() -> int:
         results.append(result)
         rec = result["recovery_s"]
         rec_text = f"{rec:.2f}s" if isinstance(rec, float) else "-"
-        print(
-            f"trial {i:2d}: {'ok  ' if result['ok'] else 'FAIL'} kill -> first step of the new round {rec_text}",
-            flush=True,
-        )
+        status = "ok  " if result["ok"] else "FAIL"
+        print(f"trial {i:2d}: {status} kill -> first step of the new round {rec_text}", flush=True)
     times = [r["recovery_s"] for r in results if r["ok"] and isinstance(r["recovery_s"], float)]
     passed = sum(1 for r in results if r["ok"])
     print(f"\n{passed}/{len(results)} trials completed")
