@@ -67,6 +67,7 @@ class Agent:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    job: str
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -85,19 +86,54 @@ class Agent:
                 f"agent {self.name} did not finish in {timeout:g}s:\n{self.output()[-4000:]}"
             ) from None
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the agent and its workers (its own process group, created at start)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            if sig == signal.SIGKILL:
-                self.proc.wait()
+    def tree(self) -> list[int]:
+        """The agent's PID and its descendants' (torchrun puts each worker in a session of its own)."""
+        return [self.proc.pid, *descendants(self.proc.pid)]
 
-    def kill_agent_only(self) -> None:
-        """SIGKILL the agent process alone: its workers lose their parent, like a crashed node."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole node: the agent and every process below it, by PID."""
+        for pid in self.tree() if self.proc.poll() is None else descendants(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        if sig == signal.SIGKILL and self.proc.poll() is None:
             self.proc.wait()
+
+
+def job_processes(job: str) -> list[int]:
+    """Every process of torchrun job ``job`` on this machine: agents (by --rdzv_id) and workers (by env)."""
+    marks = (f"--rdzv_id={job}".encode(), f"TORCHELASTIC_RUN_ID={job}".encode())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            blob = Path(f"/proc/{entry}/cmdline").read_bytes() + Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if any(mark + b"\0" in blob + b"\0" for mark in marks):
+            found.append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs below ``pid`` (children first), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
 
 
 def start_agent(
@@ -115,16 +151,21 @@ def start_agent(
         full, stdout=out, stderr=subprocess.STDOUT, env=env or agent_env(), cwd=ROOT, start_new_session=True
     )
     out.close()
-    return Agent(name=name, proc=proc, log_path=log_path)
+    job = next(arg.split("=", 1)[1] for arg in cmd if arg.startswith("--rdzv_id="))
+    return Agent(name=name, proc=proc, log_path=log_path, job=job)
 
 
 def finish_all(agents: Sequence[Agent], timeout: float = AGENT_TIMEOUT_S) -> list[int]:
+    """Wait for every agent; whatever is left of them afterwards (or on failure) is killed."""
     deadline = time.monotonic() + timeout
     try:
         return [a.wait(max(1.0, deadline - time.monotonic())) for a in agents]
     finally:
         for a in agents:
             a.kill()
+            for pid in job_processes(a.job):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def read_reports(report_dir: Path) -> list[dict[str, Any]]:
@@ -151,10 +192,12 @@ def dump(agents: Sequence[Agent]) -> str:
     )
 
 
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.02) -> None:
+def wait_until(
+    predicate: Any, timeout: float, what: str, interval: float = 0.02, agents: Sequence[Agent] = ()
+) -> None:
     """Wait for a condition that has no blocking form (e.g. the agent's num_nodes_waiting() poll)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{dump(agents)}")
         time.sleep(interval)

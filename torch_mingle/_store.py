@@ -137,12 +137,16 @@ def _is_timeout(exc: BaseException) -> bool:
 class MemberSession:
     """One node's connection to the control store of one leader's term."""
 
-    def __init__(self, claim: Claim, ip: str, port: int, *, node: int, timeout_s: float) -> None:
+    def __init__(
+        self, claim: Claim, ip: str, port: int, *, node: int, timeout_s: float, op_timeout_s: float
+    ) -> None:
         self.claim = claim
         self.ip = ip
         self.port = port
         self.node = node
         self._ops = open_client(ip, port, timeout_s)
+        # Once connected, a plain operation that takes this long means the leader is stuck.
+        self._ops.set_timeout(timedelta(seconds=op_timeout_s))
         found = self._call(
             lambda: self._ops.get(EPOCH_KEY).decode() if self._ops.check([EPOCH_KEY]) else None
         )
@@ -452,8 +456,18 @@ class LeaderHost:
             label=label,
         )
         self.control.set(LIVENESS_KEY, str(self.liveness.start()))
+
+        def status_changed(status: Status) -> None:
+            self.liveness.publish(status.encode())
+            on_status(status)
+
         self.master = RoundMaster(
-            ip=ip, control_port=self.port, book=book, events=self.events, on_status=on_status, label=label
+            ip=ip,
+            control_port=self.port,
+            book=book,
+            events=self.events,
+            on_status=status_changed,
+            label=label,
         )
         self.master.start()
 

@@ -211,9 +211,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             return info
 
     def is_closed(self) -> bool:
-        if not self._closed and self._session is not None:
-            with contextlib.suppress(LeaderUnreachable, DistError):
-                self._closed = self._session.status().closed
+        status = self._leader_status()
+        if status is not None and status.closed:
+            self._closed = True
         return self._closed
 
     def set_closed(self) -> None:
@@ -221,24 +221,23 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._tell_leader("close")
 
     def num_nodes_waiting(self) -> int:
-        """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins)."""
-        if self._round is None or self._closed:
+        """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins).
+
+        Answered from the status the leader pushes over the heartbeat connection: the agent
+        polls this every monitor interval, and it must never block on a leader that hangs.
+        """
+        rnd = self._round
+        if rnd is None or self._closed:
             return 0
-        if self._trouble is not None:
+        if self._trouble is not None or self._session is None:
             return 1
-        session = self._session
-        if session is None:
-            return 1
-        try:
-            status = session.status()
-        except (LeaderUnreachable, DistError) as exc:
-            self._trouble = f"the leader's store failed: {exc}"
-            self._driver.report_leader_failed(session.claim, self._trouble)
-            return 1
+        status = self._leader_status()
+        if status is None or status.epoch != rnd.epoch or status.round < rnd.number:
+            return 0  # the status of our round is still on its way
         if status.closed:
             self._closed = True
             return 0
-        if status.round > self._round.number or status.stale:
+        if status.round > rnd.number or status.stale:
             return max(1, status.waiting)
         return status.waiting
 
@@ -310,7 +309,12 @@ class MingleRendezvousHandler(RendezvousHandler):
             0.1, min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout, deadline - time.monotonic())
         )
         session = MemberSession(
-            leader.claim, leader.store_ip, leader.store_port, node=self._node, timeout_s=timeout
+            leader.claim,
+            leader.store_ip,
+            leader.store_port,
+            node=self._node,
+            timeout_s=timeout,
+            op_timeout_s=max(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout),
         )
         claim = leader.claim
         liveness = LivenessClient(
@@ -333,6 +337,11 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._session, self._liveness, self._trouble = session, liveness, None
         self._driver.report_leader_alive(claim)
         return session
+
+    def _leader_status(self) -> Status | None:
+        liveness = self._liveness
+        raw = liveness.status_json if liveness is not None else None
+        return Status.decode(raw) if raw else None
 
     def _drop_session(self) -> None:
         if self._liveness is not None:

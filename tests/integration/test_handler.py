@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +15,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters, Rendezvou
 
 from tests.helpers import random_port, unique_job, wait_until
 from torch_mingle._protocol import Role
+from torch_mingle._store import open_server
 from torch_mingle.errors import MingleClosedError, MingleConfigError, MingleTimeoutError
 from torch_mingle.handler import MingleRendezvousHandler
 
@@ -122,3 +125,30 @@ def test_set_closed_is_seen_by_everyone_and_ends_further_rounds(make_handler):
     wait_until(handlers[0].is_closed, 5.0, "the close to propagate")
     with pytest.raises(MingleClosedError):
         handlers[0].next_rendezvous()
+
+
+def test_shutdown_leaves_no_thread_and_no_socket_behind():
+    def open_fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    job, port = unique_job(), str(random_port())
+    # torch opens one pipe for good the first time a TCPStore runs in a process: not ours.
+    warm_up = open_server("127.0.0.1")
+    del warm_up
+    gc.collect()
+    before = open_fds()
+    handlers = [
+        MingleRendezvousHandler.from_params(
+            RendezvousParameters("mingle", "", job, 3, 3, interface="127.0.0.1", port=port)
+        )
+        for _ in range(3)
+    ]
+    infos = rendezvous_all(handlers)
+    assert sorted(i.rank for i in infos) == [0, 1, 2]
+    del infos
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        assert all(pool.map(lambda h: h.shutdown(), handlers))
+    del handlers
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("mingle-")], 10, "threads")
+    gc.collect()
+    wait_until(lambda: open_fds() <= before, 10, f"sockets to close: {sorted(open_fds() - before)}")
