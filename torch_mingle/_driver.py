@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from torch_mingle._protocol import (
+    RESIGNED,
     BecomeLeader,
     Claim,
     Discovery,
@@ -219,7 +220,8 @@ class Driver:
                     )
                 elif isinstance(ev, LeaderLost):
                     self._generation += 1
-                    log.warning("%s lost leader %s: %s; electing again", self.label, ev.claim, ev.reason)
+                    level = logging.INFO if ev.reason == RESIGNED else logging.WARNING
+                    log.log(level, "%s lost leader %s: %s; electing again", self.label, ev.claim, ev.reason)
             self._cond.notify_all()
 
     def _become_leader(self, ev: BecomeLeader, now: float) -> None:

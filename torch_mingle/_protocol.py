@@ -45,6 +45,7 @@ MAX_PEERS = 4096
 MAX_OTHER_JOBS = 32
 MAX_CANDIDATES = 4096
 INVALID_LOG_INTERVAL_S = 60.0
+RESIGNED = "the leader resigned"
 
 
 class Role(enum.Enum):
@@ -122,7 +123,7 @@ Event = BecomeLeader | LeaderFound | LeaderLost | SteppedDown
 class Timing:
     """Protocol timers in seconds."""
 
-    election_window_s: float = 0.05
+    election_window_s: float = 0.02
     query_retry_s: float = 0.01
     query_retry_max_s: float = 1.0
     claim_wait_s: float = 0.25
@@ -425,7 +426,7 @@ class Discovery:
         claim = Claim(epoch=d.body.epoch, leader=d.sender)
         self._raise_fence(claim)
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
-            self._lose_leader(now, "the leader resigned")
+            self._lose_leader(now, RESIGNED)
 
     def _ignore(self, d: Datagram, addr: Dest, now: float) -> None:
         return

@@ -77,20 +77,24 @@ class Round:
         except ValueError:
             return None
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.number,
+            "epoch": self.epoch,
+            "members": [node_hex(m) for m in self.members],
+            "store_ip": self.store_ip,
+            "store_port": self.store_port,
+        }
+
     def encode(self) -> str:
-        return json.dumps(
-            {
-                "round": self.number,
-                "epoch": self.epoch,
-                "members": [node_hex(m) for m in self.members],
-                "store_ip": self.store_ip,
-                "store_port": self.store_port,
-            }
-        )
+        return json.dumps(self.to_json())
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Round:
-        data = json.loads(raw)
+        return cls.from_json(json.loads(raw))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Round:
         return cls(
             number=int(data["round"]),
             epoch=int(data["epoch"]),

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import DistError, DistNetworkError, DistStoreError, TCPStore
+from torch.distributed import DistError, DistNetworkError, DistStoreError, PrefixStore, TCPStore
 
 from torch_mingle._liveness import LivenessServer, sockaddr
 from torch_mingle._protocol import Claim
@@ -145,17 +145,18 @@ class MemberSession:
         self.port = port
         self.node = node
         self._ops = open_client(ip, port, timeout_s)
-        # Once connected, a plain operation that takes this long means the leader is stuck.
+        # Once connected, a plain operation that takes this long means the leader is stuck
+        # (or this store is not a leader's at all: the keys below never appear).
         self._ops.set_timeout(timedelta(seconds=op_timeout_s))
-        found = self._call(
-            lambda: self._ops.get(EPOCH_KEY).decode() if self._ops.check([EPOCH_KEY]) else None
-        )
-        if found != epoch_value(claim):
+        try:
+            epoch, liveness = self._call(lambda: self._ops.multi_get([EPOCH_KEY, LIVENESS_KEY]))
+        except DistError as exc:
+            raise LeaderUnreachable(f"the store at {ip}:{port} is not the store of {claim}: {exc}") from exc
+        if epoch.decode() != epoch_value(claim):
             raise LeaderUnreachable(
-                f"the store at {ip}:{port} belongs to {found or 'no leader'}, not to {claim}: "
-                "a stale announcement"
+                f"the store at {ip}:{port} belongs to {epoch.decode()}, not to {claim}: a stale announcement"
             )
-        self.liveness_port = int(self._call(lambda: self._ops.get(LIVENESS_KEY)))
+        self.liveness_port = int(liveness)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -205,11 +206,14 @@ class MemberSession:
             raise JoinClosed("the rendezvous was closed while this node waited")
         if "retry" in reply:
             raise JoinAborted(str(reply["retry"]))
-        number = int(reply["round"])
-        return Round.decode(self._call(lambda: self._ops.get(round_key(number))))
+        return Round.from_json(reply["round"])
 
     def status(self) -> Status:
         return Status.decode(self._call(lambda: self._ops.get(STATUS_KEY)))
+
+    def agent_store(self, round_number: int) -> PrefixStore:
+        """The agent's store for one round: a fresh key space on this connection (no new socket)."""
+        return PrefixStore(f"mingle/agent/{round_number}/", self._ops)
 
 
 class EventLog:
@@ -265,6 +269,7 @@ class RoundMaster:
         self.clock = clock
         self.all_gone = threading.Event()
         self.round_stores: dict[int, TCPStore] = {}
+        self._spare_store: TCPStore | None = None
         self._client = open_client(ip, control_port, CLIENT_TIMEOUT_S)
         self._stopping = False
         self._status: Status | None = None
@@ -275,6 +280,7 @@ class RoundMaster:
         self._ticker = threading.Thread(target=self._tick_loop, name=f"mingle-ticker{label}", daemon=True)
 
     def start(self) -> None:
+        self._spare_store = open_server(self.ip)
         self._publish_status()
         self._thread.start()
         self._ticker.start()
@@ -290,6 +296,7 @@ class RoundMaster:
             if thread.is_alive() and threading.current_thread() is not thread:
                 thread.join(timeout=10)
         self.round_stores.clear()
+        self._spare_store = None
 
     # ---------------------------------------------------------------- master
 
@@ -312,9 +319,18 @@ class RoundMaster:
                 self._deadline = decision.until
                 self._tick_cond.notify_all()
             client.wait([ev_key(self._next_seq)], FOREVER)
-            event = json.loads(client.get(ev_key(self._next_seq)))
-            self._apply(self._next_seq, event)
-            self._next_seq += 1
+            for event in self._read_events():
+                self._apply(self._next_seq, json.loads(event))
+                self._next_seq += 1
+
+    def _read_events(self) -> list[bytes]:
+        """The next event and every one already written after it, in one round trip when possible."""
+        client = self._client
+        last = int(client.add(EV_COUNTER, 0))
+        keys = [ev_key(seq) for seq in range(self._next_seq, max(last, self._next_seq) + 1)]
+        if len(keys) > 1 and client.check(keys):
+            return list(client.multi_get(keys))
+        return [client.get(keys[0])]
 
     def _reply(self, seq: int, **answer: Any) -> None:
         self._client.set(reply_key(seq), json.dumps(answer))
@@ -352,7 +368,7 @@ class RoundMaster:
 
     def _form(self, form: Form) -> None:
         number = self.book.last_round_number + 1
-        store = open_server(self.ip)
+        store, self._spare_store = self._spare_store or open_server(self.ip), None
         self.round_stores[number] = store
         for old in [n for n in self.round_stores if n <= number - ROUND_STORES_KEPT]:
             del self.round_stores[old]
@@ -363,13 +379,15 @@ class RoundMaster:
             store_ip=self.ip,
             store_port=store.port,
         )
-        reply = json.dumps({"round": number})
+        reply = json.dumps({"round": rnd.to_json()})
         self._client.multi_set(  # type: ignore[attr-defined]  # missing from torch's stubs
             [round_key(number), *(reply_key(s) for s in form.admitted)],
             [rnd.encode(), *([reply] * len(form.admitted))],
         )
         self.book.formed(rnd)
         self._publish_status()
+        # The next round's store is made now, off the path of the nodes that wait for a round.
+        self._spare_store = open_server(self.ip)
         log.info(
             "%s round %d formed (%s): world size %d, store %s:%d, members %s",
             self.label,

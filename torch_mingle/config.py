@@ -44,7 +44,7 @@ class MingleConfig:
     keep_alive_interval: float = 5.0
     keep_alive_max_attempt: int = 3
     #: How long a starting node listens for an existing leader before it may claim leadership.
-    election_window: float = 0.05
+    election_window: float = 0.02
     #: Injected by torchrun (``--rdzv_timeout``, default 900). Accepted and not used: see README.
     timeout: float | None = None
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
@@ -207,7 +207,7 @@ _PARSERS: dict[str, Any] = {
     "close_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="30"),
     "keep_alive_interval": lambda k, v: _parse_float(k, v, minimum=0.01, example="5"),
     "keep_alive_max_attempt": lambda k, v: _parse_int(k, v, low=1, high=1000, example="3"),
-    "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, example="0.05"),
+    "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, example="0.02"),
     "timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="900"),
 }
 

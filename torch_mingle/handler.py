@@ -18,7 +18,7 @@ import threading
 import time
 from typing import NoReturn
 
-from torch.distributed import DistError, TCPStore
+from torch.distributed import DistError
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,
@@ -39,7 +39,6 @@ from torch_mingle._store import (
     LeaderHost,
     LeaderUnreachable,
     MemberSession,
-    open_client,
 )
 from torch_mingle._transport import McastTransport
 from torch_mingle.config import MingleConfig
@@ -183,7 +182,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                     deadline=deadline,
                     spare_wait_s=self._config.join_timeout,
                 )
-                info = self._round_info(rnd)
+                info = self._round_info(rnd, session)
             except LeaderUnreachable as exc:
                 log.warning("%s leader %s unreachable: %s", self._label, leader.claim, exc)
                 self._drop_session()
@@ -246,6 +245,10 @@ class MingleRendezvousHandler(RendezvousHandler):
             return True
         self._shut = True
         self._closed = True
+        with self._host_lock:
+            leading = self._leader_host is not None
+        if not leading:
+            self._driver.stop(resign=False)  # a follower is done with discovery before it says goodbye
         # torch's contract: shutting down closes the rendezvous for every node (as c10d does).
         self._tell_leader("close", "leave")
         if self._liveness is not None:
@@ -254,15 +257,18 @@ class MingleRendezvousHandler(RendezvousHandler):
         with self._host_lock:
             host = self._leader_host
             self._leader_host = None
-        if host is not None and not host.wait_all_gone(self._config.close_timeout):
-            log.warning(
-                "%s stopping the store although not every node left within close_timeout=%gs",
-                self._label,
-                self._config.close_timeout,
-            )
-        self._driver.stop(resign=True)
         if host is not None:
+            # The leader keeps its store up until every other node has left (their exit barriers).
+            if not host.wait_all_gone(self._config.close_timeout):
+                log.warning(
+                    "%s stopping the store although not every node left within close_timeout=%gs",
+                    self._label,
+                    self._config.close_timeout,
+                )
+            self._driver.stop(resign=True)
             host.stop()
+        elif leading:
+            self._driver.stop(resign=False)
         self._session = None
         log.info("%s shut down", self._label)
         return True
@@ -357,13 +363,15 @@ class MingleRendezvousHandler(RendezvousHandler):
             log.warning("%s leader %s lost: %s", self._label, claim, reason)
             self._driver.report_leader_failed(claim, reason)
 
-    def _round_info(self, rnd: Round) -> RendezvousInfo:
+    def _round_info(self, rnd: Round, session: MemberSession) -> RendezvousInfo:
         rank = rnd.rank_of(self._node)
         if rank is None:
             raise MingleStateError(
                 f"{self._label} round {rnd.number} was reported to us but does not list us"
             )
-        store: TCPStore = open_client(rnd.store_ip, rnd.store_port, MAX_CONNECT_TIMEOUT_S)
+        # The agent's own keys (rank assignment, exit barrier) live under a per-round prefix of
+        # the connection we already hold; the workers get the round's fresh store (MASTER_PORT).
+        store = session.agent_store(rnd.number)
         self._round = rnd
         self._history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
         self._export_worker_env()
