@@ -9,9 +9,12 @@ Decisions come out as events (``BecomeLeader``, ``LeaderFound``, ``LeaderLost``,
 ``SteppedDown``). Nothing here touches a socket, a thread or the clock, so a test can
 run hundreds of nodes on a fake network in milliseconds.
 
-* A starting node multicasts ``QUERY`` ("who leads job J?") and retries with backoff.
-  A leader answers at once with ``ANNOUNCE`` (unicast to the asker, and multicast,
-  rate-limited), so a late joiner adopts the existing leader in one round trip.
+* A starting node multicasts ``QUERY`` ("who leads job J?") after a short random delay
+  (``startup_jitter_s``) and retries with backoff. A leader answers at once with
+  ``ANNOUNCE`` (unicast to the asker, and multicast, rate-limited), so a late joiner adopts
+  the existing leader in one round trip. A node that, before its first query, already heard
+  a better candidate (one that knows at least its epoch) stays silent: when thousands start
+  together only a handful speak, not all of them.
 * If no leader answers within ``election_window_s``, the nodes that heard each other's
   queries pick the lowest node id among the candidates heard. That node claims
   leadership with ``epoch = highest epoch seen + 1``; the others wait ``claim_wait_s``
@@ -124,6 +127,7 @@ class Timing:
     """Protocol timers in seconds."""
 
     election_window_s: float = 0.02
+    startup_jitter_s: float = 0.005
     query_retry_s: float = 0.01
     query_retry_max_s: float = 1.0
     claim_wait_s: float = 0.25
@@ -138,6 +142,7 @@ class Timing:
     def for_keep_alive(cls, election_window_s: float, interval_s: float, attempts: int) -> Timing:
         return cls(
             election_window_s=election_window_s,
+            startup_jitter_s=election_window_s / 4,
             claim_wait_s=max(0.25, 4 * election_window_s),
             beacon_interval_s=interval_s,
             leader_timeout_s=interval_s * attempts,
@@ -204,7 +209,8 @@ class Discovery:
         self._store: tuple[str, int] | None = None
         # Placeholder address and epoch until leader_ready() fills them in.
         self._status = Announce(epoch=1, store_ip="127.0.0.1", store_port=1)
-        self._candidates: dict[int, float] = {}
+        self._candidates: dict[int, tuple[float, int]] = {}  # node -> (heard at, its epoch seen)
+        self._queried = False
         self._suspects: dict[int, float] = {}
         self._awaiting: tuple[int, float] | None = None
         self._next_query = 0.0
@@ -249,7 +255,12 @@ class Discovery:
             if now >= self._next_query:
                 self._send_query(now)
             if now >= self._election_deadline:
-                if self._awaiting is not None and now >= self._awaiting[1]:
+                if self._awaiting is not None and now >= self._awaiting[1] and not self._queried:
+                    # We stayed silent for a better candidate that never claimed: ask before suspecting.
+                    self._emit_query(now)
+                    self._awaiting = (self._awaiting[0], now + self.timing.claim_wait_s)
+                    self._election_deadline = self._awaiting[1]
+                elif self._awaiting is not None and now >= self._awaiting[1]:
                     suspect = self._awaiting[0]
                     log.debug(
                         "[%s %016x] candidate %016x did not claim within %.3fs; suspecting it",
@@ -365,7 +376,7 @@ class Discovery:
             if d.sender > worst:
                 return
             del self._candidates[worst]
-        self._candidates[d.sender] = now
+        self._candidates[d.sender] = (now, d.body.epoch_seen)
 
     def _query_while_leading(self, d: Datagram, addr: Dest, now: float) -> None:
         assert isinstance(d.body, Query)  # noqa: S101
@@ -439,12 +450,21 @@ class Discovery:
         self._own_claim = None
         self._candidates = {}
         self._awaiting = None
+        self._queried = False
         self._query_gap = self.timing.query_retry_s
-        self._next_query = now
+        self._next_query = now + self._rng.uniform(0.0, self.timing.startup_jitter_s)
         self._election_deadline = now + self.timing.election_window_s
-        self._send_query(now)
 
     def _send_query(self, now: float) -> None:
+        best = self._best_candidate(now)
+        if not self._queried and best != self.node_id and self._candidates[best][1] >= self.max_epoch_seen:
+            # A better candidate already speaks for us: stay silent, wait for its claim.
+            self._next_query = now + self.timing.query_retry_max_s
+            return
+        self._emit_query(now)
+
+    def _emit_query(self, now: float) -> None:
+        self._queried = True
         self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), None, now)
         if self._best_candidate(now) != self.node_id:
             # Someone better is electing: our retries would only add traffic.
@@ -458,7 +478,7 @@ class Discovery:
     def _best_candidate(self, now: float) -> int:
         ttl = self.timing.candidate_ttl_s
         best = self.node_id
-        for node, heard in self._candidates.items():
+        for node, (heard, _) in self._candidates.items():
             if node < best and now - heard <= ttl and self._suspects.get(node, float("-inf")) <= now:
                 best = node
         return best

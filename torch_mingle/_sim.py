@@ -13,7 +13,27 @@ from typing import cast
 
 from torch_mingle._protocol import BecomeLeader, Dest, Discovery, Event, Role, Timing
 from torch_mingle._transport import InMemoryNetwork, RouteHook
-from torch_mingle._wire import Codec
+from torch_mingle._wire import Codec, Datagram, Invalid
+
+
+class _SharedDecodeCodec(Codec):
+    """A keyless codec that decodes each multicast datagram once for all the nodes receiving it.
+
+    The simulation hands the same ``bytes`` object to every receiver; decoding it N times is
+    where an N-node simulation spends its time. Only used without a key (no replay state).
+    """
+
+    def __init__(self, memo: dict[int, tuple[bytes, Datagram | Invalid]]) -> None:
+        super().__init__(None)
+        self._memo = memo
+
+    def decode(self, data: bytes, wall_ms: int | None = None) -> Datagram | Invalid:
+        hit = self._memo.get(id(data))
+        if hit is not None and hit[0] is data:
+            return hit[1]
+        result = super().decode(data, wall_ms)
+        self._memo[id(data)] = (data, result)
+        return result
 
 
 @dataclass
@@ -25,6 +45,7 @@ class SimNode:
     started: bool = False
     alive: bool = True
     events: list[tuple[float, Event]] = field(default_factory=list)
+    timer_queued: float | None = None
 
 
 class Simulation:
@@ -60,6 +81,7 @@ class Simulation:
         self._by_addr: dict[object, SimNode] = {}
         self._timers: list[tuple[float, int]] = []
         self._starts: list[tuple[float, int]] = []
+        self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         for _ in range(n):
             self.add_node(self.rng.uniform(0.0, start_spread_s))
 
@@ -67,11 +89,12 @@ class Simulation:
         index = len(self.nodes)
         node_id = self.rng.getrandbits(64) or 1
         addr = (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 40000 + index % 20000)
+        codec = Codec(self.key) if self.key is not None else _SharedDecodeCodec(self._decode_memo)
         core = Discovery(
             job or self.job,
             node_id,
             timing=self.timing,
-            codec=Codec(self.key),
+            codec=codec,
             rng=random.Random(node_id),
             wall_offset_s=1.7e9,
         )
@@ -101,7 +124,8 @@ class Simulation:
                 if isinstance(ev, BecomeLeader):
                     node.core.leader_ready(self.now, node.addr[0], 29500)
         timer = node.core.next_timer()
-        if timer is not None:
+        if timer is not None and timer != node.timer_queued:
+            node.timer_queued = timer
             heapq.heappush(self._timers, (timer, node.index))
 
     def _next_time(self) -> float | None:
@@ -141,8 +165,11 @@ class Simulation:
             t, i = heapq.heappop(self._timers)
             node = self.nodes[i]
             if node.alive and node.started and node.core.next_timer() == t:
+                node.timer_queued = None
                 node.core.handle_timer(self.now)
                 self._flush(node)
+        if self.net.next_delivery() is None:
+            self._decode_memo.clear()  # nothing in flight refers to these datagrams any more
         return True
 
     def run_until(self, t: float) -> None:

@@ -220,26 +220,39 @@ class EventLog:
     """Appends events to the leader's log from threads other than the master (thread-safe)."""
 
     def __init__(self, store: TCPStore) -> None:
-        self._client = store
+        self._client: TCPStore | None = store
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Drop the store: when it is the control server object, that stops the server."""
+        with self._lock:
+            self._client = None
+
+    def _store(self) -> TCPStore:
+        if self._client is None:
+            raise RuntimeError("the event log is closed")
+        return self._client
 
     def push(self, payload: dict[str, Any]) -> None:
         data = json.dumps(payload)
         with self._lock:
-            seq = int(self._client.add(EV_COUNTER, 1))
-            self._client.set(ev_key(seq), data)
+            store = self._store()
+            seq = int(store.add(EV_COUNTER, 1))
+            store.set(ev_key(seq), data)
 
     def fill_hole(self, seq: int) -> bool:
         """If slot ``seq`` was reserved but never written, write a no-op there; True if we did."""
         with self._lock:
-            if int(self._client.add(EV_COUNTER, 0)) < seq or self._client.check([ev_key(seq)]):
+            store = self._store()
+            if int(store.add(EV_COUNTER, 0)) < seq or store.check([ev_key(seq)]):
                 return False
             skip = json.dumps({"t": "skip"})
-            return bool(self._client.compare_set(ev_key(seq), "", skip) == skip.encode())
+            return bool(store.compare_set(ev_key(seq), "", skip) == skip.encode())
 
     def slot_missing(self, seq: int) -> bool:
         with self._lock:
-            return int(self._client.add(EV_COUNTER, 0)) >= seq and not self._client.check([ev_key(seq)])
+            store = self._store()
+            return int(store.add(EV_COUNTER, 0)) >= seq and not store.check([ev_key(seq)])
 
 
 class RoundMaster:
@@ -338,6 +351,9 @@ class RoundMaster:
     def _apply(self, seq: int, event: dict[str, Any]) -> None:
         kind = event.get("t")
         if kind == "stop":
+            # Whoever still waits for a round of ours must go and find the new leader.
+            for waiting in [r.seq for r in self.book.pending.values()]:
+                self._reply(waiting, retry="the leader stepped down")
             self._stopping = True
             return
         if kind in ("tick", "skip"):
@@ -495,4 +511,5 @@ class LeaderHost:
     def stop(self) -> None:
         self.liveness.stop()
         self.master.stop()
+        self.events.close()
         del self.control  # the last reference: the store server stops and its clients see EOF

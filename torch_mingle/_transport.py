@@ -195,7 +195,7 @@ class InMemoryNetwork:
         self.drop = drop
         self.duplicate = duplicate
         self.route_hook = route_hook
-        self.members: list[object] = []
+        self.members: dict[object, None] = {}  # insertion-ordered set
         self._queue: list[tuple[float, int, object, bytes, object]] = []
         self._seq = 0
         self._side: dict[object, int] = {}
@@ -203,10 +203,10 @@ class InMemoryNetwork:
         self.deliveries = 0
 
     def attach(self, addr: object) -> None:
-        self.members.append(addr)
+        self.members[addr] = None
 
     def detach(self, addr: object) -> None:
-        self.members.remove(addr)
+        self.members.pop(addr, None)
 
     def partition(self, *groups: Iterable[object]) -> None:
         self._side = {addr: n for n, group in enumerate(groups) for addr in group}
