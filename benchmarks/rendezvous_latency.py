@@ -33,6 +33,7 @@ import platform
 import random
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -69,7 +70,10 @@ class Point:
 
 
 def _port() -> int:
-    return random.randint(30000, 45000)
+    """A TCP port that is free now (c10d and static listen on it; mingle uses it for UDP)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _etcd_available() -> str | None:
@@ -105,19 +109,22 @@ def _pool_process(conn: Connection) -> None:
         while time.time() < release_at:
             pass  # spin: all nodes start within microseconds of each other
         t0 = time.time()
-        if cmd == "discover":
-            driver, leader = _discover_only(job, port)
-            conn.send({"t0": t0, "t1": time.time(), "leader": leader})
-            continue
-        if backend == "mingle":
-            params = RendezvousParameters("mingle", "", job, n, n, interface="127.0.0.1", port=str(port))
-        elif backend == "c10d":
-            params = RendezvousParameters("c10d", f"127.0.0.1:{port}", job, n, n)
-        else:
-            params = RendezvousParameters("static", f"127.0.0.1:{port}", job, n, n, rank=rank)
-        handler = get_rendezvous_handler(params)
-        info = handler.next_rendezvous()
-        conn.send({"t0": t0, "t1": time.time(), "rank": info.rank})
+        try:
+            if cmd == "discover":
+                driver, leader = _discover_only(job, port)
+                conn.send({"t0": t0, "t1": time.time(), "leader": leader})
+                continue
+            if backend == "mingle":
+                params = RendezvousParameters("mingle", "", job, n, n, interface="127.0.0.1", port=str(port))
+            elif backend == "c10d":
+                params = RendezvousParameters("c10d", f"127.0.0.1:{port}", job, n, n)
+            else:
+                params = RendezvousParameters("static", f"127.0.0.1:{port}", job, n, n, rank=rank)
+            handler = get_rendezvous_handler(params)
+            info = handler.next_rendezvous()
+            conn.send({"t0": t0, "t1": time.time(), "rank": info.rank})
+        except Exception as exc:  # reported to the coordinator, which notes it
+            conn.send({"error": f"{type(exc).__name__}: {str(exc)[:300]}"})
 
 
 def _discover_only(job: str, port: int) -> tuple[Any, int]:
@@ -165,14 +172,18 @@ class Pool:
         for rank in range(n):
             self.conns[rank].send((cmd, (backend, job, n, rank, port, release)))
         results = []
+        deadline = time.monotonic() + RUN_TIMEOUT_S
         for rank in range(n):
-            if not self.conns[rank].poll(RUN_TIMEOUT_S):
+            if not self.conns[rank].poll(max(0.0, deadline - time.monotonic())):
                 raise RuntimeError(f"{backend} N={n}: node {rank} did not finish in {RUN_TIMEOUT_S:g}s")
             results.append(self.conns[rank].recv())
+        errors = [r["error"] for r in results if "error" in r]
         for rank in range(n):
             self.conns[rank].send(("done", None))
         for rank in range(n):
             self.conns[rank].recv()
+        if errors:
+            raise RuntimeError(f"{backend} N={n}: {errors[0]}")
         return max(r["t1"] for r in results) - release, results
 
     def close(self) -> None:
@@ -188,7 +199,8 @@ def bench_handler(nodes: list[int], runs: int, tick: Any) -> list[Point]:
     try:
         # One untimed run per backend on every process: imports and first-use set-up are not rendezvous.
         for backend in ("mingle", "c10d", "static"):
-            pool.run("run", backend, max(nodes))
+            with contextlib.suppress(RuntimeError):
+                pool.run("run", backend, max(nodes))
         for n in nodes:
             for backend in (*HANDLER_BACKENDS, "mingle-discovery"):
                 point = Point("handler", backend, n)
@@ -200,7 +212,11 @@ def bench_handler(nodes: list[int], runs: int, tick: Any) -> list[Point]:
                         continue
                 for _ in range(runs):
                     cmd = "discover" if backend == "mingle-discovery" else "run"
-                    took, results = pool.run(cmd, backend.split("-")[0], n)
+                    try:
+                        took, results = pool.run(cmd, backend.split("-")[0], n)
+                    except RuntimeError as exc:
+                        point.note = f"a run failed: {exc}"
+                        continue
                     if cmd == "run" and sorted(r["rank"] for r in results) != list(range(n)):
                         raise RuntimeError(f"{backend} N={n}: ranks {[r['rank'] for r in results]}")
                     if cmd == "discover" and len({r["leader"] for r in results}) != 1:

@@ -45,6 +45,9 @@ HOLE_CHECK_S = 2.0
 FOREVER = timedelta(days=365)
 ROUND_STORES_KEPT = 2
 CLIENT_TIMEOUT_S = 300.0
+#: TCPStore's own connect retries a refused port until this passes: a leader that steps down
+#: between our probe and the handshake costs this long. Long enough for a slow reverse lookup.
+HANDSHAKE_TIMEOUT_S = 15.0
 
 
 def ev_key(seq: int) -> str:
@@ -91,21 +94,25 @@ def probe(ip: str, port: int, timeout_s: float) -> None:
         sock.connect(sockaddr(ip, port))
 
 
-def open_client(ip: str, port: int, probe_timeout_s: float) -> TCPStore:
-    """A TCPStore client to ``ip:port``; raises ``LeaderUnreachable`` only if the probe fails.
+def open_client(
+    ip: str, port: int, probe_timeout_s: float, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
+) -> TCPStore:
+    """A TCPStore client to ``ip:port``; raises ``LeaderUnreachable`` if the probe or handshake fails.
 
-    Once the port answered, the client gets a long timeout: TCPStore resolves the peer's
-    address back to a name (getnameinfo) for its logs on every connect, and a resolver that
-    drops queries stalls that for seconds without saying anything about the leader.
+    Once the port answered, the handshake gets ``handshake_timeout_s``: TCPStore resolves the
+    peer's address back to a name (getnameinfo) for its logs on every connect, and a resolver
+    that drops queries stalls that for seconds without saying anything about the leader.
     """
     try:
         probe(ip, port, probe_timeout_s)
     except OSError as exc:
         raise LeaderUnreachable(f"cannot connect to the leader's store at {ip}:{port}: {exc}") from exc
     try:
-        return TCPStore(ip, port, None, False, timeout=timedelta(seconds=CLIENT_TIMEOUT_S))
+        store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=handshake_timeout_s))
     except (DistError, RuntimeError) as exc:
         raise LeaderUnreachable(f"the store at {ip}:{port} answered but its handshake failed: {exc}") from exc
+    store.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
+    return store
 
 
 def open_server(ip: str) -> TCPStore:
