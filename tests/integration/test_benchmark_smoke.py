@@ -23,8 +23,9 @@ SECTIONS = {
 
 @pytest.mark.timeout(420)
 def test_quick_benchmark_reports_every_backend_and_field(tmp_path):
+    script = ROOT / "benchmarks" / "rendezvous_latency.py"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "rendezvous_latency.py"), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(script), "--quick", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
