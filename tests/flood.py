@@ -25,7 +25,11 @@ BATCH = 200
 
 
 def forged(job: str, rng: random.Random) -> list[bytes]:
-    """Well-formed datagrams of ``job`` that no real node sent: unsigned and wrongly signed."""
+    """Well-formed datagrams of ``job`` that no real node sent: unsigned and wrongly signed.
+
+    Forged announcements point at 127.0.0.2, where nothing listens: a node fooled by one (a
+    job without a secret) is refused at once and never connects outside this machine.
+    """
     out = []
     for key in (None, os.urandom(32)):
         codec = Codec(key)
@@ -36,7 +40,7 @@ def forged(job: str, rng: random.Random) -> list[bytes]:
                 if rng.random() < 0.5
                 else Announce(
                     epoch=rng.randrange(1, 1000),
-                    store_ip="198.18.255.254",
+                    store_ip="127.0.0.2",
                     store_port=rng.randrange(1, 65535),
                 )
             )
@@ -47,14 +51,20 @@ def forged(job: str, rng: random.Random) -> list[bytes]:
     return out
 
 
-def garbage(samples: list[bytes], rng: random.Random) -> list[bytes]:
+def garbage(samples: list[bytes], rng: random.Random, *, flips: bool) -> list[bytes]:
+    """Invalid datagrams: random bytes, our magic and noise, truncations, and (``flips``) bit flips.
+
+    A bit flip in an unsigned datagram may leave it well-formed, so ``flips`` is off when
+    the flood must be garbage only.
+    """
     out = [os.urandom(rng.randrange(0, 1500)) for _ in range(100)]
     out += [b"MNGL" + os.urandom(rng.randrange(0, 200)) for _ in range(50)]
     for data in samples:
         out.append(data[: rng.randrange(0, len(data))])
-        flipped = bytearray(data)
-        flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
-        out.append(bytes(flipped))
+        if flips:
+            flipped = bytearray(data)
+            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+            out.append(bytes(flipped))
     return out
 
 
@@ -92,11 +102,14 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--capture", type=float, default=0.0, help="seconds to listen first, for replays")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--garbage-only", action="store_true", help="no well-formed forgeries, only invalid bytes")
     args = p.parse_args()
     rng = random.Random(args.seed)
     replays = capture(args.iface, args.group, args.port, args.capture) if args.capture else []
     fake = forged(args.job, rng)
-    pool = garbage(fake + replays, rng) + fake + replays * 20
+    pool = garbage(fake + replays, rng, flips=not args.garbage_only)
+    if not args.garbage_only:
+        pool += fake + replays * 20
     rng.shuffle(pool)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(args.iface))
@@ -104,6 +117,7 @@ def main() -> int:
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
     sock.setblocking(False)
     dest = (args.group, args.port)
+    print("flooding", flush=True)
     sent = dropped = 0
     start = time.monotonic()
     end = start + args.seconds

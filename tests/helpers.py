@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,9 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{dump(agents)}")
         time.sleep(interval)
+
+
+def rendezvous_all(handlers: Sequence[Any]) -> list[Any]:
+    """Call next_rendezvous() on every in-process handler at once; their RendezvousInfos, in order."""
+    with ThreadPoolExecutor(max_workers=len(handlers)) as pool:
+        return list(pool.map(lambda h: h.next_rendezvous(), handlers))

@@ -44,6 +44,14 @@ U16_MAX = 0xFFFF
 U32_MAX = 0xFFFF_FFFF
 
 
+KEY_CONTEXT = b"torch_mingle/discovery/v1"
+
+
+def derive_key(secret: bytes) -> bytes:
+    """The HMAC key for discovery datagrams, derived from the job's shared secret."""
+    return hmac.new(secret, KEY_CONTEXT, hashlib.sha256).digest()
+
+
 class MsgType(enum.IntEnum):
     QUERY = 1
     ANNOUNCE = 2

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import logging
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch_mingle.errors import MingleConfigError
+from torch_mingle.errors import README_SECURITY, MingleConfigError
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
+log = logging.getLogger(__name__)
+
 DEFAULT_GROUP_V4 = "239.255.77.77"
+SECRET_FILE_ENV = "TORCH_MINGLE_SECRET_FILE"  # noqa: S105 - the name of a variable, not a secret
+SECRET_ENV = "TORCH_MINGLE_SECRET"  # noqa: S105
+MIN_SECRET_BYTES = 16
 DEFAULT_PORT = 29477
 MAX_RUN_ID_BYTES = 200
 
@@ -47,6 +55,8 @@ class MingleConfig:
     election_window: float = 0.02
     #: Injected by torchrun (``--rdzv_timeout``, default 900). Accepted and not used: see README.
     timeout: float | None = None
+    #: A file holding the job's shared secret: datagrams are then signed and checked (HMAC-SHA256).
+    secret_file: str | None = None
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
     #: Keys the user set explicitly, for logging.
@@ -120,6 +130,35 @@ class MingleConfig:
         if self.ttl > 1:
             out.append(f"ttl={self.ttl}: discovery datagrams may cross routers beyond this segment")
         return out
+
+    def load_secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
+        """The shared secret: ``secret_file``, else $TORCH_MINGLE_SECRET_FILE, else $TORCH_MINGLE_SECRET."""
+        env = os.environ if environ is None else environ
+        path = self.secret_file or env.get(SECRET_FILE_ENV)
+        where = "rdzv_conf secret_file" if self.secret_file else f"${SECRET_FILE_ENV}"
+        if path:
+            try:
+                secret = Path(path).read_bytes().strip()
+                mode = Path(path).stat().st_mode
+            except OSError as exc:
+                raise MingleConfigError(
+                    f"{where}={path!r} cannot be read: {exc.strerror or exc}; give every node a readable "
+                    f"file with the same secret (see {README_SECURITY})"
+                ) from None
+            if mode & 0o077:
+                log.warning(
+                    "%s=%s is readable by other users (mode %o); chmod 600 it", where, path, mode & 0o777
+                )
+        elif env.get(SECRET_ENV):
+            where, secret = f"${SECRET_ENV}", env[SECRET_ENV].strip().encode()
+        else:
+            return None
+        if len(secret) < MIN_SECRET_BYTES:
+            raise MingleConfigError(
+                f"the secret from {where} is {len(secret)} bytes long; use at least {MIN_SECRET_BYTES}, "
+                "e.g. `openssl rand -hex 32 > secret`"
+            )
+        return secret
 
     def describe(self) -> str:
         """One line with the settings that matter when reading a log."""
@@ -209,6 +248,7 @@ _PARSERS: dict[str, Any] = {
     "keep_alive_max_attempt": lambda k, v: _parse_int(k, v, low=1, high=1000, example="3"),
     "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, example="0.02"),
     "timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="900"),
+    "secret_file": _parse_str,
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

@@ -11,6 +11,7 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 README_NETWORKS = "README.md#networks"
+README_SECURITY = "README.md#security"
 
 
 class MingleError(RendezvousError):

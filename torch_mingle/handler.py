@@ -16,6 +16,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import NoReturn
 
 from torch.distributed import DistError
@@ -41,9 +42,11 @@ from torch_mingle._store import (
     MemberSession,
 )
 from torch_mingle._transport import McastTransport
+from torch_mingle._wire import REPLAY_WINDOW_MS, Codec, derive_key
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
     README_NETWORKS,
+    README_SECURITY,
     MingleClosedError,
     MingleConfigError,
     MingleStateError,
@@ -68,6 +71,24 @@ def _log_to_stderr_if_asked() -> None:
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
+
+
+_warned_unauthenticated = False
+
+
+def _warn_unauthenticated_once(config: MingleConfig) -> None:
+    global _warned_unauthenticated  # noqa: PLW0603 - once per process, as promised in the README
+    if _warned_unauthenticated:
+        return
+    _warned_unauthenticated = True
+    log.warning(
+        "mingle runs without a secret: anyone who can send to %s port %d can join job %r or pretend to "
+        "lead it; set --rdzv_conf secret_file=PATH (or $TORCH_MINGLE_SECRET_FILE) on every node (%s)",
+        config.group,
+        config.port,
+        config.run_id,
+        README_SECURITY,
+    )
 
 
 def _new_node_id() -> int:
@@ -109,10 +130,14 @@ class MingleRendezvousHandler(RendezvousHandler):
         timing = Timing.for_keep_alive(
             config.election_window, config.keep_alive_interval, config.keep_alive_max_attempt
         )
+        secret = config.load_secret()
+        if secret is None:
+            _warn_unauthenticated_once(config)
         self._core = Discovery(
             config.run_id,
             self._node,
             timing=timing,
+            codec=Codec(derive_key(secret) if secret is not None else None),
             addrs=(self._ip,),
             wall_offset_s=time.time() - time.monotonic(),
         )
@@ -196,6 +221,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 raise self._timeout_error(started) from None
             except JoinClosed:
                 self._job_closed("it was closed while this node waited")
+            self._log_counters(rnd.number)
             log.info(
                 "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
                 self._label,
@@ -344,6 +370,20 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._driver.report_leader_alive(claim)
         return session
 
+    def _log_counters(self, round_number: int) -> None:
+        stats = self._driver.snapshot().stats
+        log.debug(
+            "%s round %d discovery counters: %d datagrams received, %d accepted, %d sent; dropped %s; "
+            "other jobs %s",
+            self._label,
+            round_number,
+            stats.received,
+            stats.accepted,
+            stats.sent,
+            dict(stats.invalid) or "none",
+            stats.other_jobs or "none",
+        )
+
     def _leader_status(self) -> Status | None:
         liveness = self._liveness
         raw = liveness.status_json if liveness is not None else None
@@ -445,6 +485,30 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     # -------------------------------------------------------------- messages
 
+    def _auth_advice(self, invalid: Mapping[str, int]) -> str:
+        """What dropped datagrams say about secrets and clocks, if anything."""
+        tips = []
+        if invalid.get("bad_tag"):
+            tips.append(
+                "datagrams signed with a different secret arrived: every node of the job needs the same "
+                "secret (secret_file)"
+            )
+        if invalid.get("missing_tag"):
+            tips.append(
+                "unsigned datagrams arrived: some nodes run without a secret; give them the same secret_file"
+            )
+        if invalid.get("unexpected_tag"):
+            tips.append(
+                "signed datagrams arrived: the other nodes use a secret and this node has none; give it "
+                f"the same secret_file (see {README_SECURITY})"
+            )
+        if invalid.get("outside_replay_window"):
+            tips.append(
+                f"signed datagrams older or newer than {REPLAY_WINDOW_MS // 1000} s arrived: if they are not "
+                "replays, the nodes' clocks differ; sync them (NTP)"
+            )
+        return "; ".join(tips)
+
     def _timeout_error(self, started: float) -> MingleTimeoutError:
         cfg = self._config
         snap = self._driver.snapshot()
@@ -469,7 +533,10 @@ class MingleRendezvousHandler(RendezvousHandler):
             heard += f"; datagrams of other jobs: {others}"
         if snap.stats.dropped_total():
             heard += f"; {snap.stats.dropped_total()} invalid datagram(s) dropped {dict(snap.stats.invalid)}"
-        if snap.peers_heard == 0 and others:
+        auth = self._auth_advice(snap.stats.invalid)
+        if auth:
+            advice = auth
+        elif snap.peers_heard == 0 and others:
             advice = (
                 f"multicast works here but no node runs job {cfg.run_id!r}: start every node with the same "
                 "--rdzv_id (and group/port)"

@@ -6,45 +6,17 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousTimeoutError
 
-from tests.helpers import random_port, unique_job, wait_until
+from tests.helpers import random_port, rendezvous_all, unique_job, wait_until
 from torch_mingle._protocol import Role
 from torch_mingle._store import open_server
 from torch_mingle.errors import MingleClosedError, MingleConfigError, MingleTimeoutError
 from torch_mingle.handler import MingleRendezvousHandler
-
-Factory = Callable[..., MingleRendezvousHandler]
-
-
-@pytest.fixture
-def make_handler() -> Iterator[Factory]:
-    made: list[MingleRendezvousHandler] = []
-    port = random_port()
-
-    def make(
-        job: str, min_nodes: int = 1, max_nodes: int | None = None, **conf: Any
-    ) -> MingleRendezvousHandler:
-        conf.setdefault("interface", "127.0.0.1")
-        conf.setdefault("port", str(port))
-        params = RendezvousParameters("mingle", "", job, min_nodes, max_nodes or min_nodes, **conf)
-        handler = MingleRendezvousHandler.from_params(params)
-        made.append(handler)
-        return handler
-
-    yield make
-    with ThreadPoolExecutor(max_workers=max(1, len(made))) as pool:
-        list(pool.map(lambda h: h.shutdown(), made))
-
-
-def rendezvous_all(handlers: list[MingleRendezvousHandler]) -> list[Any]:
-    with ThreadPoolExecutor(max_workers=len(handlers)) as pool:
-        return list(pool.map(lambda h: h.next_rendezvous(), handlers))
 
 
 def test_four_nodes_agree_on_ranks_and_on_rank_0s_store(make_handler):

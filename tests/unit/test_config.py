@@ -98,3 +98,32 @@ def test_run_id_limits():
         MingleConfig.from_mapping(run_id="", min_nodes=1, max_nodes=1, conf={})
     with pytest.raises(MingleConfigError, match="at most 200"):
         MingleConfig.from_mapping(run_id="x" * 201, min_nodes=1, max_nodes=1, conf={})
+
+
+def test_secret_from_the_file_the_environment_or_none(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef-a-shared-secret\n")
+    secret.chmod(0o600)
+    assert make(secret_file=str(secret)).load_secret({}) == b"0123456789abcdef-a-shared-secret"
+    assert (
+        make().load_secret({"TORCH_MINGLE_SECRET_FILE": str(secret)}) == b"0123456789abcdef-a-shared-secret"
+    )
+    assert (
+        make().load_secret({"TORCH_MINGLE_SECRET": "  inline-secret-0123456789 "})
+        == b"inline-secret-0123456789"
+    )
+    # The rdzv_conf key wins over the environment, the file variable over the inline one.
+    assert (
+        make(secret_file=str(secret)).load_secret({"TORCH_MINGLE_SECRET": "x" * 20})
+        == secret.read_bytes().strip()
+    )
+    assert make().load_secret({}) is None
+
+
+def test_secret_errors_name_the_file_and_the_fix(tmp_path):
+    with pytest.raises(MingleConfigError, match=r"secret_file='/nonexistent/secret' cannot be read"):
+        make(secret_file="/nonexistent/secret").load_secret({})
+    short = tmp_path / "short"
+    short.write_text("tiny")
+    with pytest.raises(MingleConfigError, match=r"4 bytes long; use at least 16.*openssl rand"):
+        make(secret_file=str(short)).load_secret({})

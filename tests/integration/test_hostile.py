@@ -1,0 +1,266 @@
+"""Hostile networks on 127.0.0.1: floods, forged and replayed datagrams, secrets, many jobs, OS errors."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    ROOT,
+    dump,
+    final_reports,
+    finish_all,
+    random_port,
+    rendezvous_all,
+    start_agent,
+    torchrun_cmd,
+    unique_job,
+    wait_until,
+)
+from torch_mingle._protocol import MAX_OTHER_JOBS, MAX_PEERS
+from torch_mingle._wire import MAX_REMEMBERED_NONCES, Announce, Codec, Datagram, Query, derive_key
+from torch_mingle.config import DEFAULT_GROUP_V4
+from torch_mingle.errors import MingleNetworkError, MingleTimeoutError
+
+pytestmark = pytest.mark.integration
+
+MIN_FLOOD_RATE = 20_000
+
+
+def write_secret(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+class Flood:
+    """``tests.flood`` in a process of its own, at the job's group and port, stopping by itself."""
+
+    def __init__(
+        self, port: int, job: str, *, seconds: float, garbage_only: bool = False, capture: float = 0.0
+    ):
+        args = [sys.executable, "-m", "tests.flood", "--iface", "127.0.0.1", "--group", DEFAULT_GROUP_V4,
+                "--port", str(port), "--job", job, "--rate", "25000", "--seconds", str(seconds),
+                "--capture", str(capture)]  # fmt: skip
+        if garbage_only:
+            args.append("--garbage-only")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "flooding", "the flood did not start"
+
+    def result(self) -> dict[str, float]:
+        out, _ = self.proc.communicate(timeout=60)
+        report: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+        return report
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_a_garbage_flood_does_not_stop_a_rendezvous(make_handler, port):
+    job = unique_job("flood")
+    flood = Flood(port, job, seconds=6, garbage_only=True)
+    handlers = [make_handler(job, 3) for _ in range(3)]
+    started = time.monotonic()
+    infos = rendezvous_all(handlers)
+    took = time.monotonic() - started
+    assert sorted(i.rank for i in infos) == [0, 1, 2]
+    report = flood.result()
+    assert report["rate"] >= MIN_FLOOD_RATE, report
+    for h in handlers:
+        stats = h._driver.snapshot().stats
+        assert stats.dropped_total() > 0, "the flood did not reach this node"
+        assert stats.accepted < stats.received
+    print(f"rendezvous under a {report['rate']:.0f}/s garbage flood: {took * 1000:.0f} ms")
+
+
+def test_with_a_secret_a_flood_of_forgeries_and_replays_changes_nothing(make_handler, port, tmp_path):
+    job = unique_job("flood-secret")
+    secret = write_secret(tmp_path, "secret", "s3cret-for-the-flood-test-0123456789")
+    first = [make_handler(job, 3, 4, secret_file=secret, last_call_timeout="0.5") for _ in range(3)]
+    # The flood listens first: it records the genuine datagrams of this job to replay them.
+    flood = Flood(port, job, seconds=8, capture=1.0)
+    rss_before = rss_mib()
+    infos = rendezvous_all(first)
+    assert sorted(i.rank for i in infos) == [0, 1, 2]
+    # Now a fourth node arrives in the middle of the flood, and the job re-forms with it.
+    newcomer = make_handler(job, 3, 4, secret_file=secret, last_call_timeout="0.5")
+    result: dict[str, object] = {}
+    joiner = threading.Thread(target=lambda: result.update(info=newcomer.next_rendezvous()))
+    started = time.monotonic()
+    joiner.start()
+    wait_until(lambda: all(h.num_nodes_waiting() == 1 for h in first), 30, "the newcomer to be waiting")
+    infos = rendezvous_all(first)
+    joiner.join(timeout=60)
+    took = time.monotonic() - started
+    assert sorted([i.rank for i in infos] + [result["info"].rank]) == [0, 1, 2, 3]  # type: ignore[attr-defined]
+    report = flood.result()
+    assert report["rate"] >= MIN_FLOOD_RATE, report
+    assert report["replays"] > 0, "nothing was captured to replay"
+    invalid: dict[str, int] = {}
+    for h in [*first, newcomer]:
+        snap = h._driver.snapshot()
+        for reason, n in snap.stats.invalid.items():
+            invalid[reason] = invalid.get(reason, 0) + n
+        assert snap.leader is not None
+        assert snap.leader.claim.leader in {x.node_id for x in [*first, newcomer]}, "followed a forged leader"
+        core = h._core
+        assert len(core.peers) <= MAX_PEERS
+        assert len(core.stats.other_jobs) <= MAX_OTHER_JOBS
+        assert len(core.codec._seen) <= MAX_REMEMBERED_NONCES
+    assert invalid.get("missing_tag", 0) > 0 and invalid.get("bad_tag", 0) > 0, invalid
+    assert invalid.get("replayed", 0) > 0, invalid
+    assert rss_mib() - rss_before < 100, "memory grew under the flood"
+    rate = report["rate"]
+    print(f"re-rendezvous under a {rate:.0f}/s flood of forgeries and replays: {took * 1000:.0f} ms")
+    print(f"dropped: {invalid}")
+
+
+def _send(port: int, data: bytes) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton("127.0.0.1"))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+        s.sendto(data, (DEFAULT_GROUP_V4, port))
+
+
+def test_with_a_secret_forged_stale_and_replayed_announcements_are_rejected(make_handler, port, tmp_path):
+    job = unique_job("forged")
+    secret_text = "another-s3cret-0123456789abcdef"
+    secret = write_secret(tmp_path, "secret", secret_text)
+    handlers = [make_handler(job, 2, secret_file=secret) for _ in range(2)]
+    infos = rendezvous_all(handlers)
+    real_leader = next(h for h, i in zip(handlers, infos, strict=True) if i.rank == 0).node_id
+    fake = Announce(epoch=99, store_ip="127.0.0.2", store_port=4242)
+    now_ms = int(time.time() * 1000)
+    wrong = Codec(b"x" * 32).encode(Datagram(job=job, sender=7, body=fake, sent_ms=now_ms, nonce=1))
+    unsigned = Codec().encode(Datagram(job=job, sender=7, body=fake, sent_ms=now_ms, nonce=2))
+    # Signed with the right key, but a minute old: a capture replayed later.
+    stale = Codec(derive_key(secret_text.encode())).encode(
+        Datagram(job=job, sender=7, body=fake, sent_ms=now_ms - 60_000, nonce=3)
+    )
+    # A genuine, signed datagram (a node's query), sent twice: the copy is a replay.
+    fresh = Codec(derive_key(secret_text.encode())).encode(
+        Datagram(job=job, sender=7, body=Query(epoch_seen=1), sent_ms=now_ms, nonce=4)
+    )
+    for data in (wrong, unsigned, stale, fresh, fresh):
+        _send(port, data)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        counts = [h._driver.snapshot().stats.invalid for h in handlers]
+        if all(
+            c["replayed"] and c["outside_replay_window"] and c["bad_tag"] and c["missing_tag"] for c in counts
+        ):
+            break
+        time.sleep(0.05)
+    for h in handlers:
+        snap = h._driver.snapshot()
+        assert snap.stats.invalid["bad_tag"] >= 1
+        assert snap.stats.invalid["missing_tag"] >= 1
+        assert snap.stats.invalid["outside_replay_window"] >= 1
+        assert snap.stats.invalid["replayed"] >= 1  # the second copy of the fresh one
+        assert snap.leader is not None and snap.leader.claim.leader == real_leader
+        assert h.num_nodes_waiting() == 0
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "says"),
+    [
+        ("one-secret-0123456789", "other-secret-0123456789", "a different secret"),
+        ("one-secret-0123456789", None, "without a secret"),
+        (None, "one-secret-0123456789", "this node has none"),
+    ],
+)
+def test_mismatched_secrets_fail_within_join_timeout_and_say_why(make_handler, tmp_path, first, second, says):
+    job = unique_job("mismatch")
+    conf = [
+        {"secret_file": write_secret(tmp_path, f"s{i}", s)} if s else {}
+        for i, s in enumerate((first, second))
+    ]
+    a = make_handler(job, 2, join_timeout="2", **conf[0])
+    b = make_handler(job, 2, join_timeout="2", **conf[1])
+    errors: list[BaseException] = []
+
+    def attempt(h):
+        try:
+            h.next_rendezvous()
+        except BaseException as exc:  # collected and checked below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=(h,)) for h in (a, b)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert time.monotonic() - started < 2 + 5
+    assert len(errors) == 2 and all(isinstance(e, MingleTimeoutError) for e in errors), errors
+    assert any(says in str(e) for e in errors), [str(e) for e in errors]
+
+
+def test_a_port_held_without_reuse_is_named_with_the_fix(make_handler, port):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as blocker:
+        blocker.bind(("0.0.0.0", port))  # noqa: S104 - how another program would hold the port
+        with pytest.raises(MingleNetworkError) as err:
+            make_handler(unique_job(), 1)
+    message = str(err.value)
+    assert f"UDP port {port}" in message
+    assert "SO_REUSEADDR" in message
+    assert "--rdzv_conf port=" in message
+
+
+def test_four_jobs_on_one_group_and_port_complete_and_never_mix(tmp_path):
+    port = random_port()
+    jobs = [unique_job(f"j{i}") for i in range(4)]
+    agents = []
+    for job in jobs:
+        cmd = torchrun_cmd(
+            job=job, nnodes="2", nproc=1, conf={"interface": "127.0.0.1", "port": port},
+            script_args=["--steps", "2", "--quiet", "--report", str(tmp_path / job)],
+        )  # fmt: skip
+        agents += [start_agent(f"{job}-{i}", cmd, tmp_path) for i in range(2)]
+    codes = finish_all(agents, timeout=240)
+    assert codes == [0] * 8, dump(agents)
+    ports = set()
+    for job in jobs:
+        reports = final_reports(tmp_path / job)
+        assert sorted(r["rank"] for r in reports) == [0, 1], dump(agents)
+        assert {r["world_size"] for r in reports} == {2}
+        (master_port,) = {r["env"]["MASTER_PORT"] for r in reports}
+        ports.add(master_port)
+    assert len(ports) == 4, "two jobs shared a store"
+
+
+def test_without_a_secret_one_warning_per_process_and_counters_in_the_debug_log(tmp_path):
+    code = """
+import logging, sys
+logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(levelname)s %(message)s")
+from concurrent.futures import ThreadPoolExecutor
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch_mingle.handler import MingleRendezvousHandler
+hs = [MingleRendezvousHandler.from_params(RendezvousParameters(
+    "mingle", "", sys.argv[1], 2, 2, interface="127.0.0.1", port=sys.argv[2])) for _ in range(2)]
+with ThreadPoolExecutor(2) as pool:
+    list(pool.map(lambda h: h.next_rendezvous(), hs))
+    list(pool.map(lambda h: h.shutdown(), hs))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code, unique_job("nosecret"), str(random_port())],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    warnings = [line for line in run.stdout.splitlines() if "runs without a secret" in line]
+    assert len(warnings) == 1, warnings
+    assert "anyone who can send to 239.255.77.77" in warnings[0]
+    assert "secret_file=PATH" in warnings[0]
+    counters = [line for line in run.stdout.splitlines() if "round 1 discovery counters" in line]
+    assert len(counters) == 2 and "datagrams received" in counters[0], run.stdout[-3000:]
