@@ -35,6 +35,7 @@ class Interface:
     index: int
     family: int
     addresses: tuple[str, ...]
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
     up: bool
     loopback: bool
     multicast: bool
@@ -44,6 +45,14 @@ class Interface:
     def address(self) -> str:
         """The address this node advertises on the interface (global before link-local)."""
         return _preferred(self.addresses)
+
+    def holds_network_of(self, ip: str) -> bool:
+        """True if ``ip`` is on one of this interface's subnets (a peer on the same segment)."""
+        try:
+            addr = ipaddress.ip_address(ip.split("%", 1)[0])
+        except ValueError:
+            return False
+        return any(addr in net for net in self.networks)
 
     def describe(self) -> str:
         flags = ",".join(
@@ -90,6 +99,11 @@ def _addresses(info: IfaceInfo, family: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _networks(info: IfaceInfo, family: int) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    addrs = info.ip4_addrs if family == socket.AF_INET else info.ip6_addrs
+    return tuple(a.network for a in addrs)
+
+
 def list_interfaces(family: int) -> list[Interface]:
     """Every interface on this node, with its addresses of ``family``, sorted by name."""
     result = []
@@ -102,6 +116,7 @@ def list_interfaces(family: int) -> list[Interface]:
                 index=info.index,
                 family=family,
                 addresses=_addresses(info, family),
+                networks=_networks(info, family),
                 up=True if flags is None else bool(flags & _IFF_UP),
                 loopback=loopback,
                 multicast=True if flags is None else bool(flags & _IFF_MULTICAST) or loopback,
@@ -190,3 +205,33 @@ def choose_interface(
         f"no interface on this node can carry {fam} multicast; interfaces here: {_listing(ifaces)}; "
         f"fix: --rdzv_conf interface=<name> (see {README_NETWORKS})"
     )
+
+
+def discovery_interfaces(
+    spec: str | None, family: int, *, local_addr: str | None = None
+) -> tuple[list[Interface], str]:
+    """The interfaces to discover on, and why.
+
+    ``interface=`` (or ``--local-addr``) pins one. Otherwise every up, multicast-capable
+    interface with an address listens and asks at once, and the node settles on the one
+    where its job's peers answer: with several networks nobody has to know which one the
+    peers are on. Loopback is used only when nothing else is up.
+    """
+    if spec is not None or local_addr:
+        iface, why = choose_interface(spec, family, local_addr=local_addr)
+        return [iface], why
+    ifaces = list_interfaces(family)
+    fam = "IPv6" if family == socket.AF_INET6 else "IPv4"
+    external = [i for i in ifaces if _usable(i) and not i.loopback]
+    if external:
+        if len(external) == 1:
+            return external, f"the only multicast-capable {fam} interface"
+        names = ", ".join(i.name for i in external)
+        return external, f"listening on every multicast-capable {fam} interface ({names}) for the peers"
+    iface, why = choose_interface(None, family)
+    return [iface], why
+
+
+def interface_for(ip: str, ifaces: list[Interface]) -> Interface | None:
+    """The interface whose subnet holds ``ip``, if any."""
+    return next((i for i in ifaces if i.holds_network_of(ip)), None)

@@ -30,6 +30,7 @@ run hundreds of nodes on a fake network in milliseconds.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import logging
 import random
 from collections import Counter, OrderedDict
@@ -390,13 +391,13 @@ class Discovery:
         claim = self._checked_claim(d)
         if claim is None:
             return
-        self._follow(d, claim, now)
+        self._follow(d, claim, now, addr)
 
     def _announce_while_claiming(self, d: Datagram, addr: Dest, now: float) -> None:
         claim = self._checked_claim(d)
         if claim is not None and claim.beats(self._own_claim):
             self._own_claim = None  # the shell's leader_ready() will now be refused
-            self._follow(d, claim, now)
+            self._follow(d, claim, now, addr)
 
     def _announce_while_leading(self, d: Datagram, addr: Dest, now: float) -> None:
         claim = self._checked_claim(d)
@@ -408,7 +409,7 @@ class Discovery:
             self._events.append(SteppedDown(own=own, winner=claim))
             self._own_claim = None
             self._store = None
-            self._follow(d, claim, now)
+            self._follow(d, claim, now, addr)
         elif now - self._last_mcast_announce >= self.timing.announce_min_gap_s:
             self._send_announce(None, now)  # let the weaker leader hear us and step down
 
@@ -424,13 +425,13 @@ class Discovery:
                 round=body.round,
                 members=body.members,
                 closed=body.closed,
-                store_ip=body.store_ip,
+                store_ip=_store_ip(body, addr),
                 store_port=body.store_port,
             )
             return
         checked = self._checked_claim(d)
         if checked is not None and checked.beats(current.claim if current else None):
-            self._follow(d, checked, now)
+            self._follow(d, checked, now, addr)
 
     def _resign_from_anyone(self, d: Datagram, addr: Dest, now: float) -> None:
         assert isinstance(d.body, Resign)  # noqa: S101
@@ -512,13 +513,13 @@ class Discovery:
             raise MingleStateError(f"expected an ANNOUNCE body, got {type(d.body).__name__}")
         return d.body
 
-    def _follow(self, d: Datagram, claim: Claim, now: float) -> None:
+    def _follow(self, d: Datagram, claim: Claim, now: float, addr: Dest) -> None:
         body = self._body_announce(d)
         self.role = Role.FOLLOWING
         self._own_claim = None
         self.leader = LeaderView(
             claim=claim,
-            store_ip=body.store_ip,
+            store_ip=_store_ip(body, addr),
             store_port=body.store_port,
             is_self=False,
             heard_at=now,
@@ -615,6 +616,21 @@ class Discovery:
                 reason,
                 self.stats.dropped_total(),
             )
+
+
+def _store_ip(body: Announce, addr: Dest) -> str:
+    """The leader's address: as announced, or (announced unspecified) the address it spoke from.
+
+    A leader that listens on several interfaces announces 0.0.0.0 (or ::): each follower then
+    reaches it at the address it heard it from, which is on the follower's own segment.
+    """
+    try:
+        unspecified = ipaddress.ip_address(body.store_ip.split("%", 1)[0]).is_unspecified
+    except ValueError:
+        return body.store_ip
+    if unspecified and addr is not None:
+        return str(addr[0])
+    return body.store_ip
 
 
 _TRANSITIONS: dict[tuple[Role, MsgType], _Handler] = {

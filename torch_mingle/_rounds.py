@@ -66,6 +66,8 @@ class Round:
     members: tuple[int, ...]
     store_ip: str
     store_port: int
+    #: Each member's own address, in rank order (a leader on several networks picks by them).
+    ips: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -84,6 +86,7 @@ class Round:
             "members": [node_hex(m) for m in self.members],
             "store_ip": self.store_ip,
             "store_port": self.store_port,
+            "ips": list(self.ips),
         }
 
     def encode(self) -> str:
@@ -101,6 +104,7 @@ class Round:
             members=tuple(int(m, 16) for m in data["members"]),
             store_ip=str(data["store_ip"]),
             store_port=int(data["store_port"]),
+            ips=tuple(str(ip) for ip in data.get("ips", ())),
         )
 
 
@@ -130,6 +134,7 @@ class Form:
     members: tuple[int, ...]
     admitted: tuple[int, ...]  # event sequence numbers of the admitted join requests
     reason: str
+    ips: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,14 +215,19 @@ class RoundBook:
         if self._min_reached_at is None:
             self._min_reached_at = now
         seqs = tuple(self.pending[m].seq for m in admit)
+        ips = tuple(self.pending[m].ip for m in admit)
         if n == self.max_nodes:
-            return Form(members=admit, admitted=seqs, reason=f"max_nodes={self.max_nodes} joined")
+            return Form(members=admit, admitted=seqs, reason=f"max_nodes={self.max_nodes} joined", ips=ips)
         expected = self._expected()
         if expected is not None and expected <= self.pending.keys():
-            return Form(members=admit, admitted=seqs, reason="every live node of the last round re-joined")
+            return Form(
+                members=admit, admitted=seqs, reason="every live node of the last round re-joined", ips=ips
+            )
         deadline = self._min_reached_at + self.last_call_timeout
         if now >= deadline:
-            return Form(members=admit, admitted=seqs, reason=f"last call ({self.last_call_timeout:g}s) ended")
+            return Form(
+                members=admit, admitted=seqs, reason=f"last call ({self.last_call_timeout:g}s) ended", ips=ips
+            )
         return self._wait(deadline, f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come")
 
     def status(self) -> Status:

@@ -115,8 +115,11 @@ def open_client(
     return store
 
 
-def open_server(ip: str) -> TCPStore:
-    """A TCPStore server on a free port of ``ip`` only (not every address of the host).
+def open_server(ip: str, connect_ip: str | None = None) -> TCPStore:
+    """A TCPStore server on a free port of ``ip`` (an address, or 0.0.0.0 / :: for every one).
+
+    ``connect_ip`` is where the server object's own client connects (``ip`` by default; give
+    a loopback address when ``ip`` is a wildcard).
 
     We bind the listening socket ourselves: an IPv4 listener makes the store see IPv4 peers,
     which /etc/hosts resolves for loopback, instead of IPv4-mapped IPv6 ones that always go
@@ -132,8 +135,8 @@ def open_server(ip: str) -> TCPStore:
         raise
     fd = listener.detach()  # the store owns the descriptor from here on and closes it
     return TCPStore(
-        ip, port, None, True, timeout=timedelta(seconds=CLIENT_TIMEOUT_S), wait_for_workers=False,
-        master_listen_fd=fd,
+        connect_ip or ip, port, None, True, timeout=timedelta(seconds=CLIENT_TIMEOUT_S),
+        wait_for_workers=False, master_listen_fd=fd,
     )  # fmt: skip
 
 
@@ -274,6 +277,7 @@ class RoundMaster:
         self,
         *,
         ip: str,
+        connect_ip: str,
         control_port: int,
         book: RoundBook,
         events: EventLog,
@@ -281,7 +285,8 @@ class RoundMaster:
         label: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.ip = ip
+        self.ip = ip  # where round stores listen, and the address rounds publish (may be a wildcard)
+        self.connect_ip = connect_ip
         self.book = book
         self.events = events
         self.on_status = on_status
@@ -290,7 +295,7 @@ class RoundMaster:
         self.all_gone = threading.Event()
         self.round_stores: dict[int, TCPStore] = {}
         self._spare_store: TCPStore | None = None
-        self._client = open_client(ip, control_port, CLIENT_TIMEOUT_S)
+        self._client = open_client(connect_ip, control_port, CLIENT_TIMEOUT_S)
         self._stopping = False
         self._status: Status | None = None
         self._next_seq = 1
@@ -300,7 +305,7 @@ class RoundMaster:
         self._ticker = threading.Thread(target=self._tick_loop, name=f"mingle-ticker{label}", daemon=True)
 
     def start(self) -> None:
-        self._spare_store = open_server(self.ip)
+        self._spare_store = open_server(self.ip, self.connect_ip)
         self._publish_status()
         self._thread.start()
         self._ticker.start()
@@ -391,7 +396,7 @@ class RoundMaster:
 
     def _form(self, form: Form) -> None:
         number = self.book.last_round_number + 1
-        store, self._spare_store = self._spare_store or open_server(self.ip), None
+        store, self._spare_store = self._spare_store or open_server(self.ip, self.connect_ip), None
         self.round_stores[number] = store
         for old in [n for n in self.round_stores if n <= number - ROUND_STORES_KEPT]:
             del self.round_stores[old]
@@ -401,6 +406,7 @@ class RoundMaster:
             members=form.members,
             store_ip=self.ip,
             store_port=store.port,
+            ips=form.ips,
         )
         reply = json.dumps({"round": rnd.to_json()})
         self._client.multi_set(  # type: ignore[attr-defined]  # missing from torch's stubs
@@ -410,7 +416,7 @@ class RoundMaster:
         self.book.formed(rnd)
         self._publish_status()
         # The next round's store is made now, off the path of the nodes that wait for a round.
-        self._spare_store = open_server(self.ip)
+        self._spare_store = open_server(self.ip, self.connect_ip)
         log.info(
             "%s round %d formed (%s): world size %d, store %s:%d, members %s",
             self.label,
@@ -475,6 +481,7 @@ class LeaderHost:
         self,
         *,
         ip: str,
+        connect_ip: str,
         claim: Claim,
         book: RoundBook,
         keep_alive_interval_s: float,
@@ -485,7 +492,7 @@ class LeaderHost:
         self.ip = ip
         self.claim = claim
         self.label = label
-        self.control = open_server(ip)
+        self.control = open_server(ip, connect_ip)
         self.port = int(self.control.port)
         self.control.set(EPOCH_KEY, epoch_value(claim))
         self.events = EventLog(self.control)
@@ -504,6 +511,7 @@ class LeaderHost:
 
         self.master = RoundMaster(
             ip=ip,
+            connect_ip=connect_ip,
             control_port=self.port,
             book=book,
             events=self.events,

@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import heapq
+import ipaddress
 import logging
 import random
 import socket
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -63,13 +65,16 @@ def network_advice(
 
 
 class McastTransport:
-    """Multicast (and unicast reply) sockets on one interface."""
+    """Multicast (and unicast reply) sockets on one interface; optionally subnet broadcast too."""
 
-    def __init__(self, iface: Interface, group: str, port: int, ttl: int = 1) -> None:
+    def __init__(
+        self, iface: Interface, group: str, port: int, ttl: int = 1, *, broadcast: bool = False
+    ) -> None:
         self.iface = iface
         self.group = group
         self.port = port
         self.ttl = ttl
+        self.broadcast_addr = _broadcast_address(iface) if broadcast else None
         self._rx: McastRxSocket | None = None
         self._tx: McastTxSocket | None = None
         self.send_errors = 0
@@ -99,6 +104,8 @@ class McastTransport:
         except MulticastExpertError as exc:
             rx.__exit__(None, None, None)
             raise MingleNetworkError(f"cannot send on {self.iface.describe()}: {exc}") from exc
+        if self.broadcast_addr is not None:
+            tx.socket.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
         for sock in [*rx.sockets, tx.socket]:
             sock.setblocking(False)
             # A smaller buffer still works; floods just drop earlier.
@@ -135,13 +142,19 @@ class McastTransport:
         return out
 
     def send(self, data: bytes, dest: Dest) -> None:
+        """``dest`` None: the group (and the subnet broadcast address, with the fallback)."""
+        if dest is None:
+            self._sendto(data, (self.group, self.port))
+            if self.broadcast_addr is not None:
+                self._sendto(data, (self.broadcast_addr, self.port))
+        else:
+            self._sendto(data, dest)
+
+    def _sendto(self, data: bytes, dest: tuple[object, ...]) -> None:
         if self._tx is None:
             return
         try:
-            if dest is None:
-                self._tx.socket.sendto(data, (self.group, self.port))
-            else:
-                self._tx.socket.sendto(data, dest)
+            self._tx.socket.sendto(data, dest)
         except (BlockingIOError, InterruptedError):
             self.send_errors += 1  # send buffer full: the protocol retries on its own
         except OSError as exc:
@@ -158,6 +171,61 @@ class McastTransport:
             if sock is not None:
                 sock.__exit__(None, None, None)
         self._rx = self._tx = None
+
+
+def _broadcast_address(iface: Interface) -> str | None:
+    """The subnet broadcast address of the interface's first IPv4 network (none for IPv6 or /31+)."""
+    for net in iface.networks:
+        if isinstance(net, ipaddress.IPv4Network) and net.prefixlen <= 30:
+            return str(net.broadcast_address)
+    return None
+
+
+class PeerList:
+    """``peers=``: hosts (names or addresses) to reach by unicast, re-resolved in the background.
+
+    A name may resolve to many addresses (a headless Service's DNS name gives every pod), and
+    to different ones over time, so it is resolved again every ``refresh_s`` in a thread of
+    its own: a slow resolver never stalls discovery.
+    """
+
+    def __init__(
+        self, hosts: tuple[str, ...], family: int, *, refresh_s: float = 5.0, label: str = ""
+    ) -> None:
+        self.hosts = hosts
+        self.family = family
+        self.refresh_s = refresh_s
+        self.label = label
+        self._addresses: tuple[str, ...] = ()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"mingle-peers{label}", daemon=True)
+
+    def start(self) -> None:
+        self._resolve()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def addresses(self) -> tuple[str, ...]:
+        return self._addresses
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self._resolve()
+
+    def _resolve(self) -> None:
+        found: list[str] = []
+        for host in self.hosts:
+            try:
+                infos = socket.getaddrinfo(host, None, self.family, socket.SOCK_DGRAM)
+            except OSError as exc:
+                log.debug("%s peers: %s does not resolve (yet): %s", self.label, host, exc)
+                continue
+            found.extend(str(info[4][0]) for info in infos)
+        self._addresses = tuple(dict.fromkeys(found))
 
 
 # --------------------------------------------------------------------------- simulation

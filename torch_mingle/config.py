@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 DEFAULT_GROUP_V4 = "239.255.77.77"
 SECRET_FILE_ENV = "TORCH_MINGLE_SECRET_FILE"  # noqa: S105 - the name of a variable, not a secret
 SECRET_ENV = "TORCH_MINGLE_SECRET"  # noqa: S105
+PEERS_ENV = "TORCH_MINGLE_PEERS"
+FALLBACKS = ("broadcast",)
 MIN_SECRET_BYTES = 16
 DEFAULT_PORT = 29477
 MAX_RUN_ID_BYTES = 200
@@ -57,6 +59,12 @@ class MingleConfig:
     timeout: float | None = None
     #: A file holding the job's shared secret: datagrams are then signed and checked (HMAC-SHA256).
     secret_file: str | None = None
+    #: ``broadcast``: also send discovery datagrams to the interface's subnet broadcast address.
+    fallback: str | None = None
+    #: Hosts to reach by unicast as well (names or addresses, separated by ``;`` or spaces).
+    peers: str | None = None
+    #: Seconds after which a node that heard no other node of its job says so in the log.
+    discovery_warning: float = 10.0
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
     #: Keys the user set explicitly, for logging.
@@ -117,6 +125,16 @@ class MingleConfig:
                 "e.g. --nnodes=2:4"
             )
         _check_group(self.group)
+        if self.fallback is not None and self.fallback not in FALLBACKS:
+            raise MingleConfigError(
+                f"rdzv_conf fallback={self.fallback!r} is not known; the fallback is fallback=broadcast, or "
+                "peers=HOST;HOST for unicast (see README#networks)"
+            )
+        if self.fallback == "broadcast" and ipaddress.ip_address(self.group.split("%", 1)[0]).version == 6:
+            raise MingleConfigError(
+                f"rdzv_conf fallback=broadcast needs IPv4, but group={self.group} is IPv6 (IPv6 has no "
+                "broadcast); use peers=HOST;HOST instead"
+            )
 
     def warnings(self) -> list[str]:
         """Settings that are valid but probably not what the user meant."""
@@ -130,6 +148,12 @@ class MingleConfig:
         if self.ttl > 1:
             out.append(f"ttl={self.ttl}: discovery datagrams may cross routers beyond this segment")
         return out
+
+    def peer_hosts(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """``peers`` split into hosts; else $TORCH_MINGLE_PEERS (where commas also separate)."""
+        env = os.environ if environ is None else environ
+        raw = self.peers if self.peers is not None else env.get(PEERS_ENV, "").replace(",", " ")
+        return tuple(h for h in raw.replace(";", " ").split() if h)
 
     def load_secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
         """The shared secret: ``secret_file``, else $TORCH_MINGLE_SECRET_FILE, else $TORCH_MINGLE_SECRET."""
@@ -249,6 +273,9 @@ _PARSERS: dict[str, Any] = {
     "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, example="0.02"),
     "timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="900"),
     "secret_file": _parse_str,
+    "fallback": _parse_str,
+    "peers": _parse_str,
+    "discovery_warning": lambda k, v: _parse_float(k, v, minimum=0.0, example="10"),
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

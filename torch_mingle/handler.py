@@ -29,7 +29,7 @@ from torch.distributed.elastic.rendezvous import (
 
 from torch_mingle import BACKEND_NAME
 from torch_mingle._driver import Driver
-from torch_mingle._interfaces import choose_interface, family_of
+from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, interface_for
 from torch_mingle._liveness import LivenessClient
 from torch_mingle._protocol import Claim, Discovery, LeaderView, Timing
 from torch_mingle._rounds import History, Round, RoundBook, Status, node_hex
@@ -41,7 +41,7 @@ from torch_mingle._store import (
     LeaderUnreachable,
     MemberSession,
 )
-from torch_mingle._transport import McastTransport
+from torch_mingle._transport import McastTransport, PeerList
 from torch_mingle._wire import REPLAY_WINDOW_MS, Codec, derive_key
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
@@ -91,6 +91,14 @@ def _warn_unauthenticated_once(config: MingleConfig) -> None:
     )
 
 
+def _wildcard(family: int) -> str:
+    return "::" if family == socket.AF_INET6 else "0.0.0.0"  # noqa: S104 - a leader on several networks
+
+
+def _loopback(family: int) -> str:
+    return "::1" if family == socket.AF_INET6 else "127.0.0.1"
+
+
 def _new_node_id() -> int:
     return secrets.randbits(64) or 1
 
@@ -113,17 +121,22 @@ class MingleRendezvousHandler(RendezvousHandler):
         _log_to_stderr_if_asked()
         self._config = config
         family = family_of(config.group)
-        self._iface, why = choose_interface(config.interface, family, local_addr=config.local_addr)
+        self._ifaces, why = discovery_interfaces(config.interface, family, local_addr=config.local_addr)
+        # With several interfaces and no pin, every one listens; the node settles on the one its
+        # job's peers answer on, and the stores of a leader listen on all of them.
+        self._multi = len(self._ifaces) > 1
+        self._iface = self._ifaces[0]
         self._ip = _resolve_ip(config.local_addr, family) if config.local_addr else self._iface.address
+        self._bind_ip = _wildcard(family) if self._multi else self._ip
+        self._connect_ip = _loopback(family) if self._multi else self._ip
         self._node = node_id or _new_node_id()
         self._label = f"[{config.run_id} {self._node:016x}]"
         log.info(
-            "%s mingle rendezvous: %s; interface %s chosen (%s), advertising %s",
+            "%s mingle rendezvous: %s; interface %s (%s)",
             self._label,
             config.describe(),
-            self._iface.name,
+            ", ".join(f"{i.name} {i.address}" for i in self._ifaces),
             why,
-            self._ip,
         )
         for warning in config.warnings():
             log.warning("%s %s", self._label, warning)
@@ -138,14 +151,21 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._node,
             timing=timing,
             codec=Codec(derive_key(secret) if secret is not None else None),
-            addrs=(self._ip,),
+            addrs=tuple(i.address for i in self._ifaces) if self._multi else (self._ip,),
             wall_offset_s=time.time() - time.monotonic(),
         )
+        broadcast = config.fallback == "broadcast"
+        hosts = config.peer_hosts()
         self._driver = Driver(
             self._core,
-            McastTransport(self._iface, config.group, config.port, config.ttl),
+            [
+                McastTransport(i, config.group, config.port, config.ttl, broadcast=broadcast)
+                for i in self._ifaces
+            ],
+            peers=PeerList(hosts, family, label=self._label) if hosts else None,
             on_become_leader=self._host,
             on_step_down=self._unhost,
+            quiet_warning_s=config.discovery_warning,
             label=self._label,
         )
         self._host_lock = threading.Lock()
@@ -207,7 +227,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                     deadline=deadline,
                     spare_wait_s=self._config.join_timeout,
                 )
-                info = self._round_info(rnd, session)
+                info = self._round_info(rnd, session, leader)
             except LeaderUnreachable as exc:
                 log.warning("%s leader %s unreachable: %s", self._label, leader.claim, exc)
                 self._drop_session()
@@ -229,7 +249,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 info.rank,
                 info.world_size,
                 "this node" if leader.is_self else leader.store_ip,
-                rnd.store_ip,
+                info.bootstrap_store_info.master_addr if info.bootstrap_store_info else "?",
                 rnd.store_port,
                 time.monotonic() - started,
             )
@@ -340,9 +360,12 @@ class MingleRendezvousHandler(RendezvousHandler):
         timeout = max(
             0.1, min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout, deadline - time.monotonic())
         )
+        leader_ip = self._connect_ip if leader.is_self else leader.store_ip
+        if not leader.is_self:
+            self._settle(self._driver.heard_via(leader_ip), f"the leader {leader_ip} answered there")
         session = MemberSession(
             leader.claim,
-            leader.store_ip,
+            leader_ip,
             leader.store_port,
             node=self._node,
             timeout_s=timeout,
@@ -350,7 +373,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         )
         claim = leader.claim
         liveness = LivenessClient(
-            leader.store_ip,
+            leader_ip,
             session.liveness_port,
             node=self._node,
             epoch=claim.epoch,
@@ -365,10 +388,32 @@ class MingleRendezvousHandler(RendezvousHandler):
         try:
             liveness.start(timeout)
         except OSError as exc:
-            raise LeaderUnreachable(f"cannot open the liveness channel to {leader.store_ip}: {exc}") from exc
+            raise LeaderUnreachable(f"cannot open the liveness channel to {leader_ip}: {exc}") from exc
         self._session, self._liveness, self._trouble = session, liveness, None
         self._driver.report_leader_alive(claim)
         return session
+
+    def _settle(self, iface: Interface, why: str) -> None:
+        """Use ``iface`` for this node's address and its workers' traffic (several interfaces only)."""
+        if not self._multi or iface == self._iface:
+            return
+        self._iface = iface
+        if not self._config.local_addr:
+            self._ip = iface.address
+        others = ", ".join(i.name for i in self._ifaces if i is not iface)
+        log.info("%s interface %s (%s) chosen: %s; not %s", self._label, iface.name, self._ip, why, others)
+
+    def _settle_as_leader(self, rnd: Round) -> None:
+        """The leader faces its members: the interface whose subnet holds most of their addresses."""
+        votes: dict[str, int] = {}
+        for ip in rnd.ips[1:]:
+            iface = interface_for(ip, self._ifaces)
+            if iface is not None:
+                votes[iface.name] = votes.get(iface.name, 0) + 1
+        if votes:
+            best = max(votes, key=lambda name: votes[name])
+            chosen = next(i for i in self._ifaces if i.name == best)
+            self._settle(chosen, f"{votes[best]} of the round's other members are on its subnet")
 
     def _log_counters(self, round_number: int) -> None:
         stats = self._driver.snapshot().stats
@@ -403,7 +448,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             log.warning("%s leader %s lost: %s", self._label, claim, reason)
             self._driver.report_leader_failed(claim, reason)
 
-    def _round_info(self, rnd: Round, session: MemberSession) -> RendezvousInfo:
+    def _round_info(self, rnd: Round, session: MemberSession, leader: LeaderView) -> RendezvousInfo:
         rank = rnd.rank_of(self._node)
         if rank is None:
             raise MingleStateError(
@@ -414,12 +459,17 @@ class MingleRendezvousHandler(RendezvousHandler):
         store = session.agent_store(rnd.number)
         self._round = rnd
         self._history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
+        if leader.is_self:
+            self._settle_as_leader(rnd)
+            master_addr = self._ip  # our address on the network our members are on
+        else:
+            master_addr = session.ip  # the leader's address that this node just reached
         self._export_worker_env()
         return RendezvousInfo(
             store,
             rank,
             rnd.world_size,
-            RendezvousStoreInfo(master_addr=rnd.store_ip, master_port=rnd.store_port),
+            RendezvousStoreInfo(master_addr=master_addr, master_port=rnd.store_port),
         )
 
     def _export_worker_env(self) -> None:
@@ -440,7 +490,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             last_call_timeout=self._config.last_call_timeout,
         )
         host = LeaderHost(
-            ip=self._ip,
+            ip=self._bind_ip,
+            connect_ip=self._connect_ip,
             claim=claim,
             book=book,
             keep_alive_interval_s=self._config.keep_alive_interval,
@@ -457,10 +508,10 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._label,
             self._config.run_id,
             epoch,
-            self._ip,
+            self._bind_ip,
             host.port,
         )
-        return self._ip, host.port
+        return self._bind_ip, host.port
 
     def _unhost(self, claim: Claim) -> None:
         """Driver callback: a better claim won; stop hosting (off the driver thread)."""

@@ -34,50 +34,73 @@ def netns_available() -> str | None:
 @dataclass
 class Host:
     name: str  # namespace
-    ip: str
+    ip: str  # address of its first interface
     dev: str = "eth0"
+    ports: dict[str, str] = field(default_factory=dict)  # device -> its bridge port
 
 
 @dataclass
 class Segment:
-    """A bridge in its own namespace and hosts attached to it by veth pairs."""
+    """Bridges in a namespace of their own, and hosts attached to them by veth pairs."""
 
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
     hosts: list[Host] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
+    bridges: list[str] = field(default_factory=list)
 
     @property
     def bridge_ns(self) -> str:
         return f"mglb-{self.tag}"
 
-    def create_bridge(self, *, mcast_snooping: bool = True) -> None:
-        self._netns_add(self.bridge_ns)
-        _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge",
+    def create_bridge(self, name: str = "br0", *, mcast_snooping: bool = True) -> None:
+        if self.bridge_ns not in self.namespaces:
+            self._netns_add(self.bridge_ns)
+        _ip("-n", self.bridge_ns, "link", "add", name, "type", "bridge",
             "mcast_snooping", "1" if mcast_snooping else "0")  # fmt: skip
-        _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        _ip("-n", self.bridge_ns, "link", "set", name, "up")
+        self.bridges.append(name)
 
-    def add_host(self, ip: str, prefix: int = 24) -> Host:
+    def add_host(self, ip: str, prefix: int = 24, *, bridge: str = "br0", ipv6: bool = False) -> Host:
         index = len(self.hosts) + 1
-        ns = f"mgl-{self.tag}-{index}"
-        self._netns_add(ns)
-        peer = f"v{self.tag}{index}"
-        _ip("link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _ip("link", "set", peer, "netns", self.bridge_ns)
-        _ip("-n", self.bridge_ns, "link", "set", peer, "master", "br0")
-        _ip("-n", self.bridge_ns, "link", "set", peer, "up")
-        _ip("-n", ns, "addr", "add", f"{ip}/{prefix}", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "eth0", "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        host = Host(name=ns, ip=ip)
+        host = Host(name=f"mgl-{self.tag}-{index}", ip=ip)
+        self._netns_add(host.name)
+        _ip("-n", host.name, "link", "set", "lo", "up")
         self.hosts.append(host)
+        self.attach(host, ip, prefix, bridge=bridge, dev="eth0", ipv6=ipv6)
         return host
 
-    def port_of(self, host: Host) -> str:
-        return f"v{self.tag}{self.hosts.index(host) + 1}"
+    def attach(
+        self, host: Host, ip: str, prefix: int = 24, *, bridge: str, dev: str, ipv6: bool = False
+    ) -> None:
+        """Give ``host`` one more interface ``dev`` with address ``ip``, cabled to ``bridge``."""
+        port = f"v{self.tag}{self.hosts.index(host) + 1}{len(host.ports)}"
+        _ip("link", "add", port, "type", "veth", "peer", "name", dev, "netns", host.name)
+        _ip("link", "set", port, "netns", self.bridge_ns)
+        _ip("-n", self.bridge_ns, "link", "set", port, "master", bridge)
+        _ip("-n", self.bridge_ns, "link", "set", port, "up")
+        # nodad: an IPv6 address is usable at once instead of after duplicate address detection.
+        extra = ["nodad"] if ipv6 else []
+        _ip("-n", host.name, *(["-6"] if ipv6 else []), "addr", "add", f"{ip}/{prefix}", "dev", dev, *extra)
+        _ip("-n", host.name, "link", "set", dev, "up")
+        host.ports[dev] = port
 
-    def link(self, host: Host, up: bool) -> None:
+    def port_of(self, host: Host, dev: str = "eth0") -> str:
+        return host.ports[dev]
+
+    def link(self, host: Host, up: bool, dev: str = "eth0") -> None:
         """Cut or restore a host's cable (its port on the bridge)."""
-        _ip("-n", self.bridge_ns, "link", "set", self.port_of(host), "up" if up else "down")
+        _ip("-n", self.bridge_ns, "link", "set", self.port_of(host, dev), "up" if up else "down")
+
+    def drop_multicast(self) -> None:
+        """Make every bridge drop multicast while unicast and broadcast still pass.
+
+        Needs bridges made with ``mcast_snooping=False``; flooding of multicast is then turned
+        off on every port.
+        """
+        for host in self.hosts:
+            for port in host.ports.values():
+                cmd = ["ip", "netns", "exec", self.bridge_ns, "bridge", "link", "set", "dev", port, "mcast_flood", "off"]
+                subprocess.run(cmd, check=True, capture_output=True, timeout=30)
 
     def _netns_add(self, name: str) -> None:
         _ip("netns", "add", name)
