@@ -99,8 +99,8 @@ class Segment:
         """
         for host in self.hosts:
             for port in host.ports.values():
-                cmd = ["ip", "netns", "exec", self.bridge_ns, "bridge", "link", "set", "dev", port, "mcast_flood", "off"]
-                subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+                flood_off = ["bridge", "link", "set", "dev", port, "mcast_flood", "off"]
+                subprocess.run(["ip", "netns", "exec", self.bridge_ns, *flood_off], check=True, timeout=30)
 
     def _netns_add(self, name: str) -> None:
         _ip("netns", "add", name)
