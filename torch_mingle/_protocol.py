@@ -37,7 +37,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from torch_mingle._wire import Announce, Codec, Datagram, Invalid, MsgType, Query, Resign
+from torch_mingle._wire import Announce, Codec, Datagram, Invalid, MsgType, Probe, Query, Resign
 from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ MAX_OTHER_JOBS = 32
 MAX_CANDIDATES = 4096
 INVALID_LOG_INTERVAL_S = 60.0
 RESIGNED = "the leader resigned"
+PROBE_RATE_PER_S = 20.0
+PROBE_BURST = 20
 
 
 class Role(enum.Enum):
@@ -223,6 +225,8 @@ class Discovery:
         self._outbox: list[tuple[bytes, Dest]] = []
         self._events: list[Event] = []
         self._invalid_logged_at: dict[str, float] = {}
+        self._probe_tokens = float(PROBE_BURST)
+        self._probe_refill = 0.0
 
     # ----------------------------------------------------------------- inputs
 
@@ -239,6 +243,9 @@ class Discovery:
             return
         if dgram.sender == self.node_id:
             return  # our own multicast, looped back
+        if isinstance(dgram.body, Probe):
+            self._answer_probe(addr, now)
+            return
         if dgram.job != self.job:
             self._count_other_job(dgram.job)
             return
@@ -442,6 +449,19 @@ class Discovery:
 
     def _ignore(self, d: Datagram, addr: Dest, now: float) -> None:
         return
+
+    def _answer_probe(self, addr: Dest, now: float) -> None:
+        """A leader tells a prober (``ls``) about its job, within a rate limit: no amplifier."""
+        self.stats.accepted += 1
+        if self.role is not Role.LEADING or addr is None:
+            return
+        self._probe_tokens = min(
+            PROBE_BURST, self._probe_tokens + (now - self._probe_refill) * PROBE_RATE_PER_S
+        )
+        self._probe_refill = now
+        if self._probe_tokens >= 1:
+            self._probe_tokens -= 1
+            self._send_announce(addr, now)
 
     # ---------------------------------------------------------------- helpers
 
@@ -652,4 +672,6 @@ _TRANSITIONS: dict[tuple[Role, MsgType], _Handler] = {
     (Role.STOPPED, MsgType.QUERY): Discovery._ignore,
     (Role.STOPPED, MsgType.ANNOUNCE): Discovery._ignore,
     (Role.STOPPED, MsgType.RESIGN): Discovery._ignore,
+    # PROBE never reaches the table: receive_datagram answers it for any job, in any role.
+    **{(role, MsgType.PROBE): Discovery._ignore for role in Role},
 }

@@ -56,6 +56,7 @@ class MsgType(enum.IntEnum):
     QUERY = 1
     ANNOUNCE = 2
     RESIGN = 3
+    PROBE = 4
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,16 @@ class Resign:
     type = MsgType.RESIGN
 
 
-Body = Query | Announce | Resign
+@dataclass(frozen=True)
+class Probe:
+    """ "Which jobs are here?" (``python -m torch_mingle ls``): every leader answers, whatever its job."""
+
+    type = MsgType.PROBE
+
+
+PROBE_JOB = "*"
+
+Body = Query | Announce | Resign | Probe
 
 
 @dataclass(frozen=True)
@@ -165,7 +175,9 @@ def _encode_body(body: Body) -> bytes:
             + _encode_addr(body.store_ip)
             + _PORT.pack(body.store_port)
         )
-    return _RESIGN.pack(body.epoch)
+    if isinstance(body, Resign):
+        return _RESIGN.pack(body.epoch)
+    return b""
 
 
 def _decode_body(kind: int, buf: bytes) -> Body:
@@ -208,6 +220,10 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             raise _Bad("body_length_mismatch")
         (epoch,) = _RESIGN.unpack(buf)
         return Resign(epoch=epoch)
+    if kind == MsgType.PROBE:
+        if buf:
+            raise _Bad("body_length_mismatch")
+        return Probe()
     raise _Bad("bad_type")
 
 
