@@ -140,7 +140,7 @@ def _discover_only(job: str, port: int) -> tuple[Any, int]:
     core = Discovery(job, random.getrandbits(64) or 1)
     driver = Driver(
         core,
-        McastTransport(iface, "239.255.77.77", port),
+        [McastTransport(iface, "239.255.77.77", port)],
         on_become_leader=lambda epoch: ("127.0.0.1", 1),
         on_step_down=lambda claim: None,
         label="[bench]",

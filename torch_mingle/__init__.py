@@ -11,14 +11,25 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 BACKEND_NAME = "mingle"
 
-__all__ = ["BACKEND_NAME", "MingleConfig", "MingleRendezvousHandler", "__version__", "create_handler"]
+__all__ = [
+    "BACKEND_NAME",
+    "MingleConfig",
+    "MingleRendezvousHandler",
+    "Rendezvous",
+    "__version__",
+    "create_handler",
+    "rendezvous",
+]
 
 if TYPE_CHECKING:
     from torch_mingle._plugin import create_handler
     from torch_mingle.config import MingleConfig
     from torch_mingle.handler import MingleRendezvousHandler
+    from torch_mingle.standalone import Rendezvous, rendezvous
 
 _LAZY = {
+    "rendezvous": "torch_mingle.standalone",
+    "Rendezvous": "torch_mingle.standalone",
     "create_handler": "torch_mingle._plugin",
     "MingleConfig": "torch_mingle.config",
     "MingleRendezvousHandler": "torch_mingle.handler",
