@@ -20,14 +20,14 @@ import torch_mingle
 
 def worker(index: int, job: str, nprocs: int, conf: dict[str, Any]) -> None:
     with torch_mingle.rendezvous(job, nprocs, **conf) as rdzv:
-        dist.init_process_group(
-            "gloo"
-        )  # env:// : rendezvous() set MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+        # env:// reads what rendezvous() set: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE.
+        dist.init_process_group("gloo")
         total = torch.tensor([float(rdzv.rank)])
         dist.all_reduce(total)
         where = f"{rdzv.master_addr}:{rdzv.master_port}"
+        summed = int(total.item())
         print(
-            f"process {index}: rank {rdzv.rank}/{rdzv.world_size}, rank 0 at {where}, sum of ranks {int(total.item())}"
+            f"process {index}: rank {rdzv.rank}/{rdzv.world_size}, rank 0 at {where}, sum of ranks {summed}"
         )
         dist.destroy_process_group()
 

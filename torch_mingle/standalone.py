@@ -73,9 +73,8 @@ def rendezvous(
     ``last_call_timeout``. ``set_env`` exports MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE for
     ``init_process_group(init_method="env://")``.
     """
-    params = RendezvousParameters(
-        "mingle", "", job_id, min_world_size or world_size, world_size, **{k: str(v) for k, v in conf.items()}
-    )  # fmt: skip
+    conf_str = {k: str(v) for k, v in conf.items()}
+    params = RendezvousParameters("mingle", "", job_id, min_world_size or world_size, world_size, **conf_str)
     handler = MingleRendezvousHandler.from_params(params)
     try:
         info = handler.next_rendezvous()
