@@ -84,10 +84,7 @@ def rendezvous(
     boot = info.bootstrap_store_info
     if boot is None:  # pragma: no cover - the mingle handler always sets it
         raise RuntimeError("the rendezvous returned no bootstrap address")
-    result = Rendezvous(
-        rank=info.rank, world_size=info.world_size, master_addr=boot.master_addr, master_port=boot.master_port,
-        handler=handler,
-    )  # fmt: skip
+    result = Rendezvous(info.rank, info.world_size, boot.master_addr, boot.master_port, handler)
     if set_env:
         result.set_env()
     return result
