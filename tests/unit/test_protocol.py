@@ -18,7 +18,7 @@ from torch_mingle._protocol import (
     Timing,
 )
 from torch_mingle._sim import Simulation
-from torch_mingle._wire import Announce, Codec, Datagram, MsgType, Query, Resign
+from torch_mingle._wire import Announce, Codec, Datagram, MsgType, Probe, Query, Resign
 from torch_mingle.errors import MingleStateError
 
 FAST = Timing(beacon_interval_s=0.5, leader_timeout_s=1.5)
@@ -234,3 +234,20 @@ def test_a_silent_node_that_knows_a_newer_epoch_still_speaks():
     core.handle_timer(0.011)
     sent = core.datagrams_to_send(0.011)
     assert len(sent) == 1, "the node must tell the others about epoch 7"
+
+
+def test_a_leader_answers_probes_of_any_job_within_a_rate_limit():
+    core = Discovery("job", 0x10, timing=Timing(election_window_s=0.001, startup_jitter_s=0.0))
+    core.start(0.0)
+    core.handle_timer(0.0)
+    core.handle_timer(0.002)
+    assert [type(e) for e in core.events()] == [BecomeLeader]
+    assert core.leader_ready(0.002, "10.0.0.1", 4000)
+    core.datagrams_to_send(0.002)
+    probe = Codec().encode(Datagram(job="*", sender=0x99, body=Probe()))
+    for _ in range(100):
+        core.receive_datagram(probe, ("10.0.0.9", 5), 0.003)
+    answers = [d for d, dest in core.datagrams_to_send(0.003) if dest == ("10.0.0.9", 5)]
+    assert 1 <= len(answers) <= _protocol.PROBE_BURST
+    decoded = Codec().decode(answers[0])
+    assert isinstance(decoded, Datagram) and decoded.job == "job" and isinstance(decoded.body, Announce)

@@ -12,6 +12,7 @@ from torch_mingle._wire import (
     Codec,
     Datagram,
     Invalid,
+    Probe,
     Query,
     Resign,
 )
@@ -25,6 +26,7 @@ BODIES = [
     Announce(epoch=7, store_ip="127.0.0.1", store_port=29500, round=4, members=3, min_nodes=2, max_nodes=4),
     Announce(epoch=1, store_ip="2001:db8::1", store_port=1, closed=True),
     Resign(epoch=9),
+    Probe(),
 ]
 
 
