@@ -46,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the process-tree helpers are shared with the tests
+
+from tests.helpers import descendants  # noqa: E402
+
 WRAPPER = HERE / "stamped_torchrun.py"
 WORKLOAD = HERE / "bench_worker.py"
 HANDLER_BACKENDS = ("mingle", "c10d", "static", "etcd-v2")
@@ -275,7 +279,7 @@ class Launch:
         return codes
 
     def kill_tree(self, pid: int) -> None:
-        for victim in [pid, *_descendants(pid)]:
+        for victim in [pid, *descendants(pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
 
@@ -308,23 +312,6 @@ def _listener_pid(port: int) -> int | None:
         if any(link.startswith("socket:[") and link[8:-1] in inodes for link in links):
             return int(entry)
     return None
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo.extend(children.get(child, []))
-    return out
 
 
 def _launch(
@@ -624,28 +611,21 @@ def targets(points: list[Point]) -> list[str]:
         return next((p for p in points if (p.section, p.backend, p.nodes) == (section, backend, n)), None)
 
     lines = []
-    for p in [
-        p for p in points if p.section == "e2e" and p.backend == "mingle" and p.nodes <= 16 and p.phase
-    ]:
-        c10d = get("e2e", "c10d", p.nodes)
-        ms = (p.median("phase") or 0) * 1e3
-        ratio = (
-            ((c10d.median("phase") or 0) / (p.median("phase") or 1)) if c10d and c10d.phase else float("nan")
-        )
-        ok = ms <= 50 and ratio >= 20
-        lines.append(
-            f"{_verdict(ok)} rendezvous phase N={p.nodes}: {ms:.0f} ms (<= 50), {ratio:.0f}x c10d (>= 20)"
-        )
-    for p in [p for p in points if p.section == "rerdzv" and p.backend == "mingle" and p.phase]:
-        c10d = get("rerdzv", "c10d", p.nodes)
-        ms = (p.median("phase") or 0) * 1e3
-        ratio = (
-            ((c10d.median("phase") or 0) / (p.median("phase") or 1)) if c10d and c10d.phase else float("nan")
-        )
-        ok = ms <= 100 and ratio >= 10
-        lines.append(
-            f"{_verdict(ok)} re-rendezvous phase N={p.nodes}: {ms:.0f} ms (<= 100), {ratio:.0f}x c10d (>= 10)"
-        )
+    phases = (("e2e", "rendezvous phase", 50, 20), ("rerdzv", "re-rendezvous phase", 100, 10))
+    for section, what, max_ms, min_ratio in phases:
+        for p in [
+            p for p in points if p.section == section and p.backend == "mingle" and p.nodes <= 16 and p.phase
+        ]:
+            c10d = get(section, "c10d", p.nodes)
+            ms = (p.median("phase") or 0) * 1e3
+            ratio = (
+                ((c10d.median("phase") or 0) / (p.median("phase") or 1))
+                if c10d and c10d.phase
+                else float("nan")
+            )
+            ok = ms <= max_ms and ratio >= min_ratio
+            limits = f"{ms:.0f} ms (<= {max_ms}), {ratio:.0f}x c10d (>= {min_ratio})"
+            lines.append(f"{_verdict(ok)} {what} N={p.nodes}: {limits}")
     for p in [p for p in points if p.section == "e2e" and p.backend == "mingle" and p.samples]:
         c10d, static = get("e2e", "c10d", p.nodes), get("e2e", "static", p.nodes)
         if c10d and static and c10d.samples and static.samples:
