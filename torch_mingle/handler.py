@@ -564,7 +564,9 @@ class MingleRendezvousHandler(RendezvousHandler):
         cfg = self._config
         snap = self._driver.snapshot()
         waited = time.monotonic() - started
-        where = f"interface {self._iface.name} ({self._ip}), group {cfg.group} port {cfg.port}"
+        ifaces = [self._iface] if not self._multi or self._round else self._ifaces
+        names = ", ".join(f"{i.name} ({i.address})" for i in ifaces)
+        where = f"interface {names}, group {cfg.group} port {cfg.port}"
         if snap.leader is None:
             situation = "no leader was found or elected"
         elif snap.leader.is_self:
