@@ -187,6 +187,20 @@ def final_reports(report_dir: Path) -> list[dict[str, Any]]:
     return [latest[k] for k in sorted(latest)]
 
 
+def assert_trained_together(
+    reports: Sequence[dict[str, Any]], world: int, steps: int | None = None, agents: Sequence[Agent] = ()
+) -> None:
+    """The final round's workers: ranks 0..world-1, one store, all steps done, identical replicas."""
+    why = dump(agents) if agents else ""
+    assert sorted(r["rank"] for r in reports) == list(range(world)), why
+    assert {r["world_size"] for r in reports} == {world}, why
+    if steps is not None:
+        assert {r["steps"] for r in reports} == {steps}, why
+    assert all(r["params"] == reports[0]["params"] for r in reports), "DDP replicas diverged"
+    stores = {(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in reports}
+    assert len(stores) == 1, f"the workers of one round were given different stores: {stores}"
+
+
 def dump(agents: Sequence[Agent]) -> str:
     return "\n".join(
         f"===== {a.name} (pid {a.pid}, rc {a.proc.poll()}) =====\n{a.output()[-6000:]}" for a in agents

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import (
+    assert_trained_together,
     dump,
     final_reports,
     finish_all,
@@ -32,14 +33,6 @@ def _cmd(job, nnodes, tmp_path, *, steps, step_time=0.0, extra_args=(), conf=Non
     )  # fmt: skip
 
 
-def _assert_trained_together(reports, world, steps):
-    assert sorted(r["rank"] for r in reports) == list(range(world))
-    assert {r["world_size"] for r in reports} == {world}
-    assert {r["steps"] for r in reports} == {steps}
-    assert all(r["params"] == reports[0]["params"] for r in reports)
-    assert len({r["env"]["MASTER_PORT"] for r in reports}) == 1
-
-
 def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
     job = unique_job("wfail")
     fail = ["--fail-at-step", "5", "--fail-rank", "1", "--fail-once-marker", str(tmp_path / "failed")]
@@ -49,7 +42,7 @@ def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
     assert codes == [0, 0, 0], dump(agents)
     assert (tmp_path / "failed").exists(), "the failure was not injected"
     reports = final_reports(tmp_path / "report")
-    _assert_trained_together(reports, 3, 12)
+    assert_trained_together(reports, 3, 12)
     assert {r["start_step"] for r in reports} == {5}, "the new round did not resume from the checkpoint"
     assert all("joined round 2 as rank" in a.output() for a in agents), dump(agents)
 
@@ -63,7 +56,7 @@ def test_a_new_node_is_admitted_at_the_next_round(tmp_path):
     codes = finish_all(agents)
     assert codes == [0, 0, 0], dump(agents)
     reports = final_reports(tmp_path / "report")
-    _assert_trained_together(reports, 3, 40)
+    assert_trained_together(reports, 3, 40)
     assert min(r["start_step"] for r in reports) >= 3, "the bigger round did not resume from the checkpoint"
     first_round = [r for r in read_reports(tmp_path / "report") if r["world_size"] == 2]
     assert not first_round or all(r["steps"] == 40 for r in first_round)
@@ -85,7 +78,7 @@ def test_a_spare_beyond_max_nodes_replaces_a_node_that_dies(tmp_path):
     codes = finish_all(survivors)
     assert codes == [0, 0], dump(agents)
     reports = final_reports(tmp_path / "report")
-    _assert_trained_together(reports, 2, 40)
+    assert_trained_together(reports, 2, 40)
     assert "joined round 2 as rank 1" in spare.output(), dump(agents)
 
 
@@ -97,7 +90,7 @@ def test_a_spare_that_is_never_needed_exits_cleanly(tmp_path):
     assert codes == [0, 0, 0], dump(agents)
     (spare,) = [a for a in agents if "joined round" not in a.output()]
     assert "finished before this node was admitted" in spare.output()
-    _assert_trained_together(final_reports(tmp_path / "report"), 2, 10)
+    assert_trained_together(final_reports(tmp_path / "report"), 2, 10)
 
 
 def test_clean_end_when_the_leader_finishes_first(tmp_path):
@@ -108,7 +101,7 @@ def test_clean_end_when_the_leader_finishes_first(tmp_path):
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
     codes = finish_all(agents)
     assert codes == [0, 0, 0], dump(agents)
-    _assert_trained_together(final_reports(tmp_path / "report"), 3, 4)
+    assert_trained_together(final_reports(tmp_path / "report"), 3, 4)
     for agent in agents:
         assert "Error waiting on exit barrier" not in agent.output(), dump(agents)
     assert job_processes(job) == [], "agents or workers of the job are still running"

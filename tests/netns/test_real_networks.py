@@ -6,7 +6,15 @@ import ipaddress
 
 import pytest
 
-from tests.helpers import dump, final_reports, finish_all, start_agent, torchrun_cmd, unique_job
+from tests.helpers import (
+    assert_trained_together,
+    dump,
+    final_reports,
+    finish_all,
+    start_agent,
+    torchrun_cmd,
+    unique_job,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -20,8 +28,7 @@ def _train(hosts, tmp_path, conf, *, job=None):
     codes = finish_all(agents)
     assert codes == [0] * len(hosts), dump(agents)
     reports = final_reports(tmp_path / "report")
-    assert sorted(r["rank"] for r in reports) == list(range(len(hosts))), dump(agents)
-    assert all(r["params"] == reports[0]["params"] for r in reports)
+    assert_trained_together(reports, len(hosts), 4, agents)
     return agents, reports
 
 
