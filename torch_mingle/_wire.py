@@ -96,7 +96,7 @@ class Resign:
 
 @dataclass(frozen=True)
 class Probe:
-    """ "Which jobs are here?" (``python -m torch_mingle ls``): every leader answers, whatever its job."""
+    """Asks which jobs are here (``python -m torch_mingle ls``): every leader answers, whatever its job."""
 
     type = MsgType.PROBE
 
