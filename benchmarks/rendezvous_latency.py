@@ -687,9 +687,14 @@ def plot(points: list[Point], path: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="N=2 only, one run per point (about a minute)")
+    p.add_argument("--quick", action="store_true", help="N=2 only, one run per point (under 2 minutes)")
     p.add_argument("--sections", default="handler,e2e,rerdzv,leader,sim")
-    p.add_argument("--runs", type=int, default=None, help="runs per point (default 5 handler, 3 torchrun)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="runs per point (default: 5 handler and end to end up to N=4, else 3)",
+    )
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--keep", type=Path, default=None, help="keep agents' logs and stamps in this folder")
     args = p.parse_args()
