@@ -49,7 +49,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def log(msg: str) -> None:
-    print(msg, flush=True)
+    # One write per line: the ranks of a node share one pipe, and unbuffered print() writes the
+    # newline separately, which lets two ranks' lines run into each other.
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
 
 
 def load_checkpoint(path: Path | None, model: nn.Module, opt: torch.optim.Optimizer) -> int:
@@ -109,7 +112,6 @@ def main() -> int:
                 if marker is not None:
                     marker.touch()
                 log(f"rank {rank}: injected failure at step {step}")
-                sys.stdout.flush()
                 os._exit(1)
         # Every rank draws its own slice of the same global batch, so the run is reproducible.
         x_all = torch.randn(world * 16, IN_FEATURES, generator=gen)
