@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns bench bench-quick stress clean
+.PHONY: demo test lint unit integration netns bench bench-quick bench-flood stress clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/rendezvous_latency.py --quick
+
+bench-flood: $(STAMP)
+	$(BIN)/python benchmarks/flood_latency.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

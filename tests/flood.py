@@ -6,6 +6,8 @@ a wrong tag), it also replays genuine datagrams. It sends from one process at ``
 datagrams per second for ``--seconds`` and prints one JSON line with what it achieved.
 
     python -m tests.flood --iface 127.0.0.1 --group 239.255.77.77 --port 30001 --job j1
+
+``Flood`` starts it from a test or a benchmark.
 """
 
 from __future__ import annotations
@@ -16,12 +18,49 @@ import os
 import random
 import socket
 import struct
+import subprocess
 import sys
 import time
 
+from tests.helpers import ROOT
 from torch_mingle._wire import Announce, Codec, Datagram, Query
 
 BATCH = 200
+
+
+class Flood:
+    """This module in a process of its own, sending from 127.0.0.1 for ``seconds``, then stopping.
+
+    It has started flooding (after ``capture`` seconds of listening) when the constructor returns.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        port: int,
+        job: str,
+        *,
+        seconds: float,
+        rate: int = 25_000,
+        garbage_only: bool = False,
+        capture: float = 0.0,
+    ) -> None:
+        args = [sys.executable, "-m", "tests.flood", "--iface", "127.0.0.1", "--group", group,
+                "--port", str(port), "--job", job, "--rate", str(rate), "--seconds", str(seconds),
+                "--capture", str(capture)]  # fmt: skip
+        if garbage_only:
+            args.append("--garbage-only")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "flooding":
+            self.proc.kill()
+            raise RuntimeError("the flood did not start")
+
+    def result(self) -> dict[str, float]:
+        """Waits for the flood to end by itself; what it sent (``rate``, ``replays``, ...)."""
+        out, _ = self.proc.communicate(timeout=60)
+        report: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+        return report
 
 
 def forged(job: str, rng: random.Random) -> list[bytes]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import resource
 import socket
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.flood import Flood
 from tests.helpers import (
     ROOT,
     dump,
@@ -42,34 +42,13 @@ def write_secret(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-class Flood:
-    """``tests.flood`` in a process of its own, at the job's group and port, stopping by itself."""
-
-    def __init__(
-        self, port: int, job: str, *, seconds: float, garbage_only: bool = False, capture: float = 0.0
-    ):
-        args = [sys.executable, "-m", "tests.flood", "--iface", "127.0.0.1", "--group", DEFAULT_GROUP_V4,
-                "--port", str(port), "--job", job, "--rate", "25000", "--seconds", str(seconds),
-                "--capture", str(capture)]  # fmt: skip
-        if garbage_only:
-            args.append("--garbage-only")
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "flooding", "the flood did not start"
-
-    def result(self) -> dict[str, float]:
-        out, _ = self.proc.communicate(timeout=60)
-        report: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-        return report
-
-
 def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def test_a_garbage_flood_does_not_stop_a_rendezvous(make_handler, port):
     job = unique_job("flood")
-    flood = Flood(port, job, seconds=6, garbage_only=True)
+    flood = Flood(DEFAULT_GROUP_V4, port, job, seconds=6, garbage_only=True)
     handlers = [make_handler(job, 3) for _ in range(3)]
     started = time.monotonic()
     infos = rendezvous_all(handlers)
@@ -89,7 +68,7 @@ def test_with_a_secret_a_flood_of_forgeries_and_replays_changes_nothing(make_han
     secret = write_secret(tmp_path, "secret", "s3cret-for-the-flood-test-0123456789")
     first = [make_handler(job, 3, 4, secret_file=secret, last_call_timeout="0.5") for _ in range(3)]
     # The flood listens first: it records the genuine datagrams of this job to replay them.
-    flood = Flood(port, job, seconds=8, capture=1.0)
+    flood = Flood(DEFAULT_GROUP_V4, port, job, seconds=8, capture=1.0)
     rss_before = rss_mib()
     infos = rendezvous_all(first)
     assert sorted(i.rank for i in infos) == [0, 1, 2]
