@@ -1,4 +1,4 @@
-"""The benchmark's quick mode runs and its JSON has every backend and field (numbers are not checked)."""
+"""The benchmarks run in quick mode; their JSON has every backend, point and field (not the numbers)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,22 @@ def test_quick_benchmark_reports_every_backend_and_field(tmp_path):
     assert found == SECTIONS
     assert {p["nodes"] for p in report["points"] if p["section"] in ("handler", "e2e")} == {2}
     assert "handler level" in run.stdout and "targets:" in run.stdout
+
+
+@pytest.mark.timeout(180)
+def test_flood_benchmark_reports_every_point(tmp_path):
+    script = ROOT / "benchmarks" / "flood_latency.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--runs", "1", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=160, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    report = json.loads((tmp_path / "flood.json").read_text())
+    samples = report["samples"]
+    assert set(samples) == {"first/quiet", "first/flood", "newcomer/quiet", "newcomer/flood", "cpu"}
+    for key in ("first/flood", "newcomer/flood"):
+        (sample,) = samples[key]
+        assert sample["flood_rate"] > 0 and sample["dropped"] > 0, (key, sample)
+    assert samples["newcomer/flood"][0]["replays"] > 0, "the flood replayed nothing"
+    assert all(s["us_per_datagram"] > 0 for s in samples["cpu"])
+    assert "rendezvous under a flood" in run.stdout and "of one core" in run.stdout
