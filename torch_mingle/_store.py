@@ -125,19 +125,37 @@ def open_server(ip: str, connect_ip: str | None = None) -> TCPStore:
     which /etc/hosts resolves for loopback, instead of IPv4-mapped IPv6 ones that always go
     to DNS (TCPStore resolves every peer for its logs, and a slow resolver stalls the store).
     """
+    global _libuv_takes_listen_fd  # noqa: PLW0603 - learnt once per process
+    if _libuv_takes_listen_fd:
+        try:
+            return _server_on_own_listener(ip, connect_ip, use_libuv=True)
+        except (NotImplementedError, RuntimeError) as exc:
+            # torch before 2.8: the libuv server (the default since 2.4) cannot take over a
+            # listening socket; the classic one can, and does the same job.
+            log.debug("libuv TCPStore refused our listening socket (%s); using the classic server", exc)
+            _libuv_takes_listen_fd = False
+    return _server_on_own_listener(ip, connect_ip, use_libuv=False)
+
+
+_libuv_takes_listen_fd = True
+
+
+def _server_on_own_listener(ip: str, connect_ip: str | None, *, use_libuv: bool) -> TCPStore:
     listener = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.bind(sockaddr(ip, 0))
         listener.listen(1024)
         port = int(listener.getsockname()[1])
-    except OSError:
-        listener.close()
+        store = TCPStore(
+            connect_ip or ip, port, None, True, timeout=timedelta(seconds=CLIENT_TIMEOUT_S),
+            wait_for_workers=False, master_listen_fd=listener.fileno(), use_libuv=use_libuv,
+        )  # fmt: skip
+    except BaseException:
+        with contextlib.suppress(OSError):  # a refusing store may have closed it already
+            listener.close()
         raise
-    fd = listener.detach()  # the store owns the descriptor from here on and closes it
-    return TCPStore(
-        connect_ip or ip, port, None, True, timeout=timedelta(seconds=CLIENT_TIMEOUT_S),
-        wait_for_workers=False, master_listen_fd=fd,
-    )  # fmt: skip
+    listener.detach()  # the store owns the descriptor from here on and closes it
+    return store
 
 
 def _is_timeout(exc: BaseException) -> bool:
