@@ -351,14 +351,16 @@ def _phase(rdzv: list[dict[str, Any]]) -> float:
     return float(max(r["t_out"] for r in rdzv) - max(r["t_in"] for r in rdzv))
 
 
-def bench_e2e(nodes: list[int], runs: int, workdir: Path, tick: Any) -> list[Point]:
-    """Backends take turns run by run, so a slow spell of the machine hits them all alike."""
+def bench_e2e(nodes: list[int], runs: int, small_runs: int, workdir: Path, tick: Any) -> list[Point]:
+    """Backends take turns run by run, so a slow spell of the machine hits them all alike.
+
+    Jobs of up to 4 nodes get ``small_runs``: they are quick and noisy (process start-up dominates).
+    """
     points: list[Point] = []
     for n in nodes:
         row = {backend: Point("e2e", backend, n) for backend in E2E_BACKENDS}
         points.extend(row.values())
-        # Small jobs are quick and noisy (process start-up dominates): give them more runs.
-        for _ in range(runs + 2 if n <= 4 else runs):
+        for _ in range(small_runs if n <= 4 else runs):
             for backend, point in row.items():
                 launch = _launch(backend, n, workdir, mode="first")
                 try:
@@ -695,20 +697,25 @@ def main() -> int:
         default=None,
         help="runs per point (default: 5 handler and end to end up to N=4, else 3)",
     )
-    p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--out", type=Path, default=None, help="default: results/ (results/quick/ with --quick)")
     p.add_argument("--keep", type=Path, default=None, help="keep agents' logs and stamps in this folder")
     args = p.parse_args()
     sections = set(args.sections.split(","))
     if args.quick:
         handler_nodes, e2e_nodes, sim_sizes = [2], [2], [10, 100]
-        handler_runs, torchrun_runs, sim_runs = args.runs or 1, args.runs or 1, 1
+        handler_runs, torchrun_runs, small_e2e_runs, sim_runs = (args.runs or 1,) * 3 + (1,)
     else:
         handler_nodes, e2e_nodes, sim_sizes = (
             [2, 4, 8, 16, 32],
             [2, 4, 8],
             [10, 50, 100, 200, 500, 1000, 2000],
         )
-        handler_runs, torchrun_runs, sim_runs = args.runs or 5, args.runs or 3, 3
+        handler_runs, torchrun_runs, small_e2e_runs, sim_runs = (
+            args.runs or 5,
+            args.runs or 3,
+            args.runs or 5,
+            3,
+        )
     total = (
         ("handler" in sections) * len(handler_nodes) * (len(HANDLER_BACKENDS) + 1)
         + ("e2e" in sections) * len(e2e_nodes) * len(E2E_BACKENDS)
@@ -729,7 +736,7 @@ def main() -> int:
         if "handler" in sections:
             points += bench_handler(handler_nodes, handler_runs, tick)
         if "e2e" in sections:
-            points += bench_e2e(e2e_nodes, torchrun_runs, workdir, tick)
+            points += bench_e2e(e2e_nodes, torchrun_runs, small_e2e_runs, workdir, tick)
         if "rerdzv" in sections:
             points += bench_rerdzv(3 if not args.quick else 2, torchrun_runs, workdir, tick)
         if "leader" in sections:
@@ -738,6 +745,8 @@ def main() -> int:
             points += bench_sim(sim_sizes, sim_runs, tick)
     if bar is not None:
         bar.close()
+    # A quick run never overwrites the full run's results (the README shows those).
+    args.out = args.out or (HERE / "results" / "quick" if args.quick else HERE / "results")
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "machine": machine(),
