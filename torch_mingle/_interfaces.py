@@ -54,10 +54,14 @@ class Interface:
             return False
         return any(addr in net for net in self.networks)
 
-    def describe(self) -> str:
-        flags = ",".join(
+    def flags(self) -> list[str]:
+        """The flags that matter here, of ``up``, ``loopback`` and ``multicast``."""
+        return [
             f for f, on in (("up", self.up), ("loopback", self.loopback), ("multicast", self.multicast)) if on
-        )
+        ]
+
+    def describe(self) -> str:
+        flags = ",".join(self.flags())
         return f"{self.name} ({', '.join(self.addresses) or 'no address'}; {flags or 'down'})"
 
 

@@ -33,7 +33,8 @@ MAX_PENDING_OUT_BYTES = 64 * 1024
 MAX_CONNECTIONS = 4096
 
 
-def _family(ip: str) -> int:
+def ip_family(ip: str) -> int:
+    """AF_INET6 or AF_INET for an address literal (a wildcard, or IPv6 with ``%scope``, included)."""
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
@@ -101,7 +102,7 @@ class LivenessServer:
         self.port = 0
 
     def start(self) -> int:
-        listener = socket.socket(_family(self.ip), socket.SOCK_STREAM)
+        listener = socket.socket(ip_family(self.ip), socket.SOCK_STREAM)
         # No SO_REUSEADDR: with it, Linux may hand out the port of a TCPStore listening on the
         # wildcard address, and TCPStore clients of 127.0.0.1 would reach us instead of the store.
         listener.bind(sockaddr(self.ip, 0))
@@ -306,7 +307,7 @@ class LivenessClient:
     def start(self, connect_timeout_s: float) -> None:
         """Connect and say hello; raises ``OSError`` if the leader cannot be reached."""
         ip, port = self.addr
-        sock = socket.socket(_family(ip), socket.SOCK_STREAM)
+        sock = socket.socket(ip_family(ip), socket.SOCK_STREAM)
         sock.settimeout(connect_timeout_s)
         try:
             sock.connect(sockaddr(ip, port))

@@ -432,7 +432,7 @@ class Discovery:
                 round=body.round,
                 members=body.members,
                 closed=body.closed,
-                store_ip=_store_ip(body, addr),
+                store_ip=announced_store_ip(body, addr),
                 store_port=body.store_port,
             )
             return
@@ -539,7 +539,7 @@ class Discovery:
         self._own_claim = None
         self.leader = LeaderView(
             claim=claim,
-            store_ip=_store_ip(body, addr),
+            store_ip=announced_store_ip(body, addr),
             store_port=body.store_port,
             is_self=False,
             heard_at=now,
@@ -638,7 +638,7 @@ class Discovery:
             )
 
 
-def _store_ip(body: Announce, addr: Dest) -> str:
+def announced_store_ip(body: Announce, addr: Dest) -> str:
     """The leader's address: as announced, or (announced unspecified) the address it spoke from.
 
     A leader that listens on several interfaces announces 0.0.0.0 (or ::): each follower then

@@ -214,21 +214,21 @@ class RoundBook:
             return self._wait(None, f"{n} of min_nodes={self.min_nodes} nodes joined")
         if self._min_reached_at is None:
             self._min_reached_at = now
-        seqs = tuple(self.pending[m].seq for m in admit)
-        ips = tuple(self.pending[m].ip for m in admit)
         if n == self.max_nodes:
-            return Form(members=admit, admitted=seqs, reason=f"max_nodes={self.max_nodes} joined", ips=ips)
+            return self._form(admit, f"max_nodes={self.max_nodes} joined")
         expected = self._expected()
         if expected is not None and expected <= self.pending.keys():
-            return Form(
-                members=admit, admitted=seqs, reason="every live node of the last round re-joined", ips=ips
-            )
+            return self._form(admit, "every live node of the last round re-joined")
         deadline = self._min_reached_at + self.last_call_timeout
         if now >= deadline:
-            return Form(
-                members=admit, admitted=seqs, reason=f"last call ({self.last_call_timeout:g}s) ended", ips=ips
-            )
+            return self._form(admit, f"last call ({self.last_call_timeout:g}s) ended")
         return self._wait(deadline, f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come")
+
+    def _form(self, admit: tuple[int, ...], reason: str) -> Form:
+        joins = [self.pending[m] for m in admit]
+        return Form(
+            members=admit, admitted=tuple(j.seq for j in joins), reason=reason, ips=tuple(j.ip for j in joins)
+        )
 
     def status(self) -> Status:
         size = self.current.world_size if self.current else 0

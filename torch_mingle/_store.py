@@ -31,7 +31,7 @@ from typing import Any
 
 from torch.distributed import DistError, DistNetworkError, DistStoreError, PrefixStore, TCPStore
 
-from torch_mingle._liveness import LivenessServer, sockaddr
+from torch_mingle._liveness import LivenessServer, ip_family, sockaddr
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, node_hex
 
@@ -88,8 +88,7 @@ def probe(ip: str, port: int, timeout_s: float) -> None:
     TCPStore's own connect retries a refused port until its timeout, and its handshake can
     stall on things that say nothing about the peer (see ``open_client``).
     """
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    with socket.socket(ip_family(ip), socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         sock.connect(sockaddr(ip, port))
 
@@ -141,7 +140,7 @@ _libuv_takes_listen_fd = True
 
 
 def _server_on_own_listener(ip: str, connect_ip: str | None, *, use_libuv: bool) -> TCPStore:
-    listener = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    listener = socket.socket(ip_family(ip), socket.SOCK_STREAM)
     try:
         listener.bind(sockaddr(ip, 0))
         listener.listen(1024)

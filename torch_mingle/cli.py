@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, list_interfaces
+from torch_mingle._protocol import Dest, announced_store_ip
 from torch_mingle._transport import McastTransport
 from torch_mingle._wire import PROBE_JOB, Announce, Codec, Datagram, Invalid, Probe, Query, derive_key
 from torch_mingle.config import DEFAULT_GROUP_V4, DEFAULT_PORT, MingleConfig
@@ -127,14 +128,14 @@ def _nonce() -> int:
 
 
 def _note(
-    heard: Heard, dgram: Datagram | Invalid, addr: object, iface: Interface, me: int, job: str | None
+    heard: Heard, dgram: Datagram | Invalid, addr: Dest, iface: Interface, me: int, job: str | None
 ) -> None:
     if isinstance(dgram, Invalid):
         heard.invalid[dgram.reason] += 1
         return
     if dgram.sender == me:
         return
-    ip = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
+    ip = str(addr[0]) if addr else "?"
     if job is not None and dgram.job in (f"doctor/{job}/m", f"doctor/{job}/b"):
         path = "multicast" if dgram.job.endswith("/m") else "broadcast"
         heard.doctors.setdefault((iface.name, path), set()).add(ip)
@@ -144,15 +145,11 @@ def _note(
     seen = heard.jobs.setdefault(dgram.job, JobSeen(job=dgram.job))
     body = dgram.body
     if isinstance(body, Announce):
-        leader_ip = ip if _unspecified(body.store_ip) else body.store_ip
+        leader_ip = announced_store_ip(body, addr)
         seen.leader_ip, seen.epoch, seen.round, seen.members = leader_ip, body.epoch, body.round, body.members
         seen.min_nodes, seen.max_nodes, seen.closed = body.min_nodes, body.max_nodes, body.closed
     elif isinstance(body, Query):
         seen.nodes_asking.add(dgram.sender)
-
-
-def _unspecified(ip: str) -> bool:
-    return ip.split("%", 1)[0] in ("0.0.0.0", "::")  # noqa: S104 - comparing, not binding
 
 
 # ----------------------------------------------------------------------------------- ls
@@ -200,10 +197,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"torch_mingle doctor: group {args.group} port {args.port}, TTL 1, {fam}")
     print("interfaces:")
     for i in list_interfaces(family):
-        flags = " ".join(
-            f for f, on in (("up", i.up), ("loopback", i.loopback), ("multicast", i.multicast)) if on
-        )
-        print(f"  {i.name:<10} {', '.join(i.addresses) or '-':<32} {flags}")
+        print(f"  {i.name:<10} {', '.join(i.addresses) or '-':<32} {' '.join(i.flags())}")
     try:
         transports = _transports(args, broadcast=family == socket.AF_INET)
     except (MingleNetworkError, MingleConfigError) as exc:
