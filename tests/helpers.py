@@ -201,6 +201,19 @@ def assert_trained_together(
     assert len(stores) == 1, f"the workers of one round were given different stores: {stores}"
 
 
+def leader_of(agents: Sequence[Agent]) -> Agent:
+    """The one agent among ``agents`` whose log says it leads the job."""
+    leaders = [a for a in agents if "this node leads job" in a.output()]
+    assert len(leaders) == 1, f"{len(leaders)} leaders among {[a.name for a in agents]}\n{dump(agents)}"
+    return leaders[0]
+
+
+def resume_delay(reports: Sequence[dict[str, Any]], since: float) -> float | None:
+    """Seconds from ``since`` (wall clock) to the first training step of a round started after it."""
+    resumed = [r["t_first_step"] for r in reports if r["t_start"] > since and r["t_first_step"]]
+    return float(min(resumed) - since) if resumed else None
+
+
 def dump(agents: Sequence[Agent]) -> str:
     return "\n".join(
         f"===== {a.name} (pid {a.pid}, rc {a.proc.poll()}) =====\n{a.output()[-6000:]}" for a in agents

@@ -8,11 +8,12 @@ import time
 import pytest
 
 from tests.helpers import (
-    Agent,
     assert_trained_together,
     dump,
     final_reports,
     finish_all,
+    leader_of,
+    resume_delay,
     start_agent,
     torchrun_cmd,
     unique_job,
@@ -38,18 +39,9 @@ def _start(segment, tmp_path, *, steps, step_time, conf=None, n=3):
     return hosts, agents
 
 
-def _leader(agents: list[Agent]) -> Agent:
-    (leader,) = [a for a in agents if "this node leads job" in a.output()]
-    return leader
-
-
-def _resume_delay(reports, since: float) -> float:
-    return float(min(r["t_first_step"] for r in reports if r["t_start"] > since) - since)
-
-
 def test_a_dead_node_is_dropped_and_the_others_finish(segment, tmp_path):
     hosts, agents = _start(segment, tmp_path, steps=50, step_time=0.15)
-    leader = _leader(agents)
+    leader = leader_of(agents)
     victim = next(a for a in agents if a is not leader)
     killed_at = time.time()
     victim.kill()  # SIGKILL to the agent and its workers
@@ -60,19 +52,21 @@ def test_a_dead_node_is_dropped_and_the_others_finish(segment, tmp_path):
     assert min(r["start_step"] for r in reports) >= 5, "did not resume from the checkpoint"
     leader_ip = hosts[agents.index(leader)].ip
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {leader_ip}
-    print(f"node loss: training resumed {_resume_delay(reports, killed_at):.2f}s after the kill")
+    delay = resume_delay(reports, killed_at)
+    assert delay is not None, "no round started after the kill"
+    print(f"node loss: training resumed {delay:.2f}s after the kill")
 
 
 def test_the_leader_dies_and_a_new_leader_takes_over(segment, tmp_path):
     hosts, agents = _start(segment, tmp_path, steps=50, step_time=0.15)
-    old = _leader(agents)
+    old = leader_of(agents)
     old_ip = hosts[agents.index(old)].ip
     old_port = {r["env"]["MASTER_PORT"] for r in final_reports(tmp_path / "report")} or None
     killed_at = time.time()
     old.kill()
     survivors = [a for a in agents if a is not old]
     assert finish_all(survivors) == [0, 0], dump(agents)
-    (new,) = [a for a in survivors if "this node leads job" in a.output()]
+    new = leader_of(survivors)
     assert "(epoch 2)" in new.output(), dump(agents)
     new_ip = hosts[agents.index(new)].ip
     reports = final_reports(tmp_path / "report")
@@ -82,13 +76,15 @@ def test_the_leader_dies_and_a_new_leader_takes_over(segment, tmp_path):
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {new_ip}
     assert new_ip != old_ip
     assert old_port is None or {r["env"]["MASTER_PORT"] for r in reports}.isdisjoint(old_port)
-    print(f"leader loss: training resumed {_resume_delay(reports, killed_at):.2f}s after the kill")
+    delay = resume_delay(reports, killed_at)
+    assert delay is not None, "no round started after the kill"
+    print(f"leader loss: training resumed {delay:.2f}s after the kill")
 
 
 def test_a_partitioned_node_waits_and_rejoins_when_the_link_heals(segment, tmp_path):
     conf = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2}
     hosts, agents = _start(segment, tmp_path, steps=160, step_time=0.1, conf=conf)
-    leader = _leader(agents)
+    leader = leader_of(agents)
     cut = next(a for a in agents if a is not leader)
     cut_host = hosts[agents.index(cut)]
     before = len(cut.output())
@@ -111,7 +107,7 @@ def test_a_partitioned_node_waits_and_rejoins_when_the_link_heals(segment, tmp_p
 def test_a_frozen_leader_that_wakes_up_is_fenced_and_steps_down(segment, tmp_path):
     conf = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2}
     hosts, agents = _start(segment, tmp_path, steps=150, step_time=0.1, conf=conf)
-    old = _leader(agents)
+    old = leader_of(agents)
     survivors = [a for a in agents if a is not old]
     old.kill(signal.SIGSTOP)  # frozen, not dead: no connection closes
     wait_until(
@@ -120,7 +116,7 @@ def test_a_frozen_leader_that_wakes_up_is_fenced_and_steps_down(segment, tmp_pat
         "a round without it",
         agents=agents,
     )
-    (new,) = [a for a in survivors if "this node leads job" in a.output()]
+    new = leader_of(survivors)
     assert "(epoch 2)" in new.output(), dump(agents)
     old.kill(signal.SIGCONT)  # it wakes up still believing it leads epoch 1
     assert finish_all(agents) == [0, 0, 0], dump(agents)
