@@ -38,6 +38,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the flood and the port helper are shared with the tests
 
+from rendezvous_latency import fmt_spread  # noqa: E402
+
 from tests.flood import Flood  # noqa: E402
 from tests.helpers import random_port, rendezvous_all, unique_job, wait_until  # noqa: E402
 
@@ -137,10 +139,6 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _fmt(values: list[float]) -> str:
-    return f"{statistics.median(values) * 1e3:.0f} [{min(values) * 1e3:.0f}-{max(values) * 1e3:.0f}]"
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=7, help="runs per point (quiet and flooded take turns)")
@@ -176,8 +174,8 @@ def main() -> int:
         flood = samples[f"{key}/flood"]
         rate = statistics.median(s["flood_rate"] for s in flood)
         dropped = statistics.median(s["dropped"] for s in flood)
-        spread = _fmt([s["seconds"] for s in flood])
-        print(f"{title:44}{_fmt(quiet):>16}{spread:>16}{rate:>14.0f}{dropped:>13.0f}")
+        spread = fmt_spread([s["seconds"] for s in flood])
+        print(f"{title:44}{fmt_spread(quiet):>16}{spread:>16}{rate:>14.0f}{dropped:>13.0f}")
     cpu = samples["cpu"]
     share = statistics.median(s["core_share"] for s in cpu) * 100
     per = statistics.median(s["us_per_datagram"] for s in cpu)

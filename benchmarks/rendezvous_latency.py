@@ -32,7 +32,6 @@ import os
 import platform
 import random
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -48,7 +47,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the process-tree helpers are shared with the tests
 
-from tests.helpers import descendants  # noqa: E402
+from tests.helpers import kill_tree  # noqa: E402
 
 WRAPPER = HERE / "stamped_torchrun.py"
 WORKLOAD = HERE / "bench_worker.py"
@@ -268,6 +267,14 @@ class Launch:
             return []
         return [json.loads(line) for line in self.stamps.read_text().splitlines() if line.strip()]
 
+    def training(self) -> bool:
+        """Every worker has all-reduced a few times (at least 3 per node on average)."""
+        return bool(sum(r["kind"] == "allreduce" for r in self.records()) >= 3 * len(self.procs))
+
+    def allreduces_after(self, t: float, world: int) -> list[dict[str, Any]]:
+        """All-reduces after wall time ``t`` in rounds of ``world`` workers."""
+        return [r for r in self.records() if r["kind"] == "allreduce" and r["t"] > t and r["world"] == world]
+
     def wait(self, timeout: float) -> list[int | None]:
         deadline = time.monotonic() + timeout
         codes: list[int | None] = []
@@ -278,15 +285,10 @@ class Launch:
                 codes.append(None)
         return codes
 
-    def kill_tree(self, pid: int) -> None:
-        for victim in [pid, *descendants(pid)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-
     def cleanup(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                self.kill_tree(proc.pid)
+                kill_tree(proc.pid)
                 proc.wait()
 
 
@@ -437,24 +439,16 @@ def bench_leader(runs: int, workdir: Path, tick: Any) -> list[Point]:
     for _ in range(runs):
         launch = _launch("mingle", n, workdir, mode="loop", extra=("--max-restarts=3",), elastic=True)
         try:
-
-            def started(launch: Launch = launch) -> bool:
-                return bool(sum(r["kind"] == "allreduce" for r in launch.records()) >= 3 * n)
-
-            if not _wait_for(started, 60):
+            if not _wait_for(launch.training, 60):
                 raise RuntimeError(f"leader-loss run did not start training; see {launch.logs[0]}")
             (leader_pid,) = [r["pid"] for r in launch.records() if r["kind"] == "rdzv" and r["rank"] == 0]
             killed = time.time()
-            launch.kill_tree(leader_pid)
+            kill_tree(leader_pid)
             survivors = [p for p in launch.procs if p.pid != leader_pid]
             codes = [p.wait(timeout=RUN_TIMEOUT_S) for p in survivors]
         finally:
             launch.cleanup()
-        after = [
-            r
-            for r in launch.records()
-            if r["kind"] == "allreduce" and r["t"] > killed and r["world"] == n - 1
-        ]
+        after = launch.allreduces_after(killed, n - 1)
         if codes != [0] * (n - 1) or not after:
             raise RuntimeError(f"leader-loss run failed: {codes}; see {launch.logs}")
         first: dict[int, float] = {}
@@ -471,24 +465,21 @@ def _c10d_leader_loss(workdir: Path) -> str:
     """Kill the agent that hosts c10d's store, once, and report what the others did."""
     launch = _launch("c10d", 3, workdir, mode="loop", extra=("--max-restarts=3",), elastic=True)
     try:
-        if not _wait_for(lambda: sum(r["kind"] == "allreduce" for r in launch.records()) >= 9, 60):
+        if not _wait_for(launch.training, 60):
             return "could not start the c10d job"
         owner = _listener_pid(launch.port)
         host = [p for p in launch.procs if p.pid == owner]
         if len(host) != 1:
             return "could not tell which c10d agent hosts the store"
         killed = time.time()
-        launch.kill_tree(host[0].pid)
+        kill_tree(host[0].pid)
         others = [p for p in launch.procs if p is not host[0]]
         codes = [p.wait(timeout=90) for p in others]
     except subprocess.TimeoutExpired:
         return "job fails: the surviving agents hung (killed after 90 s)"
     finally:
         launch.cleanup()
-    resumed = [
-        r for r in launch.records() if r["kind"] == "allreduce" and r["t"] > killed and r["world"] == 2
-    ]
-    if resumed and codes == [0, 0]:
+    if launch.allreduces_after(killed, 2) and codes == [0, 0]:
         return "recovered (unexpected)"
     return f"job fails: the surviving agents exited with {codes} {time.time() - killed:.1f}s after the kill"
 
@@ -538,7 +529,8 @@ def machine() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _fmt(values: list[float], scale: float = 1e3) -> str:
+def fmt_spread(values: list[float], scale: float = 1e3) -> str:
+    """``median [min-max]``, in ms by default."""
     if not values:
         return "-"
     return f"{statistics.median(values) * scale:.0f} [{min(values) * scale:.0f}-{max(values) * scale:.0f}]"
@@ -588,7 +580,7 @@ def table(points: list[Point]) -> str:
                     cells.append(f"{(p.note or '-')[:27]:>28}")
                 else:
                     cells.append(
-                        f"{_fmt(getattr(p, which)) + _ratio(find(section, 'c10d', n), p, which):>28}"
+                        f"{fmt_spread(getattr(p, which)) + _ratio(find(section, 'c10d', n), p, which):>28}"
                     )
             out.append(f"{n:>3}  " + "".join(cells))
         notes = {p.note for p in rows if p.note and getattr(p, which)} | {
@@ -600,7 +592,7 @@ def table(points: list[Point]) -> str:
         out.append("\nelection core, simulated (all nodes start at once; fake clock, in-memory network)")
         out.append("      N   time to one leader (ms)   datagrams sent per node")
         for p in sim:
-            out.append(f"{p.nodes:>7}   {_fmt(p.samples):>23}   {statistics.median(p.phase):>23.2f}")
+            out.append(f"{p.nodes:>7}   {fmt_spread(p.samples):>23}   {statistics.median(p.phase):>23.2f}")
     return "\n".join(out)
 
 

@@ -93,9 +93,7 @@ class Agent:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole node: the agent and every process below it, by PID."""
-        for pid in self.tree() if self.proc.poll() is None else descendants(self.proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        kill_tree(self.proc.pid, sig, root=self.proc.poll() is None)
         if sig == signal.SIGKILL and self.proc.poll() is None:
             self.proc.wait()
 
@@ -135,6 +133,13 @@ def descendants(pid: int) -> list[int]:
         out.append(child)
         todo.extend(children.get(child, []))
     return out
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL, *, root: bool = True) -> None:
+    """Signal ``pid`` (unless ``root`` is False: it was reaped) and every process below it."""
+    for victim in [pid, *descendants(pid)] if root else descendants(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, sig)
 
 
 def start_agent(
