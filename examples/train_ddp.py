@@ -35,7 +35,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None)
     p.add_argument(
-        "--fail-at-step", type=int, default=-1, help="global rank --fail-rank exits 1 at this step"
+        "--fail-at-step",
+        type=int,
+        default=-1,
+        help="global rank --fail-rank exits 1 at this step (--steps: after the training, on its way out)",
     )
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument(
@@ -69,6 +72,17 @@ def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, st
     tmp = path / f"ckpt.pt.tmp{os.getpid()}"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
     tmp.replace(path / "ckpt.pt")
+
+
+def maybe_fail(args: argparse.Namespace, rank: int, step: int) -> None:
+    if step != args.fail_at_step or rank != args.fail_rank:
+        return
+    marker = args.fail_once_marker
+    if marker is None or not marker.exists():
+        if marker is not None:
+            marker.touch()
+        log(f"rank {rank}: injected failure at step {step}")
+        os._exit(1)
 
 
 def main() -> int:
@@ -106,13 +120,7 @@ def main() -> int:
     true_w = torch.arange(IN_FEATURES, dtype=torch.float32).unsqueeze(1) / IN_FEATURES
     loss = torch.tensor(0.0)
     for step in range(start_step, args.steps):
-        if step == args.fail_at_step and rank == args.fail_rank:
-            marker = args.fail_once_marker
-            if marker is None or not marker.exists():
-                if marker is not None:
-                    marker.touch()
-                log(f"rank {rank}: injected failure at step {step}")
-                os._exit(1)
+        maybe_fail(args, rank, step)
         # Every rank draws its own slice of the same global batch, so the run is reproducible.
         x_all = torch.randn(world * 16, IN_FEATURES, generator=gen)
         x = x_all[rank * 16 : (rank + 1) * 16].to(device)
@@ -151,6 +159,7 @@ def main() -> int:
     if not args.quiet:
         log(f"rank {rank}/{world} done: final loss {loss.item():.5f}")
     dist.destroy_process_group()
+    maybe_fail(args, rank, args.steps)
     if args.linger and rank != 0:
         time.sleep(args.linger)  # rank 0's agent reaches its exit barrier (and shutdown) first
     return 0

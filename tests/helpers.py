@@ -78,13 +78,14 @@ class Agent:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait(self, timeout: float = AGENT_TIMEOUT_S) -> int:
+    def wait(self, timeout: float = AGENT_TIMEOUT_S, *, company: Sequence[Agent] = ()) -> int:
+        """The agent's exit code; on timeout, fail with every node's output (the cause is often elsewhere)."""
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(
-                f"agent {self.name} did not finish in {timeout:g}s:\n{self.output()[-4000:]}"
+                f"agent {self.name} did not finish in {timeout:g}s:\n{dump(company or [self])}"
             ) from None
 
     def tree(self) -> list[int]:
@@ -165,7 +166,7 @@ def finish_all(agents: Sequence[Agent], timeout: float = AGENT_TIMEOUT_S) -> lis
     """Wait for every agent; whatever is left of them afterwards (or on failure) is killed."""
     deadline = time.monotonic() + timeout
     try:
-        return [a.wait(max(1.0, deadline - time.monotonic())) for a in agents]
+        return [a.wait(max(1.0, deadline - time.monotonic()), company=agents) for a in agents]
     finally:
         for a in agents:
             a.kill()

@@ -248,6 +248,10 @@ class RoundBook:
         members = set(self.current.members) if self.current else set()
         return (members | self.pending.keys()) - self.dead - self.left
 
+    def departed(self) -> set[int]:
+        """Members of the current round that left or died."""
+        return set(self.current.members) & (self.dead | self.left) if self.current else set()
+
     def all_gone(self) -> bool:
         """True once every node except the leader has left or died (the leader may then stop)."""
         return not (self.tracked() - {self.leader})

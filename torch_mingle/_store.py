@@ -14,6 +14,12 @@ Every round gets a fresh TCPStore (port 0) on the leader: it is the store handed
 elastic agent and named by ``MASTER_ADDR``/``MASTER_PORT``, so each round's workers start
 with a clean key space (torch's workers do not prefix keys per round). The last two round
 stores are kept, so agents still in an exit barrier of the previous round keep theirs.
+
+torch's agents end a job in an *exit barrier* on their agent store: each adds itself to a
+counter and waits (300 s by default) until the last one arrives. A node whose workers failed
+never arrives; it shuts down instead, and the leader hears it leave. The round master counts
+members of the current round that left or died as arrived, and opens the barrier once the
+count is full, so the others exit at once instead of sitting out the timeout.
 """
 
 from __future__ import annotations
@@ -35,6 +41,17 @@ from torch_mingle._liveness import LivenessServer, ip_family, sockaddr
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, node_hex
 
+try:  # torch's exit-barrier keys in an agent store: the counter and "the last one arrived"
+    from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+    from torch.distributed.elastic.utils.store import _LAST_MEMBER_CHECKIN, _NUM_MEMBERS
+
+    EXIT_BARRIER_KEYS: tuple[str, str] | None = (
+        _TERMINAL_STATE_SYNC_ID + _NUM_MEMBERS,
+        _TERMINAL_STATE_SYNC_ID + _LAST_MEMBER_CHECKIN,
+    )
+except ImportError:  # pragma: no cover - a torch that renamed them: its agents wait out their timeout
+    EXIT_BARRIER_KEYS = None
+
 log = logging.getLogger(__name__)
 
 EPOCH_KEY = "mingle/epoch"
@@ -48,6 +65,11 @@ CLIENT_TIMEOUT_S = 300.0
 #: TCPStore's own connect retries a refused port until this passes: a leader that steps down
 #: between our probe and the handshake costs this long. Long enough for a slow reverse lookup.
 HANDSHAKE_TIMEOUT_S = 15.0
+
+
+def agent_store(control: TCPStore, round_number: int) -> PrefixStore:
+    """The elastic agents' store for one round: a key space of its own on the control store."""
+    return PrefixStore(f"mingle/agent/{round_number}/", control)
 
 
 def ev_key(seq: int) -> str:
@@ -239,8 +261,8 @@ class MemberSession:
         return Status.decode(self._call(lambda: self._ops.get(STATUS_KEY)))
 
     def agent_store(self, round_number: int) -> PrefixStore:
-        """The agent's store for one round: a fresh key space on this connection (no new socket)."""
-        return PrefixStore(f"mingle/agent/{round_number}/", self._ops)
+        """The agent's store for one round, on the connection we already hold (no new socket)."""
+        return agent_store(self._ops, round_number)
 
 
 class EventLog:
@@ -317,6 +339,8 @@ class RoundMaster:
         self._status: Status | None = None
         self._next_seq = 1
         self._deadline: float | None = None
+        self._barrier_open_for = 0  # the last round whose exit barrier is known to be open
+        self._barrier_watch = False  # members left before the others arrived: the ticker re-checks
         self._tick_cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"mingle-master{label}", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name=f"mingle-ticker{label}", daemon=True)
@@ -385,7 +409,10 @@ class RoundMaster:
                 self._reply(waiting, retry="the leader stepped down")
             self._stopping = True
             return
-        if kind in ("tick", "skip"):
+        if kind == "tick":
+            self._open_exit_barrier()
+            return
+        if kind == "skip":
             return
         node = int(event["node"], 16)
         if kind == "join":
@@ -408,8 +435,38 @@ class RoundMaster:
             dropped = self.book.died(node)
             if dropped is not None:
                 self._reply(dropped, retry=f"the leader declared this node dead: {event.get('why')}")
+        if kind in ("leave", "dead"):
+            self._open_exit_barrier()
         if self.book.closed and self.book.all_gone():
             self.all_gone.set()
+
+    def _open_exit_barrier(self) -> None:
+        """Count the current round's members that left or died as arrived at torch's exit barrier."""
+        rnd = self.book.current
+        gone = self.book.departed()
+        if rnd is None or not gone or EXIT_BARRIER_KEYS is None or self._barrier_open_for >= rnd.number:
+            self._barrier_watch = False
+            return
+        counter, last = EXIT_BARRIER_KEYS
+        store = agent_store(self._client, rnd.number)
+        if store.check([last]):  # every member arrived: it opened by itself
+            self._barrier_open_for, self._barrier_watch = rnd.number, False
+            return
+        arrived = int(store.add(counter, 0))
+        self._barrier_watch = arrived + len(gone) < rnd.world_size
+        if self._barrier_watch:
+            return
+        self._barrier_open_for = rnd.number
+        if arrived:  # else nobody waits there
+            store.set(last, "opened by the leader")
+            log.info(
+                "%s exit barrier of round %d opened: %d node(s) arrived, %d left or died (%s)",
+                self.label,
+                rnd.number,
+                arrived,
+                len(gone),
+                " ".join(sorted(node_hex(n) for n in gone)),
+            )
 
     def _form(self, form: Form) -> None:
         number = self.book.last_round_number + 1
@@ -468,6 +525,8 @@ class RoundMaster:
                 elif now >= next_check:
                     next_check = now + HOLE_CHECK_S
                     suspect = self._check_hole(suspect)
+                    if self._barrier_watch:  # see whether the rest of the round reached its exit barrier
+                        self._safely(lambda: self.events.push({"t": "tick"}))
                 else:
                     self._tick_cond.wait((next_check if due is None else min(due, next_check)) - now)
 

@@ -10,6 +10,7 @@ from tests.helpers import (
     final_reports,
     finish_all,
     job_processes,
+    leader_of,
     random_port,
     read_reports,
     start_agent,
@@ -104,4 +105,24 @@ def test_clean_end_when_the_leader_finishes_first(tmp_path):
     assert_trained_together(final_reports(tmp_path / "report"), 3, 4)
     for agent in agents:
         assert "Error waiting on exit barrier" not in agent.output(), dump(agents)
+    assert job_processes(job) == [], "agents or workers of the job are still running"
+
+
+@pytest.mark.parametrize("fail_rank", [0, 2], ids=["leader", "follower"])
+def test_a_node_whose_workers_fail_on_the_way_out_does_not_hold_the_others(tmp_path, fail_rank):
+    job = unique_job("exitfail")
+    # Training completes; then one rank exits 1. With no restarts left its agent fails and leaves
+    # instead of reaching torch's exit barrier, where the others would wait 300 s for it.
+    fail = ["--fail-at-step", "4", "--fail-rank", str(fail_rank)]
+    cmd = _cmd(job, "3", tmp_path, steps=4, extra_args=fail, restarts=0)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
+    codes = finish_all(agents, timeout=120)  # well under the barrier's 300 s
+    (failed,) = [a for a in agents if f"rank {fail_rank}: injected failure at step 4" in a.output()]
+    assert sorted(codes) == [0, 0, 1] and codes[agents.index(failed)] == 1, dump(agents)
+    assert_trained_together(final_reports(tmp_path / "report"), 3, 4)
+    assert "exit barrier of round 1 opened: 2 node(s) arrived, 1 left or died" in leader_of(agents).output()
+    for agent in agents:
+        if agent is not failed:
+            assert "Done waiting for other agents" in agent.output(), dump(agents)
+            assert "Error waiting on exit barrier" not in agent.output(), dump(agents)
     assert job_processes(job) == [], "agents or workers of the job are still running"

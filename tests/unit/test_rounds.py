@@ -152,6 +152,23 @@ def test_all_gone_once_every_other_node_left_or_died():
     assert b.all_gone()
 
 
+def test_departed_are_the_current_rounds_members_that_left_or_died_until_they_rejoin():
+    b = book(min_nodes=2, max_nodes=3)
+    for seq, node in enumerate((LEADER, 0x20, 0x30), start=1):
+        join(b, node, seq)
+    form(b, b.decide(0.0))
+    join(b, 0x40, 4)
+    b.leave(0x40)  # not a member: its leaving holds nobody's exit barrier
+    b.leave(0x20)
+    b.died(0x30)
+    assert b.departed() == {0x20, 0x30}
+    join(b, 0x30, 5)
+    assert b.departed() == {0x20}
+    join(b, LEADER, 6)
+    form(b, b.decide(0.0))  # a new round: nobody of it has left yet
+    assert b.departed() == set()
+
+
 def test_round_and_status_encode_round_trip():
     rnd = Round(number=3, epoch=2, members=(1, 2, 3), store_ip="fd00::1", store_port=4)
     assert Round.decode(rnd.encode()) == rnd
