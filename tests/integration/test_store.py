@@ -66,12 +66,15 @@ def test_the_leader_opens_torchs_exit_barrier_for_a_member_that_left():
     )  # fmt: skip
     try:
         sessions = {
-            node: _store.MemberSession(host.claim, "127.0.0.1", host.port, node=node, timeout_s=10, op_timeout_s=30)
+            node: _store.MemberSession(
+                host.claim, "127.0.0.1", host.port, node=node, timeout_s=10, op_timeout_s=30
+            )
             for node in (leader, *others)
         }
         with ThreadPoolExecutor(3) as pool:
+            deadline = time.monotonic() + 30
             joins = [
-                pool.submit(s.join, ip="127.0.0.1", history=None, deadline=time.monotonic() + 30, spare_wait_s=30)
+                pool.submit(s.join, ip="127.0.0.1", history=None, deadline=deadline, spare_wait_s=30)
                 for s in sessions.values()
             ]
             (number,) = {j.result(timeout=30).number for j in joins}
