@@ -166,4 +166,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # DDP keeps the gloo process group alive past destroy_process_group(), and its threads may
+    # still be freeing the last all_reduce while Python shuts down; that aborts the process
+    # ("terminate called without an active exception", exit -6) after a complete run. Our
+    # output is written and the group destroyed: leave without the interpreter's shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
