@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, dump, final_reports, finish_all, start_agent, torchrun_cmd, unique_job
+from tests.helpers import ROOT, train_on_hosts, unique_job
 
 pytestmark = pytest.mark.netns
 
@@ -65,10 +65,6 @@ def test_doctor_passes_where_multicast_works(segment):
 )
 def test_rendezvous_completes_without_multicast(blocked, tmp_path, conf):
     conf = {"interface": "eth0", "join_timeout": 60, **conf}
-    script_args = ["--steps", "3", "--report", str(tmp_path / "report")]
-    cmd = torchrun_cmd(job=unique_job("nomcast"), nnodes="3", nproc=1, conf=conf, script_args=script_args)
-    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in blocked]
-    assert finish_all(agents) == [0, 0, 0], dump(agents)
-    reports = final_reports(tmp_path / "report")
+    _, reports = train_on_hosts(blocked, tmp_path, conf, steps=3, prefix="nomcast")
     assert sorted(r["rank"] for r in reports) == [0, 1, 2]
     assert len({r["env"]["MASTER_ADDR"] for r in reports}) == 1
