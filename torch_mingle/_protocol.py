@@ -19,12 +19,19 @@ run hundreds of nodes on a fake network in milliseconds.
   queries pick the lowest node id among the candidates heard. That node claims
   leadership with ``epoch = highest epoch seen + 1``; the others wait ``claim_wait_s``
   for its announcement, then suspect it and decide again.
-* Claims are totally ordered: higher epoch wins, then lower node id. A leader that
-  hears a better claim steps down; a follower switches to a better claim. Lost or
-  reordered datagrams can produce two leaders for a moment; the order resolves it.
-* Fencing: a claim reported dead (``leader_failed``), resigned, or timed out raises the
-  fence; an announcement at or below the fence is rejected, so a stale leader (killed,
-  frozen, or a delayed datagram) is never followed again.
+* Claims are ordered by *standing*: an **established** claim (its leader formed a round in
+  its term, or a majority of the last round's members follow it) beats any claim that is
+  not; then the higher epoch wins; then the lower node id. A leader that hears a better
+  claim steps down; a follower switches to a better claim. So a late joiner that heard
+  nothing, or a node that was cut off and elected itself, never deposes a leader whose job
+  runs: its bare claim is not established, whatever its epoch.
+* Losing a leader: hard evidence (its process is gone: the connection was refused or reset,
+  it resigned, it said it is no longer leader) raises the *fence*: announcements at or below
+  it are never followed again. Silence (a heartbeat timeout) only *suspects* the claim for
+  ``suspect_ttl_s``: if it speaks again later it was alive all along (the silence was ours),
+  and it may be followed once more if nothing better is known.
+* Epochs are bounded: a datagram whose epoch is more than ``MAX_EPOCH_STEP`` above
+  everything this node knows is dropped, so forged datagrams cannot exhaust the epoch space.
 """
 
 from __future__ import annotations
@@ -37,7 +44,18 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from torch_mingle._wire import Announce, Codec, Datagram, Invalid, MsgType, Probe, Query, Resign
+from torch_mingle._wire import (
+    EPOCH_MAX,
+    Announce,
+    Codec,
+    Datagram,
+    Invalid,
+    MsgType,
+    Probe,
+    Query,
+    Resign,
+    with_scope_of,
+)
 from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
@@ -48,7 +66,13 @@ Dest = tuple[object, ...] | None
 MAX_PEERS = 4096
 MAX_OTHER_JOBS = 32
 MAX_CANDIDATES = 4096
+MAX_SUSPECTS = 256
+#: How far above everything it knows a node believes an epoch: far more leader changes
+#: than any job sees, far fewer than the 2**62 epochs there are.
+MAX_EPOCH_STEP = 2**20
 INVALID_LOG_INTERVAL_S = 60.0
+#: Drop reasons that are normal on a healthy network: counted, never warned about.
+QUIET_REASONS = frozenset({"duplicate"})
 RESIGNED = "the leader resigned"
 PROBE_RATE_PER_S = 20.0
 PROBE_BURST = 20
@@ -65,7 +89,7 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class Claim:
-    """A leadership claim; ``a.beats(b)`` orders claims by (higher epoch, lower node id)."""
+    """A leadership claim: who leads, in which epoch. ``a.beats(b)``: (higher epoch, lower id)."""
 
     epoch: int
     leader: int
@@ -80,6 +104,11 @@ class Claim:
         return f"epoch {self.epoch} leader {self.leader:016x}"
 
 
+def standing(claim: Claim, established: bool) -> tuple[int, int, int]:
+    """The order of claims: established first, then the higher epoch, then the lower node id."""
+    return (int(established), claim.epoch, -claim.leader)
+
+
 @dataclass(frozen=True)
 class LeaderView:
     """What this node knows of the current leader."""
@@ -92,6 +121,10 @@ class LeaderView:
     round: int = 0
     members: int = 0
     closed: bool = False
+    established: bool = False
+
+    def standing(self) -> tuple[int, int, int]:
+        return standing(self.claim, self.established)
 
 
 @dataclass(frozen=True)
@@ -149,6 +182,7 @@ class Timing:
             claim_wait_s=max(0.25, 4 * election_window_s),
             beacon_interval_s=interval_s,
             leader_timeout_s=interval_s * attempts,
+            suspect_ttl_s=interval_s * attempts,
         )
 
 
@@ -173,7 +207,10 @@ class Stats:
     stale_claims: int = 0
 
     def dropped_total(self) -> int:
-        return sum(self.invalid.values())
+        return sum(n for reason, n in self.invalid.items() if reason not in QUIET_REASONS)
+
+    def copy(self) -> Stats:
+        return replace(self, invalid=self.invalid.copy(), other_jobs=dict(self.other_jobs))
 
 
 _Handler = Callable[["Discovery", Datagram, Dest, float], None]
@@ -200,6 +237,7 @@ class Discovery:
         self.timing = timing or Timing()
         self.codec = codec or Codec()
         self.addrs = addrs
+        #: Wall clock minus ``now``: the shell refreshes it, so a clock step (NTP) is followed.
         self.wall_offset_s = wall_offset_s
         self._rng = rng or random.Random()
         self.role = Role.IDLE
@@ -214,7 +252,8 @@ class Discovery:
         self._status = Announce(epoch=1, store_ip="127.0.0.1", store_port=1)
         self._candidates: dict[int, tuple[float, int]] = {}  # node -> (heard at, its epoch seen)
         self._queried = False
-        self._suspects: dict[int, float] = {}
+        self._suspects: dict[int, float] = {}  # candidates that did not claim, until when
+        self._suspected_claims: OrderedDict[Claim, float] = OrderedDict()  # lost by silence, until
         self._awaiting: tuple[int, float] | None = None
         self._next_query = 0.0
         self._query_gap = self.timing.query_retry_s
@@ -227,6 +266,7 @@ class Discovery:
         self._invalid_logged_at: dict[str, float] = {}
         self._probe_tokens = float(PROBE_BURST)
         self._probe_refill = 0.0
+        self._hold_claims_until = float("-inf")
 
     # ----------------------------------------------------------------- inputs
 
@@ -248,6 +288,9 @@ class Discovery:
             return
         if dgram.job != self.job:
             self._count_other_job(dgram.job)
+            return
+        if self._epoch_of(dgram) > self._epoch_ceiling():
+            self._count_invalid("epoch_jump", addr, now)
             return
         self.stats.accepted += 1
         self._note_peer(dgram, addr, now)
@@ -290,7 +333,9 @@ class Discovery:
             and self.leader is not None
             and now >= self.leader.heard_at + self.timing.leader_timeout_s
         ):
-            self._lose_leader(now, f"no announcement for {self.timing.leader_timeout_s:g}s")
+            self.leader_failed(
+                now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s", hard=False
+            )
 
     def leader_ready(self, now: float, store_ip: str, store_port: int) -> bool:
         """The shell hosts the store for our claim; returns False if the claim was overtaken."""
@@ -309,7 +354,15 @@ class Discovery:
         return True
 
     def update_status(
-        self, now: float, *, round: int, members: int, closed: bool, min_nodes: int, max_nodes: int
+        self,
+        now: float,
+        *,
+        round: int,
+        members: int,
+        closed: bool,
+        min_nodes: int,
+        max_nodes: int,
+        established: bool,
     ) -> None:
         """The leader's job state, carried in its announcements; announces a change soon."""
         new = replace(
@@ -319,6 +372,7 @@ class Discovery:
             closed=closed,
             min_nodes=min_nodes,
             max_nodes=max_nodes,
+            established=established,
         )
         if new == self._status:
             return
@@ -327,18 +381,29 @@ class Discovery:
             self.leader = self._own_view(now)
             self._next_announce = min(self._next_announce, now + self.timing.announce_min_gap_s)
 
-    def leader_failed(self, now: float, claim: Claim, reason: str) -> None:
-        """The shell has evidence that ``claim``'s leader is gone (store refused, reset, ...)."""
+    def leader_failed(self, now: float, claim: Claim, reason: str, *, hard: bool) -> None:
+        """The shell lost ``claim``'s leader: ``hard`` with evidence that it is gone, else by silence."""
         if claim.leader == self.node_id:
             return  # we know we are alive; our own store failing is the shell's business
-        self._raise_fence(claim)
+        if hard:
+            self._raise_fence(claim)
+        else:
+            self._suspect_claim(claim, now)
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self._lose_leader(now, reason)
 
     def leader_alive(self, now: float, claim: Claim) -> None:
-        """The shell reached the leader's store: as good as hearing its announcement."""
+        """The shell heard the leader (a heartbeat): as good as hearing its announcement."""
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self.leader = replace(self.leader, heard_at=now)
+
+    def abandon(self, now: float) -> None:
+        """Give up our own claim (the shell cannot host the term): resign it, let another node lead."""
+        if self.role is Role.LEADING and self._own_claim is not None:
+            self._emit(Resign(epoch=self._own_claim.epoch), None, now)
+        if self.role in (Role.CLAIMING, Role.LEADING):
+            self._hold_claims_until = now + self.timing.suspect_ttl_s
+            self._enter_discovery(now)
 
     def resign(self, now: float) -> None:
         """Stop leading (shutdown): tell the followers so they do not wait for a timeout."""
@@ -395,49 +460,53 @@ class Discovery:
             self._send_announce(None, now)
 
     def _announce_while_electing(self, d: Datagram, addr: Dest, now: float) -> None:
-        claim = self._checked_claim(d)
+        claim = self._checked_claim(d, now)
         if claim is None:
             return
         self._follow(d, claim, now, addr)
 
     def _announce_while_claiming(self, d: Datagram, addr: Dest, now: float) -> None:
-        claim = self._checked_claim(d)
-        if claim is not None and claim.beats(self._own_claim):
+        claim = self._checked_claim(d, now)
+        own = self._own_claim
+        if claim is not None and standing(claim, self._body_announce(d).established) > standing_of(own):
             self._own_claim = None  # the shell's leader_ready() will now be refused
             self._follow(d, claim, now, addr)
 
     def _announce_while_leading(self, d: Datagram, addr: Dest, now: float) -> None:
-        claim = self._checked_claim(d)
+        claim = self._checked_claim(d, now)
         own = self._own_claim
         if claim is None or own is None:
             return
-        if claim.beats(own):
+        if standing(claim, self._body_announce(d).established) > standing(own, self._status.established):
             log.info("[%s %016x] stepping down: %s beats our %s", self.job, self.node_id, claim, own)
             self._events.append(SteppedDown(own=own, winner=claim))
             self._own_claim = None
             self._store = None
             self._follow(d, claim, now, addr)
         elif now - self._last_mcast_announce >= self.timing.announce_min_gap_s:
-            self._send_announce(None, now)  # let the weaker leader hear us and step down
+            self._send_announce(None, now)  # let the weaker claimant hear us and yield
 
     def _announce_while_following(self, d: Datagram, addr: Dest, now: float) -> None:
         current = self.leader
-        claim = Claim(epoch=self._body_announce(d).epoch, leader=d.sender)
+        body = self._body_announce(d)
+        claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
         if current is not None and claim == current.claim:
-            body = self._body_announce(d)
             self.leader = replace(
                 current,
                 heard_at=now,
                 round=body.round,
                 members=body.members,
                 closed=body.closed,
+                established=body.established,
                 store_ip=announced_store_ip(body, addr),
                 store_port=body.store_port,
             )
             return
-        checked = self._checked_claim(d)
-        if checked is not None and checked.beats(current.claim if current else None):
+        checked = self._checked_claim(d, now)
+        if checked is not None and (
+            current is None or standing(checked, body.established) > current.standing()
+        ):
             self._follow(d, checked, now, addr)
 
     def _resign_from_anyone(self, d: Datagram, addr: Dest, now: float) -> None:
@@ -506,6 +575,9 @@ class Discovery:
 
     def _decide(self, now: float) -> None:
         best = self._best_candidate(now)
+        if best == self.node_id and now < self._hold_claims_until:
+            self._election_deadline = self._hold_claims_until  # we gave up a claim: others first
+            return
         if best == self.node_id:
             epoch = self.max_epoch_seen + 1
             self._own_claim = Claim(epoch=epoch, leader=self.node_id)
@@ -518,11 +590,24 @@ class Discovery:
             self._awaiting = (best, now + self.timing.claim_wait_s)
         self._election_deadline = self._awaiting[1]
 
-    def _checked_claim(self, d: Datagram) -> Claim | None:
+    def _epoch_ceiling(self) -> int:
+        known = max(self.max_epoch_seen, self.fence.epoch if self.fence else 0)
+        return min(EPOCH_MAX, known + MAX_EPOCH_STEP)
+
+    @staticmethod
+    def _epoch_of(d: Datagram) -> int:
+        body = d.body
+        if isinstance(body, Query):
+            return body.epoch_seen
+        if isinstance(body, Announce | Resign):
+            return body.epoch
+        return 0
+
+    def _checked_claim(self, d: Datagram, now: float) -> Claim | None:
         body = self._body_announce(d)
         claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
-        if not claim.beats(self.fence):
+        if not claim.beats(self.fence) or self._suspected_claims.get(claim, float("-inf")) > now:
             self.stats.stale_claims += 1
             return None
         return claim
@@ -546,6 +631,7 @@ class Discovery:
             round=body.round,
             members=body.members,
             closed=body.closed,
+            established=body.established,
         )
         self._events.append(LeaderFound(self.leader))
 
@@ -553,13 +639,20 @@ class Discovery:
         lost = self.leader
         if lost is None:
             return
-        self._raise_fence(lost.claim)
+        self.max_epoch_seen = max(self.max_epoch_seen, lost.claim.epoch)
         self._events.append(LeaderLost(claim=lost.claim, reason=reason))
         self._enter_discovery(now)
 
     def _raise_fence(self, claim: Claim) -> None:
         if claim.beats(self.fence):
             self.fence = claim
+        self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
+
+    def _suspect_claim(self, claim: Claim, now: float) -> None:
+        self._suspected_claims[claim] = now + self.timing.suspect_ttl_s
+        self._suspected_claims.move_to_end(claim)
+        while len(self._suspected_claims) > MAX_SUSPECTS:
+            self._suspected_claims.popitem(last=False)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
 
     def _own_view(self, now: float) -> LeaderView:
@@ -575,6 +668,7 @@ class Discovery:
             round=s.round,
             members=s.members,
             closed=s.closed,
+            established=s.established,
         )
 
     def _send_announce(self, dest: Dest, now: float) -> None:
@@ -605,7 +699,7 @@ class Discovery:
         return max(0, int((now + self.wall_offset_s) * 1000))
 
     def _note_peer(self, d: Datagram, addr: Dest, now: float) -> None:
-        addrs = d.body.addrs if isinstance(d.body, Query) else ()
+        addrs = tuple(with_scope_of(a, addr) for a in d.body.addrs) if isinstance(d.body, Query) else ()
         old = self.peers.pop(d.sender, None)
         if old is not None and not addrs:
             addrs = old.addrs
@@ -624,6 +718,8 @@ class Discovery:
 
     def _count_invalid(self, reason: str, addr: Dest, now: float) -> None:
         self.stats.invalid[reason] += 1
+        if reason in QUIET_REASONS:
+            return
         last = self._invalid_logged_at.get(reason)
         if last is None or now - last >= INVALID_LOG_INTERVAL_S:
             self._invalid_logged_at[reason] = now
@@ -638,11 +734,17 @@ class Discovery:
             )
 
 
+def standing_of(claim: Claim | None) -> tuple[int, int, int]:
+    """The standing of an own claim that has no round yet (nothing at all for None)."""
+    return standing(claim, False) if claim is not None else (-1, 0, 0)
+
+
 def announced_store_ip(body: Announce, addr: Dest) -> str:
-    """The leader's address: as announced, or (announced unspecified) the address it spoke from.
+    """The leader's address as this node reaches it.
 
     A leader that listens on several interfaces announces 0.0.0.0 (or ::): each follower then
-    reaches it at the address it heard it from, which is on the follower's own segment.
+    reaches it at the address it heard it from, which is on the follower's own segment. A
+    link-local IPv6 address gets the scope of the interface it was heard on.
     """
     try:
         unspecified = ipaddress.ip_address(body.store_ip.split("%", 1)[0]).is_unspecified
@@ -650,7 +752,7 @@ def announced_store_ip(body: Announce, addr: Dest) -> str:
         return body.store_ip
     if unspecified and addr is not None:
         return str(addr[0])
-    return body.store_ip
+    return with_scope_of(body.store_ip, addr)
 
 
 _TRANSITIONS: dict[tuple[Role, MsgType], _Handler] = {

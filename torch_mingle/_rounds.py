@@ -2,9 +2,10 @@
 
 How it works
 ------------
-The leader owns a ``RoundBook``. Nodes ask to join (``join``), leave, close the job or
-die (reported by the liveness channel). ``decide(now)`` answers ``Form`` (publish a round
-with these members now) or ``Wait`` (until a deadline, or until something happens):
+The leader owns a ``RoundBook`` for its term. Nodes ask to join (``join``), leave, close the
+job, die (``died``: their connection to the leader broke or went silent) or arrive at torch's
+exit barrier (``arrive``). ``decide(now)`` answers ``Form`` (publish a round with these
+members now) or ``Wait`` (until a deadline, or until something happens):
 
 * A round needs the leader (it is rank 0, its node hosts the store) and ``min_nodes``.
 * It forms at once with ``max_nodes``; beyond that, joiners wait as spares.
@@ -14,15 +15,22 @@ with these members now) or ``Wait`` (until a deadline, or until something happen
 * Otherwise it forms when ``last_call_timeout`` has passed since ``min_nodes`` was
   reached, exactly as torch's c10d backend does for the first round of a job.
 
+A node *returning* to a job that runs without it (it was dropped: frozen, cut off, or it led
+an older term) does not restart a healthy round at once: it is counted in
+``num_nodes_waiting`` only once that round has run for ``rejoin_delay_s``, doubled for each
+time the node was dropped in this term. A node that flaps therefore never keeps a fresh
+round from training. A genuine newcomer is counted at once, as with c10d.
+
 Ranks: the leader is 0; members of the previous round keep their relative order; newcomers
 follow in arrival order. Every node reads the same published order, so ranks agree.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+MAX_HOLD_DOUBLINGS = 5
 
 
 def node_hex(node: int) -> str:
@@ -41,7 +49,8 @@ class History:
         return {"epoch": self.epoch, "round": self.round, "members": [node_hex(m) for m in self.members]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> History:
+    def from_json(cls, data: Any) -> History:
+        """Parse a peer's history; raises ``ValueError`` (or ``KeyError``/``TypeError``) on garbage."""
         return cls(
             epoch=int(data["epoch"]),
             round=int(data["round"]),
@@ -52,14 +61,13 @@ class History:
 @dataclass(frozen=True)
 class JoinRequest:
     node: int
-    seq: int
     ip: str
     history: History | None = None
 
 
 @dataclass(frozen=True)
 class Round:
-    """A formed round as published on the leader's store."""
+    """A formed round as every member receives it."""
 
     number: int
     epoch: int
@@ -89,15 +97,8 @@ class Round:
             "ips": list(self.ips),
         }
 
-    def encode(self) -> str:
-        return json.dumps(self.to_json())
-
     @classmethod
-    def decode(cls, raw: bytes | str) -> Round:
-        return cls.from_json(json.loads(raw))
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Round:
+    def from_json(cls, data: Any) -> Round:
         return cls(
             number=int(data["round"]),
             epoch=int(data["epoch"]),
@@ -110,29 +111,37 @@ class Round:
 
 @dataclass(frozen=True)
 class Status:
-    """What every node can read cheaply from the leader's store (``num_nodes_waiting``, ``is_closed``)."""
+    """What the leader pushes to every node as it changes (``num_nodes_waiting``, ``is_closed``)."""
 
-    epoch: int
-    round: int
-    size: int
-    joined: int
-    waiting: int
-    stale: bool
-    closed: bool
+    epoch: int = 0
+    round: int = 0
+    size: int = 0
+    joined: int = 0
+    waiting: int = 0
+    stale: bool = False
+    closed: bool = False
     reason: str = ""
 
-    def encode(self) -> str:
-        return json.dumps(self.__dict__)
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
     @classmethod
-    def decode(cls, raw: bytes | str) -> Status:
-        return cls(**json.loads(raw))
+    def from_json(cls, data: Any) -> Status:
+        return cls(
+            epoch=int(data["epoch"]),
+            round=int(data["round"]),
+            size=int(data["size"]),
+            joined=int(data["joined"]),
+            waiting=int(data["waiting"]),
+            stale=bool(data["stale"]),
+            closed=bool(data["closed"]),
+            reason=str(data.get("reason", "")),
+        )
 
 
 @dataclass(frozen=True)
 class Form:
     members: tuple[int, ...]
-    admitted: tuple[int, ...]  # event sequence numbers of the admitted join requests
     reason: str
     ips: tuple[str, ...] = ()
 
@@ -152,13 +161,22 @@ class RoundBook:
     min_nodes: int
     max_nodes: int
     last_call_timeout: float
+    rejoin_delay_s: float = 30.0
     pending: dict[int, JoinRequest] = field(default_factory=dict)
     current: Round | None = None
+    formed_at: float = 0.0
     closed: bool = False
     stale: bool = False
     dead: set[int] = field(default_factory=set)
     left: set[int] = field(default_factory=set)
+    #: Members of the current round known to be in torch's exit barrier.
+    arrived: set[int] = field(default_factory=set)
     last_round_number: int = 0
+    #: How often each node was dropped (died) in this term, and why the last time.
+    drops: dict[int, int] = field(default_factory=dict)
+    lost_why: dict[int, str] = field(default_factory=dict)
+    ips: dict[int, str] = field(default_factory=dict)
+    _returning: set[int] = field(default_factory=set)
     _min_reached_at: float | None = None
     _reason: str = "waiting for the first join"
 
@@ -166,37 +184,60 @@ class RoundBook:
 
     def join(self, req: JoinRequest) -> None:
         self.pending[req.node] = req
+        self.ips[req.node] = req.ip
         self.dead.discard(req.node)
         self.left.discard(req.node)
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
+        was_member = req.history is not None and req.node in req.history.members
+        if (
+            self.current is not None
+            and req.node not in self.current.members
+            and (was_member or req.node in self.drops)
+        ):
+            self._returning.add(req.node)
 
     def leave(self, node: int) -> None:
         self.left.add(node)
         self.pending.pop(node, None)
 
     def close(self) -> list[int]:
-        """Close the job; returns the sequence numbers of the joins to answer with "closed"."""
+        """Close the job; returns the nodes whose pending joins must be answered "closed"."""
         self.closed = True
-        seqs = [r.seq for r in self.pending.values()]
+        nodes = list(self.pending)
         self.pending.clear()
         self._reason = "closed"
-        return seqs
+        return nodes
 
-    def died(self, node: int) -> int | None:
-        """Mark ``node`` dead; returns the sequence number of its pending join, to answer "retry"."""
+    def died(self, node: int, why: str) -> bool:
+        """Mark ``node`` dead; True if it had a pending join (to be answered "retry")."""
+        if node in self.left:
+            return False
         self.dead.add(node)
+        self.lost_why[node] = why
+        self.drops[node] = self.drops.get(node, 0) + 1
         dropped = self.pending.pop(node, None)
         if self.current is not None and node in self.current.members:
             self.stale = True
-        return dropped.seq if dropped is not None else None
+        return dropped is not None
 
-    def formed(self, rnd: Round) -> None:
+    def withdraw(self, node: int) -> None:
+        """The node's join ended without a round (it timed out): it is no longer counted."""
+        self.pending.pop(node, None)
+
+    def arrive(self, node: int, round_number: int) -> None:
+        if self.current is not None and round_number == self.current.number:
+            self.arrived.add(node)
+
+    def formed(self, rnd: Round, now: float) -> None:
         self.current = rnd
+        self.formed_at = now
         self.last_round_number = rnd.number
         for node in rnd.members:
             self.pending.pop(node, None)
+            self._returning.discard(node)
         self.stale = False
+        self.arrived = set()
         self._min_reached_at = None
 
     # --------------------------------------------------------------- decision
@@ -209,9 +250,10 @@ class RoundBook:
         ordered = self._rank_order()
         admit = ordered[: self.max_nodes]
         n = len(admit)
+        hold = self._next_hold_end(now)
         if n < self.min_nodes:
             self._min_reached_at = None
-            return self._wait(None, f"{n} of min_nodes={self.min_nodes} nodes joined")
+            return self._wait(hold, f"{n} of min_nodes={self.min_nodes} nodes joined")
         if self._min_reached_at is None:
             self._min_reached_at = now
         if n == self.max_nodes:
@@ -222,26 +264,51 @@ class RoundBook:
         deadline = self._min_reached_at + self.last_call_timeout
         if now >= deadline:
             return self._form(admit, f"last call ({self.last_call_timeout:g}s) ended")
-        return self._wait(deadline, f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come")
+        until = deadline if hold is None else min(deadline, hold)
+        return self._wait(until, f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come")
 
     def _form(self, admit: tuple[int, ...], reason: str) -> Form:
-        joins = [self.pending[m] for m in admit]
-        return Form(
-            members=admit, admitted=tuple(j.seq for j in joins), reason=reason, ips=tuple(j.ip for j in joins)
-        )
+        return Form(members=admit, reason=reason, ips=tuple(self.pending[m].ip for m in admit))
 
-    def status(self) -> Status:
+    def status(self, now: float) -> Status:
         size = self.current.world_size if self.current else 0
         return Status(
             epoch=self.epoch,
             round=self.current.number if self.current else 0,
             size=size,
             joined=len(self.pending),
-            waiting=self._waiting(),
+            waiting=self._waiting(now),
             stale=self.stale,
             closed=self.closed,
             reason=self._reason,
         )
+
+    def parked(self, node: int) -> bool:
+        """True while a healthy round runs without ``node``: it waits for the job, not for a timeout."""
+        return (
+            self.current is not None
+            and not self.stale
+            and not self.closed
+            and node not in self.current.members
+        )
+
+    def explain(self) -> str:
+        """Why no round forms now, naming the nodes the book waits for."""
+        missing = self.missing()
+        if not missing:
+            return self._reason
+        named = "; ".join(
+            f"{node_hex(n)} ({self.ips.get(n, 'address unknown')}: {self.lost_why.get(n, 'not re-joined')})"
+            for n in missing
+        )
+        return f"{self._reason}; waiting for {named}"
+
+    def missing(self) -> list[int]:
+        """Members of the last round that have not (re-)joined, the dead ones included."""
+        previous = self._previous_members()
+        if previous is None:
+            return []
+        return sorted(set(previous) - self.pending.keys() - self.left - {self.leader})
 
     def tracked(self) -> set[int]:
         """Nodes whose liveness matters: members of the current round and joiners."""
@@ -251,6 +318,18 @@ class RoundBook:
     def departed(self) -> set[int]:
         """Members of the current round that left or died."""
         return set(self.current.members) & (self.dead | self.left) if self.current else set()
+
+    def barrier_to_open(self) -> bool:
+        """True when torch's exit barrier of the current round must be opened by the leader.
+
+        That is when every member is either known to be in the barrier or gone, and some are
+        gone without having arrived (they never will). A member that arrived and then died is
+        counted once: the barrier never opens while a live member's workers still run.
+        """
+        if self.current is None or not self.arrived:
+            return False
+        gone = self.departed() - self.arrived
+        return bool(gone) and set(self.current.members) <= (self.arrived | gone)
 
     def all_gone(self) -> bool:
         """True once every node except the leader has left or died (the leader may then stop)."""
@@ -262,22 +341,38 @@ class RoundBook:
         self._reason = reason
         return Wait(until=until, reason=reason)
 
+    def _hold_end(self, node: int) -> float:
+        doublings = min(MAX_HOLD_DOUBLINGS, max(0, self.drops.get(node, 1) - 1))
+        return self.formed_at + self.rejoin_delay_s * (2**doublings)
+
+    def _held(self, now: float) -> set[int]:
+        """Returning nodes that may not yet restart the healthy current round."""
+        if self.current is None or self.stale:
+            return set()
+        return {n for n in self._returning if n in self.pending and now < self._hold_end(n)}
+
+    def _next_hold_end(self, now: float) -> float | None:
+        ends = [self._hold_end(n) for n in self._held(now)]
+        return min(ends) if ends else None
+
     def _latest_history(self) -> History | None:
         histories = [r.history for r in self.pending.values() if r.history is not None]
         return max(histories, key=lambda h: (h.epoch, h.round), default=None)
 
-    def _rank_order(self) -> tuple[int, ...]:
-        previous: tuple[int, ...] = ()
+    def _previous_members(self) -> tuple[int, ...] | None:
+        """The last round's members: the current round's, else the newest a joiner reported."""
         if self.current is not None:
-            previous = self.current.members
-        else:
-            hist = self._latest_history()
-            if hist is not None:
-                previous = hist.members
+            return self.current.members
+        hist = self._latest_history()
+        return hist.members if hist is not None else None
+
+    def _rank_order(self) -> tuple[int, ...]:
+        previous = self._previous_members() or ()
         prev_rank = {node: i for i, node in enumerate(previous)}
+        arrival = {node: i for i, node in enumerate(self.pending)}
         others = sorted(
             (n for n in self.pending if n != self.leader),
-            key=lambda n: (prev_rank.get(n, len(previous)), self.pending[n].seq),
+            key=lambda n: (prev_rank.get(n, len(previous)), arrival[n]),
         )
         return (self.leader, *others)
 
@@ -293,14 +388,14 @@ class RoundBook:
                 base.discard(hist.members[0])  # that round's leader is why there is a new term
         return (base - self.dead - self.left) | {self.leader}
 
-    def _waiting(self) -> int:
+    def _waiting(self, now: float) -> int:
         if self.closed:
             return 0
         if self.current is None:
             return len(self.pending)
         members = set(self.current.members)
         rejoining = sum(1 for n in self.pending if n in members)
-        newcomers = len(self.pending) - rejoining
+        newcomers = len(self.pending.keys() - members - self._held(now))
         live_size = len(members - self.dead - self.left)
         room = max(0, self.max_nodes - live_size)
         return rejoining + min(newcomers, room)

@@ -1,45 +1,38 @@
-"""Rounds on the leader's TCPStore: the leader's round master and each node's session.
+"""TCPStores, only where torch needs them: each round's store, and the agent's view of it.
 
 How it works
 ------------
-The leader hosts a *control* store for its term. Nodes talk to the leader's round master
-through an ordered event log on that store: a node reserves a slot with the atomic
-``add("mingle/ev", 1)`` and writes its event (join, close, leave) into ``mingle/ev/<n>``.
-The master blocks in ``wait()`` on the next slot (no polling), applies each event to its
-``RoundBook`` and, when the book says ``Form``, publishes the round and answers every
-admitted join at ``mingle/ev/<n>/reply``; the joiners were blocked in ``wait()`` on that
-key. Deaths reported by the liveness channel enter the same log, so one thread decides.
+The control plane (joins, rounds, heartbeats) runs on mingle's own connection to the leader
+(``_leader.py``, ``_follower.py``); a TCPStore is used only for what torch itself reads:
 
-Every round gets a fresh TCPStore (port 0) on the leader: it is the store handed to the
-elastic agent and named by ``MASTER_ADDR``/``MASTER_PORT``, so each round's workers start
-with a clean key space (torch's workers do not prefix keys per round). The last two round
-stores are kept, so agents still in an exit barrier of the previous round keep theirs.
-
-torch's agents end a job in an *exit barrier* on their agent store: each adds itself to a
-counter and waits (300 s by default) until the last one arrives. A node whose workers failed
-never arrives; it shuts down instead, and the leader hears it leave. The round master counts
-members of the current round that left or died as arrived, and opens the barrier once the
-count is full, so the others exit at once instead of sitting out the timeout.
+* Every round gets a fresh TCPStore server on the leader (``StoreKeeper``, on the shell's
+  worker thread, opened ahead of time). Its address is the round's ``MASTER_ADDR`` /
+  ``MASTER_PORT``, so each round's workers start with a clean key space (torch's workers do
+  not prefix keys per round).
+* The agent's store (``RendezvousInfo.store``) is ``AgentStore``: a client of that round's
+  store under the ``mingle/agent/`` prefix, which tells the leader when the agent enters
+  torch's exit barrier, before it counts itself there.
+* A TCPStore call against a frozen server blocks for as long as the server stays frozen,
+  whatever its timeout (see ``../shared/NOTES.md``). When the node loses the leader,
+  ``abort_connections_to`` shuts down this process's sockets to that leader's stores, so a
+  call blocked in them (ours or the agent's) fails at once instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
+import ipaddress
 import logging
+import os
 import socket
-import threading
-import time
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import DistError, DistNetworkError, DistStoreError, PrefixStore, TCPStore
+from torch.distributed import PrefixStore, Store, TCPStore
 
-from torch_mingle._liveness import LivenessServer, ip_family, sockaddr
-from torch_mingle._protocol import Claim
-from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, node_hex
+from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
 
 try:  # torch's exit-barrier keys in an agent store: the counter and "the last one arrived"
     from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
@@ -54,86 +47,21 @@ except ImportError:  # pragma: no cover - a torch that renamed them: its agents 
 
 log = logging.getLogger(__name__)
 
-EPOCH_KEY = "mingle/epoch"
-LIVENESS_KEY = "mingle/liveness_port"
-STATUS_KEY = "mingle/status"
-EV_COUNTER = "mingle/ev"
-HOLE_CHECK_S = 2.0
-FOREVER = timedelta(days=365)
-ROUND_STORES_KEPT = 2
+AGENT_PREFIX = "mingle/agent/"
 CLIENT_TIMEOUT_S = 300.0
-#: TCPStore's own connect retries a refused port until this passes: a leader that steps down
-#: between our probe and the handshake costs this long. Long enough for a slow reverse lookup.
-HANDSHAKE_TIMEOUT_S = 15.0
 
 
-def agent_store(control: TCPStore, round_number: int) -> PrefixStore:
-    """The elastic agents' store for one round: a key space of its own on the control store."""
-    return PrefixStore(f"mingle/agent/{round_number}/", control)
+def ip_family(ip: str) -> int:
+    """AF_INET6 or AF_INET for an address literal (a wildcard, or IPv6 with ``%scope``, included)."""
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
-def ev_key(seq: int) -> str:
-    return f"mingle/ev/{seq}"
-
-
-def reply_key(seq: int) -> str:
-    return f"mingle/ev/{seq}/reply"
-
-
-def round_key(number: int) -> str:
-    return f"mingle/round/{number}"
-
-
-def epoch_value(claim: Claim) -> str:
-    return f"{claim.epoch}:{node_hex(claim.leader)}"
-
-
-class LeaderUnreachable(Exception):
-    """The leader's store or liveness channel cannot be used; the claim should be fenced."""
-
-
-class JoinClosed(Exception):
-    """The job's rendezvous is closed."""
-
-
-class JoinAborted(Exception):
-    """The leader asks this node to join again (it had declared the node dead)."""
-
-
-class JoinTimeout(Exception):
-    """``join_timeout`` passed while waiting for a round."""
-
-
-def probe(ip: str, port: int, timeout_s: float) -> None:
-    """Plain TCP connect: the evidence that a leader is gone (refused, unreachable, no answer).
-
-    TCPStore's own connect retries a refused port until its timeout, and its handshake can
-    stall on things that say nothing about the peer (see ``open_client``).
-    """
-    with socket.socket(ip_family(ip), socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_s)
-        sock.connect(sockaddr(ip, port))
-
-
-def open_client(
-    ip: str, port: int, probe_timeout_s: float, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
-) -> TCPStore:
-    """A TCPStore client to ``ip:port``; raises ``LeaderUnreachable`` if the probe or handshake fails.
-
-    Once the port answered, the handshake gets ``handshake_timeout_s``: TCPStore resolves the
-    peer's address back to a name (getnameinfo) for its logs on every connect, and a resolver
-    that drops queries stalls that for seconds without saying anything about the leader.
-    """
-    try:
-        probe(ip, port, probe_timeout_s)
-    except OSError as exc:
-        raise LeaderUnreachable(f"cannot connect to the leader's store at {ip}:{port}: {exc}") from exc
-    try:
-        store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=handshake_timeout_s))
-    except (DistError, RuntimeError) as exc:
-        raise LeaderUnreachable(f"the store at {ip}:{port} answered but its handshake failed: {exc}") from exc
-    store.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
-    return store
+def sockaddr(ip: str, port: int) -> tuple[str, int] | tuple[str, int, int, int]:
+    """A connect/bind address for ``ip`` (IPv6 with ``%scope`` resolved) and ``port``."""
+    if ":" not in ip:
+        return (ip, port)
+    info: tuple[Any, ...] = socket.getaddrinfo(ip, port, socket.AF_INET6, socket.SOCK_STREAM)[0][4]
+    return (str(info[0]), int(info[1]), int(info[2]), int(info[3]))
 
 
 def open_server(ip: str, connect_ip: str | None = None) -> TCPStore:
@@ -179,428 +107,139 @@ def _server_on_own_listener(ip: str, connect_ip: str | None, *, use_libuv: bool)
     return store
 
 
-def _is_timeout(exc: BaseException) -> bool:
-    return isinstance(exc, DistStoreError) and not isinstance(exc, DistNetworkError)
+def open_client(ip: str, port: int, connect_timeout_s: float) -> TCPStore:
+    """A client of the round store at ``ip:port``; raises torch's ``DistError`` if it cannot connect.
+
+    The connect is bounded by ``connect_timeout_s`` for a port that refuses, and by the node
+    (``abort_connections_to``) for a server that accepted and froze.
+    """
+    store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=connect_timeout_s))
+    store.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
+    return store
 
 
-class MemberSession:
-    """One node's connection to the control store of one leader's term."""
+class StoreKeeper:
+    """The leader's round stores. Runs the leader's store jobs on the shell's worker thread only."""
 
-    def __init__(
-        self, claim: Claim, ip: str, port: int, *, node: int, timeout_s: float, op_timeout_s: float
-    ) -> None:
-        self.claim = claim
-        self.ip = ip
-        self.port = port
-        self.node = node
-        self._ops = open_client(ip, port, timeout_s)
-        # Once connected, a plain operation that takes this long means the leader is stuck
-        # (or this store is not a leader's at all: the keys below never appear).
-        self._ops.set_timeout(timedelta(seconds=op_timeout_s))
-        try:
-            epoch, liveness = self._call(lambda: self._ops.multi_get([EPOCH_KEY, LIVENESS_KEY]))
-        except DistError as exc:
-            raise LeaderUnreachable(f"the store at {ip}:{port} is not the store of {claim}: {exc}") from exc
-        if epoch.decode() != epoch_value(claim):
-            raise LeaderUnreachable(
-                f"the store at {ip}:{port} belongs to {epoch.decode()}, not to {claim}: a stale announcement"
-            )
-        self.liveness_port = int(liveness)
+    def __init__(self, bind_ip: str, connect_ip: str) -> None:
+        self.bind_ip = bind_ip
+        self.connect_ip = connect_ip
+        self._stores: dict[int, TCPStore] = {}
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except (DistError, RuntimeError, OSError) as exc:
-            if _is_timeout(exc):
-                raise
-            raise LeaderUnreachable(f"the leader's store at {self.ip}:{self.port} failed: {exc}") from exc
-
-    def push(self, kind: str, **fields: Any) -> int:
-        payload = json.dumps({"t": kind, "node": node_hex(self.node), **fields})
-
-        def push() -> int:
-            seq = int(self._ops.add(EV_COUNTER, 1))
-            self._ops.set(ev_key(seq), payload)
-            return seq
-
-        seq: int = self._call(push)
-        return seq
-
-    def join(self, *, ip: str, history: History | None, deadline: float, spare_wait_s: float) -> Round:
-        """Ask for a place in the next round and block until it forms (or closes, or the leader goes).
-
-        If the deadline passes while a round of this job runs without us (we are a spare, or
-        the members have not restarted yet), we keep waiting, ``spare_wait_s`` at a time:
-        the job is alive, so there is nothing to time out on.
-        """
-        seq = self.push("join", ip=ip, history=history.to_json() if history else None)
-        while True:
-            left = timedelta(seconds=max(0.001, deadline - time.monotonic()))
-            try:
-                self._call(functools.partial(self._ops.wait, [reply_key(seq)], left))
-                break
-            except DistError as exc:
-                status = self.status()
-                if status.closed or status.round == 0:
-                    raise JoinTimeout(f"no round formed (join request #{seq})") from exc
-                log.info(
-                    "round %d runs with %d nodes; still waiting for a place (join request #%d)",
-                    status.round,
-                    status.size,
-                    seq,
-                )
-                deadline = time.monotonic() + spare_wait_s
-        reply = json.loads(self._call(lambda: self._ops.get(reply_key(seq))))
-        if reply.get("closed"):
-            raise JoinClosed("the rendezvous was closed while this node waited")
-        if "retry" in reply:
-            raise JoinAborted(str(reply["retry"]))
-        return Round.from_json(reply["round"])
-
-    def status(self) -> Status:
-        return Status.decode(self._call(lambda: self._ops.get(STATUS_KEY)))
-
-    def agent_store(self, round_number: int) -> PrefixStore:
-        """The agent's store for one round, on the connection we already hold (no new socket)."""
-        return agent_store(self._ops, round_number)
-
-
-class EventLog:
-    """Appends events to the leader's log from threads other than the master (thread-safe)."""
-
-    def __init__(self, store: TCPStore) -> None:
-        self._client: TCPStore | None = store
-        self._lock = threading.Lock()
+    def run(self, job: Job) -> int | None:
+        if isinstance(job, OpenStore):
+            store = open_server(self.bind_ip, self.connect_ip)
+            self._stores[int(store.port)] = store
+            return int(store.port)
+        if isinstance(job, OpenExitBarrier):
+            store = self._stores.get(job.port)
+            if store is not None and EXIT_BARRIER_KEYS is not None:
+                PrefixStore(AGENT_PREFIX, store).set(EXIT_BARRIER_KEYS[1], "opened by the leader")
+            return None
+        if isinstance(job, ReleaseStores):
+            for port in job.ports:
+                self._stores.pop(port, None)  # the last reference: the server stops
+            return None
+        raise TypeError(f"not a store job: {job!r}")
 
     def close(self) -> None:
-        """Drop the store: when it is the control server object, that stops the server."""
-        with self._lock:
-            self._client = None
-
-    def _store(self) -> TCPStore:
-        if self._client is None:
-            raise RuntimeError("the event log is closed")
-        return self._client
-
-    def push(self, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload)
-        with self._lock:
-            store = self._store()
-            seq = int(store.add(EV_COUNTER, 1))
-            store.set(ev_key(seq), data)
-
-    def fill_hole(self, seq: int) -> bool:
-        """If slot ``seq`` was reserved but never written, write a no-op there; True if we did."""
-        with self._lock:
-            store = self._store()
-            if int(store.add(EV_COUNTER, 0)) < seq or store.check([ev_key(seq)]):
-                return False
-            skip = json.dumps({"t": "skip"})
-            return bool(store.compare_set(ev_key(seq), "", skip) == skip.encode())
-
-    def slot_missing(self, seq: int) -> bool:
-        with self._lock:
-            store = self._store()
-            return int(store.add(EV_COUNTER, 0)) >= seq and not store.check([ev_key(seq)])
+        self._stores.clear()
 
 
-class RoundMaster:
-    """The leader's thread that applies the event log to its ``RoundBook`` and publishes rounds.
+class AgentStore(Store):
+    """The agent's store for one round: a prefix of the round's store that reports the exit barrier.
 
-    It blocks in ``wait()`` on the next slot of the log and never wakes on its own: a ticker
-    thread pushes a ``tick`` event when the book's deadline (the last call) is due, and
-    repairs a slot whose writer died between reserving and writing it.
+    torch's agent enters its exit barrier with ``add(<terminal state>/num_members, 1)``; just
+    before that add, ``on_barrier()`` tells the leader (and waits for its acknowledgement),
+    so the leader knows which members arrived and never counts one twice.
     """
 
-    def __init__(
-        self,
-        *,
-        ip: str,
-        connect_ip: str,
-        control_port: int,
-        book: RoundBook,
-        events: EventLog,
-        on_status: Callable[[Status], None],
-        label: str,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.ip = ip  # where round stores listen, and the address rounds publish (may be a wildcard)
-        self.connect_ip = connect_ip
-        self.book = book
-        self.events = events
-        self.on_status = on_status
-        self.label = label
-        self.clock = clock
-        self.all_gone = threading.Event()
-        self.round_stores: dict[int, TCPStore] = {}
-        self._spare_store: TCPStore | None = None
-        self._client = open_client(connect_ip, control_port, CLIENT_TIMEOUT_S)
-        self._stopping = False
-        self._status: Status | None = None
-        self._next_seq = 1
-        self._deadline: float | None = None
-        self._barrier_open_for = 0  # the last round whose exit barrier is known to be open
-        self._barrier_watch = False  # members left before the others arrived: the ticker re-checks
-        self._tick_cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"mingle-master{label}", daemon=True)
-        self._ticker = threading.Thread(target=self._tick_loop, name=f"mingle-ticker{label}", daemon=True)
+    def __init__(self, client: Store, on_barrier: Callable[[], None]) -> None:
+        super().__init__()
+        self._inner = PrefixStore(AGENT_PREFIX, client)
+        self._on_barrier = on_barrier
+        self._counter = EXIT_BARRIER_KEYS[0] if EXIT_BARRIER_KEYS is not None else None
 
-    def start(self) -> None:
-        self._spare_store = open_server(self.ip, self.connect_ip)
-        self._publish_status()
-        self._thread.start()
-        self._ticker.start()
+    def set(self, key: str, value: Any) -> None:
+        self._inner.set(key, value)
 
-    def stop(self) -> None:
-        self._stopping = True
-        with self._tick_cond:
-            self._tick_cond.notify_all()
-        if self._thread.is_alive():
-            with contextlib.suppress(DistError, RuntimeError):
-                self.events.push({"t": "stop"})
-        for thread in (self._thread, self._ticker):
-            if thread.is_alive() and threading.current_thread() is not thread:
-                thread.join(timeout=10)
-        self.round_stores.clear()
-        self._spare_store = None
+    def get(self, key: str) -> bytes:
+        return self._inner.get(key)
 
-    # ---------------------------------------------------------------- master
+    def add(self, key: str, value: int) -> int:
+        if key == self._counter and value > 0:
+            self._on_barrier()
+        return self._inner.add(key, value)
 
-    def _run(self) -> None:
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self._inner.compare_set(key, expected, desired)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        if timeout is None:
+            self._inner.wait(keys)
+        else:
+            self._inner.wait(keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._inner.check(keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._inner.multi_get(keys)
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        self._inner.multi_set(keys, values)
+
+    def delete_key(self, key: str) -> bool:
+        return self._inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self._inner.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._inner.set_timeout(timeout)
+
+
+def abort_connections_to(ip: str, ports: Sequence[int]) -> int:
+    """Shut down this process's TCP connections to ``ip`` on ``ports``; returns how many.
+
+    A thread blocked in a TCPStore call on such a connection (a frozen leader's store) then
+    returns with an error at once. Linux only: elsewhere nothing is done.
+    """
+    try:
+        target = _plain(ip)
+        fds = os.listdir("/proc/self/fd")
+    except (ValueError, OSError):
+        return 0
+    wanted = set(ports)
+    done = 0
+    for name in fds:
         try:
-            self._loop()
-        except (DistError, RuntimeError) as exc:
-            if not self._stopping:
-                log.warning("%s round master stopped: the control store failed: %s", self.label, exc)
-
-    def _loop(self) -> None:
-        client = self._client
-        while not self._stopping:
-            decision = self.book.decide(self.clock())
-            if isinstance(decision, Form):
-                self._form(decision)
+            if not stat.S_ISSOCK(os.fstat(int(name)).st_mode):
                 continue
-            self._publish_status()
-            with self._tick_cond:
-                self._deadline = decision.until
-                self._tick_cond.notify_all()
-            client.wait([ev_key(self._next_seq)], FOREVER)
-            for event in self._read_events():
-                self._apply(self._next_seq, json.loads(event))
-                self._next_seq += 1
-
-    def _read_events(self) -> list[bytes]:
-        """The next event and every one already written after it, in one round trip when possible."""
-        client = self._client
-        last = int(client.add(EV_COUNTER, 0))
-        keys = [ev_key(seq) for seq in range(self._next_seq, max(last, self._next_seq) + 1)]
-        if len(keys) > 1 and client.check(keys):
-            return list(client.multi_get(keys))
-        return [client.get(keys[0])]
-
-    def _reply(self, seq: int, **answer: Any) -> None:
-        self._client.set(reply_key(seq), json.dumps(answer))
-
-    def _apply(self, seq: int, event: dict[str, Any]) -> None:
-        kind = event.get("t")
-        if kind == "stop":
-            # Whoever still waits for a round of ours must go and find the new leader.
-            for waiting in [r.seq for r in self.book.pending.values()]:
-                self._reply(waiting, retry="the leader stepped down")
-            self._stopping = True
-            return
-        if kind == "tick":
-            self._open_exit_barrier()
-            return
-        if kind == "skip":
-            return
-        node = int(event["node"], 16)
-        if kind == "join":
-            hist = event.get("history")
-            self.book.join(
-                JoinRequest(
-                    node=node, seq=seq, ip=event["ip"], history=History.from_json(hist) if hist else None
-                )
-            )
-            if self.book.closed:
-                self._reply(seq, closed=True)
-        elif kind == "close":
-            for waiting in self.book.close():
-                self._reply(waiting, closed=True)
-            log.info("%s rendezvous closed by node %s", self.label, event["node"])
-        elif kind == "leave":
-            self.book.leave(node)
-        elif kind == "dead" and node not in self.book.left:
-            log.warning("%s node %s is gone: %s", self.label, event["node"], event.get("why"))
-            dropped = self.book.died(node)
-            if dropped is not None:
-                self._reply(dropped, retry=f"the leader declared this node dead: {event.get('why')}")
-        if kind in ("leave", "dead"):
-            self._open_exit_barrier()
-        if self.book.closed and self.book.all_gone():
-            self.all_gone.set()
-
-    def _open_exit_barrier(self) -> None:
-        """Count the current round's members that left or died as arrived at torch's exit barrier."""
-        rnd = self.book.current
-        gone = self.book.departed()
-        if rnd is None or not gone or EXIT_BARRIER_KEYS is None or self._barrier_open_for >= rnd.number:
-            self._barrier_watch = False
-            return
-        counter, last = EXIT_BARRIER_KEYS
-        store = agent_store(self._client, rnd.number)
-        if store.check([last]):  # every member arrived: it opened by itself
-            self._barrier_open_for, self._barrier_watch = rnd.number, False
-            return
-        arrived = int(store.add(counter, 0))
-        self._barrier_watch = arrived + len(gone) < rnd.world_size
-        if self._barrier_watch:
-            return
-        self._barrier_open_for = rnd.number
-        if arrived:  # else nobody waits there
-            store.set(last, "opened by the leader")
-            log.info(
-                "%s exit barrier of round %d opened: %d node(s) arrived, %d left or died (%s)",
-                self.label,
-                rnd.number,
-                arrived,
-                len(gone),
-                " ".join(sorted(node_hex(n) for n in gone)),
-            )
-
-    def _form(self, form: Form) -> None:
-        number = self.book.last_round_number + 1
-        store, self._spare_store = self._spare_store or open_server(self.ip, self.connect_ip), None
-        self.round_stores[number] = store
-        for old in [n for n in self.round_stores if n <= number - ROUND_STORES_KEPT]:
-            del self.round_stores[old]
-        rnd = Round(
-            number=number,
-            epoch=self.book.epoch,
-            members=form.members,
-            store_ip=self.ip,
-            store_port=store.port,
-            ips=form.ips,
-        )
-        reply = json.dumps({"round": rnd.to_json()})
-        self._client.multi_set(  # type: ignore[attr-defined]  # missing from torch's stubs
-            [round_key(number), *(reply_key(s) for s in form.admitted)],
-            [rnd.encode(), *([reply] * len(form.admitted))],
-        )
-        self.book.formed(rnd)
-        self._publish_status()
-        # The next round's store is made now, off the path of the nodes that wait for a round.
-        self._spare_store = open_server(self.ip, self.connect_ip)
-        log.info(
-            "%s round %d formed (%s): world size %d, store %s:%d, members %s",
-            self.label,
-            number,
-            form.reason,
-            rnd.world_size,
-            self.ip,
-            store.port,
-            " ".join(node_hex(m) for m in form.members),
-        )
-
-    def _publish_status(self) -> None:
-        status = self.book.status()
-        if status == self._status:
-            return
-        self._status = status
-        self._client.set(STATUS_KEY, status.encode())
-        self.on_status(status)
-
-    # ---------------------------------------------------------------- ticker
-
-    def _tick_loop(self) -> None:
-        suspect: int | None = None
-        next_check = self.clock() + HOLE_CHECK_S
-        with self._tick_cond:
-            while not self._stopping:
-                now = self.clock()
-                due = self._deadline
-                if due is not None and now >= due:
-                    self._deadline = None
-                    self._safely(lambda: self.events.push({"t": "tick"}))
-                elif now >= next_check:
-                    next_check = now + HOLE_CHECK_S
-                    suspect = self._check_hole(suspect)
-                    if self._barrier_watch:  # see whether the rest of the round reached its exit barrier
-                        self._safely(lambda: self.events.push({"t": "tick"}))
-                else:
-                    self._tick_cond.wait((next_check if due is None else min(due, next_check)) - now)
-
-    def _check_hole(self, suspect: int | None) -> int | None:
-        """A slot missing on two checks in a row had a writer that died: fill it so the master moves on."""
-        seq = self._next_seq
-        if not self._safely(lambda: self.events.slot_missing(seq)):
-            return None
-        if suspect != seq:
-            return seq
-        if self._safely(lambda: self.events.fill_hole(seq)):
-            log.warning("%s skipped event #%d: its writer died mid-write", self.label, seq)
-        return None
-
-    def _safely(self, fn: Callable[[], Any]) -> Any:
+            dup = os.dup(int(name))
+        except OSError:
+            continue  # gone meanwhile
         try:
-            return fn()
-        except (DistError, RuntimeError) as exc:
-            if not self._stopping:
-                log.debug("%s ticker: store call failed: %s", self.label, exc)
-            return None
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            continue
+        with sock:
+            try:
+                if sock.type != socket.SOCK_STREAM:
+                    continue
+                peer = sock.getpeername()
+            except OSError:
+                continue
+            if peer[1] in wanted and _plain(str(peer[0])) == target:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    done += 1
+    return done
 
 
-class LeaderHost:
-    """Everything the leader hosts for its term: control store, liveness server, round master."""
-
-    def __init__(
-        self,
-        *,
-        ip: str,
-        connect_ip: str,
-        claim: Claim,
-        book: RoundBook,
-        keep_alive_interval_s: float,
-        keep_alive_timeout_s: float,
-        on_status: Callable[[Status], None],
-        label: str,
-    ) -> None:
-        self.ip = ip
-        self.claim = claim
-        self.label = label
-        self.control = open_server(ip, connect_ip)
-        self.port = int(self.control.port)
-        self.control.set(EPOCH_KEY, epoch_value(claim))
-        self.events = EventLog(self.control)
-        self.liveness = LivenessServer(
-            ip,
-            interval_s=keep_alive_interval_s,
-            timeout_s=keep_alive_timeout_s,
-            on_dead=lambda node, why: self.events.push({"t": "dead", "node": node_hex(node), "why": why}),
-            label=label,
-        )
-        self.control.set(LIVENESS_KEY, str(self.liveness.start()))
-
-        def status_changed(status: Status) -> None:
-            self.liveness.publish(status.encode())
-            on_status(status)
-
-        self.master = RoundMaster(
-            ip=ip,
-            connect_ip=connect_ip,
-            control_port=self.port,
-            book=book,
-            events=self.events,
-            on_status=status_changed,
-            label=label,
-        )
-        self.master.start()
-
-    def wait_all_gone(self, timeout_s: float) -> bool:
-        return self.master.all_gone.wait(timeout_s)
-
-    def stop(self) -> None:
-        self.liveness.stop()
-        self.master.stop()
-        self.events.close()
-        del self.control  # the last reference: the store server stops and its clients see EOF
+def _plain(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    addr = ipaddress.ip_address(ip.partition("%")[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr

@@ -18,7 +18,6 @@ import ipaddress
 import logging
 import random
 import socket
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -179,53 +178,6 @@ def _broadcast_address(iface: Interface) -> str | None:
         if isinstance(net, ipaddress.IPv4Network) and net.prefixlen <= 30:
             return str(net.broadcast_address)
     return None
-
-
-class PeerList:
-    """``peers=``: hosts (names or addresses) to reach by unicast, re-resolved in the background.
-
-    A name may resolve to many addresses (a headless Service's DNS name gives every pod), and
-    to different ones over time, so it is resolved again every ``refresh_s`` in a thread of
-    its own: a slow resolver never stalls discovery.
-    """
-
-    def __init__(
-        self, hosts: tuple[str, ...], family: int, *, refresh_s: float = 5.0, label: str = ""
-    ) -> None:
-        self.hosts = hosts
-        self.family = family
-        self.refresh_s = refresh_s
-        self.label = label
-        self._addresses: tuple[str, ...] = ()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"mingle-peers{label}", daemon=True)
-
-    def start(self) -> None:
-        self._resolve()
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def addresses(self) -> tuple[str, ...]:
-        return self._addresses
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.refresh_s):
-            self._resolve()
-
-    def _resolve(self) -> None:
-        found: list[str] = []
-        for host in self.hosts:
-            try:
-                infos = socket.getaddrinfo(host, None, self.family, socket.SOCK_DGRAM)
-            except OSError as exc:
-                log.debug("%s peers: %s does not resolve (yet): %s", self.label, host, exc)
-                continue
-            found.extend(str(info[4][0]) for info in infos)
-        self._addresses = tuple(dict.fromkeys(found))
 
 
 # --------------------------------------------------------------------------- simulation

@@ -1,6 +1,6 @@
-"""Datagram codec for discovery and election.
+"""The wire: discovery datagrams, and the frames of the control connection to the leader.
 
-Layout (network byte order; every length explicit; the whole datagram at most
+Datagram layout (network byte order; every length explicit; the whole datagram at most
 ``MAX_DATAGRAM_BYTES``)::
 
     magic "MNGL" | version u8 | type u8 | flags u8 | job_len u8 | job (UTF-8, job_len bytes)
@@ -10,7 +10,17 @@ Layout (network byte order; every length explicit; the whole datagram at most
 ``decode`` never raises on input bytes: whatever is wrong comes back as ``Invalid(reason)``
 for the caller to count. With a key, a datagram must carry a valid tag, be recent
 (``sent_ms`` within the replay window of the receiver's clock) and not repeat a
-(sender, nonce) pair already seen.
+(sender, nonce) pair already seen; a second copy of a datagram that arrives within
+``DUPLICATE_WINDOW_MS`` (several interfaces, broadcast, ``peers=``) is a ``duplicate``, not
+a replay.
+
+Epochs are 64-bit and at most ``EPOCH_MAX``. An IPv6 link-local address travels without
+its scope: a scope is local to each host, so the receiver gives it the scope of the
+interface the datagram arrived on (``with_scope_of``).
+
+Control frames (TCP, node <-> leader): a u32 length, then one JSON object with a type
+``t``. ``FrameReader`` splits a stream into frames and never raises either; ``check``
+validates a frame's fields against ``SCHEMA``.
 """
 
 from __future__ import annotations
@@ -19,27 +29,33 @@ import enum
 import hashlib
 import hmac
 import ipaddress
+import json
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 MAGIC = b"MNGL"
-VERSION = 1
+VERSION = 2
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
 MAX_ADDRS = 16
 REPLAY_WINDOW_MS = 30_000
 MAX_REMEMBERED_NONCES = 8192
+DUPLICATE_WINDOW_MS = 2_000
+#: Epochs stay far below 2**64: a claim is always ``max seen + 1``, and the discovery core
+#: refuses epochs that jump too far ahead, so the space is never exhausted.
+EPOCH_MAX = 2**62
 
 _HEAD = struct.Struct("!4sBBBB")
 _IDS = struct.Struct("!QQQH")
-_QUERY = struct.Struct("!IB")
-_ANNOUNCE = struct.Struct("!IIHHHB")
-_RESIGN = struct.Struct("!I")
+_QUERY = struct.Struct("!QB")
+_ANNOUNCE = struct.Struct("!QIHHHB")
+_RESIGN = struct.Struct("!Q")
 _PORT = struct.Struct("!H")
-_SCOPE = struct.Struct("!I")
 ANNOUNCE_CLOSED = 0x01
+ANNOUNCE_ESTABLISHED = 0x02
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFF_FFFF
 
@@ -71,7 +87,11 @@ class Query:
 
 @dataclass(frozen=True)
 class Announce:
-    """The leader's claim: epoch, where its store listens, and the job's state."""
+    """The leader's claim: epoch, where its control port listens, and the job's state.
+
+    ``established``: the leader formed a round in its term, or a majority of the last
+    round's members follow it. Only an established claim can replace an established leader.
+    """
 
     epoch: int
     store_ip: str
@@ -81,6 +101,7 @@ class Announce:
     min_nodes: int = 0
     max_nodes: int = 0
     closed: bool = False
+    established: bool = False
 
     type = MsgType.ANNOUNCE
 
@@ -131,11 +152,8 @@ class _Bad(Exception):
 
 
 def _encode_addr(addr: str) -> bytes:
-    text, _, scope = addr.partition("%")
-    ip = ipaddress.ip_address(text)
-    if ip.version == 4:
-        return bytes([4]) + ip.packed
-    return bytes([6]) + ip.packed + _SCOPE.pack(int(scope) if scope.isdigit() else 0)
+    ip = ipaddress.ip_address(addr.partition("%")[0])
+    return bytes([ip.version]) + ip.packed
 
 
 def _decode_addr(buf: bytes, pos: int) -> tuple[str, int]:
@@ -148,13 +166,31 @@ def _decode_addr(buf: bytes, pos: int) -> tuple[str, int]:
             raise _Bad("truncated_addr")
         return str(ipaddress.IPv4Address(buf[pos + 1 : end])), end
     if family == 6:
-        end = pos + 21
+        end = pos + 17
         if end > len(buf):
             raise _Bad("truncated_addr")
-        ip = str(ipaddress.IPv6Address(buf[pos + 1 : pos + 17]))
-        (scope,) = _SCOPE.unpack_from(buf, pos + 17)
-        return (f"{ip}%{scope}" if scope else ip), end
+        return str(ipaddress.IPv6Address(buf[pos + 1 : end])), end
     raise _Bad("bad_addr_family")
+
+
+def with_scope_of(ip: str, source: object) -> str:
+    """``ip`` as this host reaches it: a link-local IPv6 address gets the scope of ``source``.
+
+    ``source`` is the sender's socket address as the receiving socket reported it; for a
+    link-local sender it carries this host's scope (``fe80::1%eth0``), the interface the
+    datagram came in on. Other addresses are returned as they are.
+    """
+    try:
+        addr = ipaddress.ip_address(ip.partition("%")[0])
+    except ValueError:
+        return ip
+    if addr.version != 6 or not addr.is_link_local:
+        return ip
+    src = str(source[0]) if isinstance(source, tuple) and source else ""
+    _, _, scope = src.partition("%")
+    if not scope and isinstance(source, tuple) and len(source) >= 4 and source[3]:
+        scope = str(source[3])
+    return f"{addr}%{scope}" if scope else str(addr)
 
 
 def _encode_body(body: Body) -> bytes:
@@ -162,7 +198,7 @@ def _encode_body(body: Body) -> bytes:
         addrs = body.addrs[:MAX_ADDRS]
         return _QUERY.pack(body.epoch_seen, len(addrs)) + b"".join(_encode_addr(a) for a in addrs)
     if isinstance(body, Announce):
-        flags = ANNOUNCE_CLOSED if body.closed else 0
+        flags = (ANNOUNCE_CLOSED if body.closed else 0) | (ANNOUNCE_ESTABLISHED if body.established else 0)
         return (
             _ANNOUNCE.pack(
                 body.epoch,
@@ -187,6 +223,8 @@ def _decode_body(kind: int, buf: bytes) -> Body:
         epoch_seen, count = _QUERY.unpack_from(buf)
         if count > MAX_ADDRS:
             raise _Bad("too_many_addrs")
+        if epoch_seen > EPOCH_MAX:
+            raise _Bad("bad_epoch")
         pos = _QUERY.size
         addrs = []
         for _ in range(count):
@@ -203,8 +241,12 @@ def _decode_body(kind: int, buf: bytes) -> Body:
         if pos + _PORT.size != len(buf):
             raise _Bad("body_length_mismatch")
         (port,) = _PORT.unpack_from(buf, pos)
-        if port == 0 or epoch == 0:
+        if port == 0:
             raise _Bad("bad_field")
+        if not 0 < epoch <= EPOCH_MAX:
+            raise _Bad("bad_epoch")
+        if flags & ~(ANNOUNCE_CLOSED | ANNOUNCE_ESTABLISHED):
+            raise _Bad("bad_flags")
         return Announce(
             epoch=epoch,
             store_ip=ip,
@@ -214,11 +256,14 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             min_nodes=min_nodes,
             max_nodes=max_nodes,
             closed=bool(flags & ANNOUNCE_CLOSED),
+            established=bool(flags & ANNOUNCE_ESTABLISHED),
         )
     if kind == MsgType.RESIGN:
         if len(buf) != _RESIGN.size:
             raise _Bad("body_length_mismatch")
         (epoch,) = _RESIGN.unpack(buf)
+        if not 0 < epoch <= EPOCH_MAX:
+            raise _Bad("bad_epoch")
         return Resign(epoch=epoch)
     if kind == MsgType.PROBE:
         if buf:
@@ -233,7 +278,7 @@ class Codec:
     def __init__(self, key: bytes | None = None, *, replay_window_ms: int = REPLAY_WINDOW_MS) -> None:
         self.key = key
         self.replay_window_ms = replay_window_ms
-        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._seen: OrderedDict[tuple[int, int], tuple[int, bytes]] = OrderedDict()
 
     @property
     def authenticated(self) -> bool:
@@ -304,15 +349,103 @@ class Codec:
             raise _Bad("bad_job") from None
         body = _decode_body(kind, data[pos : pos + body_len])
         if self.key is not None and wall_ms is not None:
-            self._check_replay(sender, sent_ms, nonce, wall_ms)
+            self._check_replay(sender, sent_ms, nonce, wall_ms, data[pos + body_len :])
         return Datagram(job=job, sender=sender, body=body, sent_ms=sent_ms, nonce=nonce)
 
-    def _check_replay(self, sender: int, sent_ms: int, nonce: int, wall_ms: int) -> None:
+    def _check_replay(self, sender: int, sent_ms: int, nonce: int, wall_ms: int, tag: bytes) -> None:
         if abs(wall_ms - sent_ms) > self.replay_window_ms:
             raise _Bad("outside_replay_window")
         key = (sender, nonce)
-        if key in self._seen:
+        first = self._seen.get(key)
+        if first is not None:
+            first_ms, first_tag = first
+            # The same datagram again within moments: delivered twice (several interfaces,
+            # broadcast and peers= paths), not replayed by someone else.
+            if first_tag == tag and wall_ms - first_ms <= DUPLICATE_WINDOW_MS:
+                raise _Bad("duplicate")
             raise _Bad("replayed")
-        self._seen[key] = None
+        self._seen[key] = (wall_ms, tag)
         if len(self._seen) > MAX_REMEMBERED_NONCES:
             self._seen.popitem(last=False)
+
+
+# --------------------------------------------------------------------------- control frames
+
+FRAME_HEADER = struct.Struct("!I")
+#: A round of a few thousand members (ids and addresses) fits with room to spare.
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+
+#: Every control message type and the fields it must carry, with their JSON types.
+#: Node to leader: hello, join, arrive, leave, close, hb. Leader to node: welcome, reject,
+#: round, wait, retry, timeout, closed, status, ack, hb, evicted.
+SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "hello": {"node": str, "epoch": int, "leader": str, "ip": str},
+    "join": {"id": int, "ip": str},
+    "arrive": {"id": int, "round": int},
+    "leave": {},
+    "close": {},
+    "hb": {},
+    "welcome": {"epoch": int, "status": dict},
+    "reject": {"why": str},
+    "round": {"id": int, "round": dict},
+    "wait": {"id": int, "reason": str, "parked": bool},
+    "retry": {"id": int, "why": str},
+    "timeout": {"id": int, "why": str},
+    "closed": {},
+    "status": {"status": dict},
+    "ack": {"id": int},
+    "evicted": {"why": str},
+}
+
+
+def encode_frame(kind: str, **fields: Any) -> bytes:
+    """One control message: its length, then the JSON object ``{"t": kind, **fields}``."""
+    body = json.dumps({"t": kind, **fields}, separators=(",", ":")).encode()
+    return FRAME_HEADER.pack(len(body)) + body
+
+
+def check(msg: dict[str, Any]) -> str | None:
+    """The message's type if it carries every field its type needs, else None."""
+    kind = msg.get("t")
+    fields = SCHEMA.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return None
+    for name, typ in fields.items():
+        value = msg.get(name)
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            return None
+    return str(kind)
+
+
+class FrameReader:
+    """Splits a byte stream into JSON objects; never raises: garbage gives ``Invalid``."""
+
+    def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._buf = bytearray()
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a frame not complete yet."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[dict[str, Any]] | Invalid:
+        self._buf += data
+        out: list[dict[str, Any]] = []
+        while len(self._buf) >= FRAME_HEADER.size:
+            (size,) = FRAME_HEADER.unpack_from(self._buf)
+            if size > self.max_bytes:
+                return Invalid("frame_too_long")
+            end = FRAME_HEADER.size + size
+            if len(self._buf) < end:
+                break
+            raw = bytes(self._buf[FRAME_HEADER.size : end])
+            del self._buf[:end]
+            try:
+                msg = json.loads(raw)
+            except (ValueError, RecursionError):
+                return Invalid("bad_json")
+            if not isinstance(msg, dict):
+                return Invalid("not_an_object")
+            out.append(msg)
+        return out

@@ -65,6 +65,9 @@ class MingleConfig:
     peers: str | None = None
     #: Seconds after which a node that heard no other node of its job says so in the log.
     discovery_warning: float = 10.0
+    #: Seconds a healthy round runs before a node that was dropped from the job (frozen, cut off)
+    #: may restart it to come back; doubled each time the same node is dropped again.
+    rejoin_delay: float = 30.0
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
     #: Keys the user set explicitly, for logging.
@@ -199,16 +202,17 @@ def _fix(key: str, example: str) -> str:
     return f"fix: --rdzv_conf {key}={example}"
 
 
-def _parse_float(key: str, raw: Any, *, minimum: float, example: str) -> float:
+def _parse_float(key: str, raw: Any, *, minimum: float, maximum: float, example: str) -> float:
     try:
         value = float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise MingleConfigError(
             f"rdzv_conf {key}={raw!r} is not a number of seconds; {_fix(key, example)}"
         ) from None
-    if not value >= minimum or math.isnan(value) or value == float("inf"):
+    if math.isnan(value) or not minimum <= value <= maximum:
         raise MingleConfigError(
-            f"rdzv_conf {key}={raw!r} must be a finite number >= {minimum:g}; {_fix(key, example)}"
+            f"rdzv_conf {key}={raw!r} is out of range: it must be between {minimum:g} and {maximum:g} "
+            f"seconds; {_fix(key, example)}"
         )
     return value
 
@@ -260,22 +264,26 @@ def _check_run_id(run_id: str) -> str:
     return run_id
 
 
+YEAR_S = 365 * 24 * 3600.0
+DAY_S = 24 * 3600.0
+
 _PARSERS: dict[str, Any] = {
     "interface": _parse_str,
     "group": _parse_str,
     "port": lambda k, v: _parse_int(k, v, low=1, high=65535, example=str(DEFAULT_PORT)),
     "ttl": lambda k, v: _parse_int(k, v, low=1, high=255, example="1"),
-    "join_timeout": lambda k, v: _parse_float(k, v, minimum=0.001, example="600"),
-    "last_call_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="30"),
-    "close_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="30"),
-    "keep_alive_interval": lambda k, v: _parse_float(k, v, minimum=0.01, example="5"),
+    "join_timeout": lambda k, v: _parse_float(k, v, minimum=0.001, maximum=YEAR_S, example="600"),
+    "last_call_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="30"),
+    "close_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
+    "keep_alive_interval": lambda k, v: _parse_float(k, v, minimum=0.01, maximum=3600.0, example="5"),
     "keep_alive_max_attempt": lambda k, v: _parse_int(k, v, low=1, high=1000, example="3"),
-    "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, example="0.02"),
-    "timeout": lambda k, v: _parse_float(k, v, minimum=0.0, example="900"),
+    "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, maximum=60.0, example="0.02"),
+    "timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="900"),
     "secret_file": _parse_str,
     "fallback": _parse_str,
     "peers": _parse_str,
-    "discovery_warning": lambda k, v: _parse_float(k, v, minimum=0.0, example="10"),
+    "discovery_warning": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="10"),
+    "rejoin_delay": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

@@ -1,0 +1,272 @@
+"""What a follower does in its session with one leader, without I/O.
+
+How it works
+------------
+A node that follows a leader opens one TCP connection to the leader's control port and
+keeps it for the leader's whole term (``_leader.py`` is the other end):
+
+* ``hello`` names this node and the claim it follows; the leader answers ``welcome`` with
+  the job's status, or ``reject`` if it does not lead that claim (a stale announcement).
+  Without an answer within ``connect_timeout_s`` the leader is lost by silence.
+* Heartbeats both ways every ``interval_s``; no complete frame from the leader for
+  ``timeout_s`` means it is lost by silence (frozen, powered off, cut off). A connection
+  refused, reset or closed by the leader is hard evidence that its process is gone (or
+  that it stepped down): the election core fences the claim for good.
+* ``join`` asks for a place in the next round; the leader answers ``round``, ``retry``
+  (ask the next leader), ``timeout`` (``join_timeout`` passed, with the reason), ``closed``,
+  or ``wait`` when this node starts or stops being parked behind a healthy round.
+* ``arrive`` tells the leader that this node's agent enters torch's exit barrier (the
+  leader acknowledges before the agent touches the barrier); ``leave`` and ``close`` end the
+  node's part and the job.
+* ``evicted``: the leader declared this node dead (it was frozen or cut off); the session
+  ends and the node connects again as a returning node.
+
+Outputs: frames to send (``frames()``) and events for the node (``events()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_mingle._protocol import Claim
+from torch_mingle._rounds import History, Round, Status
+from torch_mingle._wire import Invalid, check, encode_frame
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Welcomed:
+    status: Status
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The leader's answer to a join (round, retry, timeout, closed, wait) or to an arrive (ack)."""
+
+    kind: str
+    ticket: int
+    round: Round | None = None
+    text: str = ""
+    parked: bool = False
+
+
+@dataclass(frozen=True)
+class StatusChanged:
+    status: Status
+
+
+@dataclass(frozen=True)
+class SessionOver:
+    """The session ended: the leader is lost (``hard``: its process is gone), or it evicted us."""
+
+    reason: str
+    hard: bool
+    evicted: bool = False
+
+
+SessionEvent = Welcomed | Answer | StatusChanged | SessionOver
+
+
+@dataclass
+class FollowerSession:
+    """One node's connection to the leader of one claim."""
+
+    claim: Claim
+    ip: str
+    port: int
+    node: int
+    own_ip: str
+    history: History | None
+    interval_s: float
+    timeout_s: float
+    connect_timeout_s: float
+    label: str
+    started: float
+    conn: int = -1
+    phase: str = "connecting"  # connecting, hello, ready, over
+    status: Status | None = None
+    last_heard: float = 0.0
+    _next_beat: float = 0.0
+    _queued: list[bytes] = field(default_factory=list)
+    _frames: list[bytes] = field(default_factory=list)
+    _events: list[SessionEvent] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "ready"
+
+    @property
+    def over(self) -> bool:
+        return self.phase == "over"
+
+    # ------------------------------------------------------------ inputs
+
+    def connected(self, now: float) -> None:
+        if self.phase != "connecting":
+            return
+        self.phase = "hello"
+        self.last_heard = now
+        self._frames.append(
+            encode_frame(
+                "hello",
+                node=f"{self.node:016x}",
+                epoch=self.claim.epoch,
+                leader=f"{self.claim.leader:016x}",
+                ip=self.own_ip,
+                history=self.history.to_json() if self.history else None,
+            )
+        )
+
+    def closed(self, reason: str, *, refused: bool, now: float) -> None:
+        """The connection ended; ``refused``: nothing listened on the leader's port."""
+        if self.phase == "over":
+            return
+        # Refused, reset or closed by the leader's kernel: its process is gone or it closed the
+        # term. A connect that timed out or found no route says nothing of the leader's process.
+        hard = refused or self.phase in ("hello", "ready")
+        self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", hard=hard)
+
+    def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
+        if self.phase in ("over", "connecting"):
+            return
+        if isinstance(frames, Invalid):
+            self._end(f"protocol error from the leader: {frames.reason}", hard=True)
+            return
+        for msg in frames:
+            if self.phase == "over":
+                return
+            self._dispatch(msg, now)
+
+    def handle_timer(self, now: float) -> None:
+        if self.phase in ("connecting", "hello"):
+            if now >= self.started + self.connect_timeout_s:
+                what = "accept our connection" if self.phase == "connecting" else "answer our hello"
+                self._end(
+                    f"the leader {self.ip}:{self.port} did not {what} within {self.connect_timeout_s:g}s",
+                    hard=False,
+                )
+            return
+        if self.phase != "ready":
+            return
+        if now - self.last_heard > self.timeout_s:
+            self._end(f"no heartbeat from the leader for {self.timeout_s:g}s", hard=False)
+            return
+        if now >= self._next_beat:
+            self._next_beat = now + self.interval_s
+            self._frames.append(encode_frame("hb"))
+
+    def next_timer(self) -> float | None:
+        if self.phase in ("connecting", "hello"):
+            return self.started + self.connect_timeout_s
+        if self.phase == "ready":
+            return min(self._next_beat, self.last_heard + self.timeout_s)
+        return None
+
+    # ------------------------------------------------------------ requests
+
+    def join(self, ticket: int, ip: str, history: History | None, timeout_s: float) -> None:
+        self.history = history
+        self._request(
+            encode_frame(
+                "join",
+                id=ticket,
+                ip=ip,
+                history=history.to_json() if history else None,
+                timeout_s=timeout_s,
+            )
+        )
+
+    def arrive(self, ticket: int, round_number: int) -> None:
+        self._request(encode_frame("arrive", id=ticket, round=round_number))
+
+    def leave(self) -> None:
+        self._request(encode_frame("leave"))
+
+    def close_job(self) -> None:
+        self._request(encode_frame("close"))
+
+    # ------------------------------------------------------------ outputs
+
+    def frames(self) -> list[bytes]:
+        out, self._frames = self._frames, []
+        return out
+
+    def events(self) -> list[SessionEvent]:
+        out, self._events = self._events, []
+        return out
+
+    # ------------------------------------------------------------ helpers
+
+    def _request(self, frame: bytes) -> None:
+        if self.phase == "ready":
+            self._frames.append(frame)
+        elif self.phase != "over":
+            self._queued.append(frame)  # sent once the leader has welcomed us
+
+    def _dispatch(self, msg: dict[str, Any], now: float) -> None:
+        kind = check(msg)
+        if kind is None:
+            self._end(f"protocol error from the leader: bad frame {str(msg)[:80]!r}", hard=True)
+            return
+        self.last_heard = now
+        if self.phase == "hello":
+            if kind == "welcome" and msg["epoch"] == self.claim.epoch:
+                self._welcome(msg, now)
+            elif kind == "reject":
+                self._end(f"the leader rejected us: {msg['why']}", hard=True)
+            else:
+                self._end(f"protocol error: {kind} before welcome", hard=True)
+            return
+        try:
+            self._ready_frame(kind, msg)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self._end(f"protocol error from the leader: bad {kind} frame ({exc})", hard=True)
+
+    def _welcome(self, msg: dict[str, Any], now: float) -> None:
+        self.status = _status(msg["status"])
+        self.phase = "ready"
+        self._next_beat = now + self.interval_s
+        self._events.append(Welcomed(self.status or Status()))
+        self._frames.extend(self._queued)
+        self._queued.clear()
+
+    def _ready_frame(self, kind: str, msg: dict[str, Any]) -> None:
+        if kind == "hb":
+            return
+        if kind == "status":
+            status = _status(msg["status"])
+            if status is not None:
+                self.status = status
+                self._events.append(StatusChanged(status))
+        elif kind == "round":
+            rnd = Round.from_json(msg["round"])
+            self._events.append(Answer("round", int(msg["id"]), round=rnd))
+        elif kind in ("retry", "timeout"):
+            self._events.append(Answer(kind, int(msg["id"]), text=str(msg["why"])))
+        elif kind == "wait":
+            self._events.append(
+                Answer("wait", int(msg["id"]), text=str(msg["reason"]), parked=bool(msg["parked"]))
+            )
+        elif kind == "closed":
+            self._events.append(Answer("closed", int(msg.get("id", 0))))
+        elif kind == "ack":
+            self._events.append(Answer("ack", int(msg["id"])))
+        elif kind == "evicted":
+            self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
+        else:
+            self._end(f"protocol error: unexpected {kind} from the leader", hard=True)
+
+    def _end(self, reason: str, *, hard: bool, evicted: bool = False) -> None:
+        self.phase = "over"
+        self._queued.clear()
+        self._events.append(SessionOver(reason, hard=hard, evicted=evicted))
+
+
+def _status(raw: Any) -> Status | None:
+    try:
+        return Status.from_json(raw)
+    except (KeyError, TypeError, ValueError):
+        return None

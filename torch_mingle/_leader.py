@@ -1,0 +1,588 @@
+"""What the leader does during its term, without I/O.
+
+How it works
+------------
+A node that wins the election opens a control port and runs one ``LeaderTerm`` until it
+steps down or shuts down. Every other node of the job keeps one TCP connection to it
+(``_follower.py`` is the other end); the leader's own node talks to the term directly.
+
+* **Hello.** A connection's first frame names the node and the claim (epoch, leader) it
+  expects; a node that expects another claim is rejected, so a stale announcement can never
+  attach a node to the wrong term. A node that does not say hello within
+  ``hello_timeout_s`` is dropped, and so is a second connection of the same node (the
+  newer one wins: the node reconnected).
+* **Liveness.** Heartbeats both ways every ``interval_s``. A node whose connection closes
+  (its process died: the kernel closed it) or that sends no complete frame for
+  ``timeout_s`` (frozen, cut off, or writing too slowly) is dead: the round book marks it
+  and, if it was in the running round, the round goes stale so the others re-join.
+* **Joins and rounds.** ``join`` asks for a place in the next round. The ``RoundBook``
+  decides; a round forms on a fresh TCPStore (``OpenStore``, opened ahead of time on the
+  shell's worker thread) and every admitted node gets its ``round`` frame. A joiner that
+  waits gets ``wait`` frames when it starts or stops being *parked* (a healthy round runs
+  without it), and ``timeout`` with the reason when its ``join_timeout`` ends unparked.
+* **Establishment.** The claim is *established* once a round formed in this term, or once
+  a majority of the last round's members follow it (a failover): only then can it replace
+  another established leader (see ``_protocol.py``).
+* **Exit barrier.** Members report when their agent enters torch's exit barrier
+  (``arrive``); once every member has arrived or is gone, and some are gone for good, the
+  leader opens the barrier (``OpenExitBarrier``) instead of letting the others wait 300 s.
+* **Status.** ``status`` frames carry what ``num_nodes_waiting()`` needs, pushed when it
+  changes, so the agent's frequent polls never wait on the network.
+
+Outputs: frames per connection (``frames()``), connections to close (``closes()``), jobs for
+the shell's worker thread (``jobs()``) and answers for the leader's own node (``local()``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_mingle._protocol import Claim
+from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, node_hex
+from torch_mingle._wire import Invalid, check, encode_frame
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+ROUND_STORES_KEPT = 2
+MAX_CONNECTIONS = 65536
+
+ConnId = int
+
+
+# Jobs for the shell's worker thread (blocking TCPStore work), answered by ``job_done``.
+@dataclass(frozen=True)
+class OpenStore:
+    """Open a fresh TCPStore server; the result is its port."""
+
+
+@dataclass(frozen=True)
+class OpenExitBarrier:
+    """Mark torch's exit barrier of the round whose store listens on ``port`` as complete."""
+
+    round: int
+    port: int
+
+
+@dataclass(frozen=True)
+class ReleaseStores:
+    """Stop the round stores on these ports."""
+
+    ports: tuple[int, ...]
+
+
+Job = OpenStore | OpenExitBarrier | ReleaseStores
+
+
+# Answers for the leader's own node (it joins without a connection).
+@dataclass(frozen=True)
+class LocalAnswer:
+    kind: str  # round | retry | timeout | closed | wait | ack
+    ticket: int
+    round: Round | None = None
+    text: str = ""
+    parked: bool = False
+
+
+@dataclass
+class _Member:
+    conn: ConnId | None  # None: the leader's own node
+    opened: float
+    node: int | None = None
+    last_heard: float = 0.0
+    history: History | None = None
+    join_id: int | None = None
+    join_deadline: float | None = None
+    join_timeout_s: float = 0.0
+    parked: bool | None = None
+
+
+@dataclass
+class LeaderTerm:
+    """The leader's side of the control plane for one term (one epoch)."""
+
+    claim: Claim
+    book: RoundBook
+    advertised_ip: str
+    interval_s: float
+    timeout_s: float
+    label: str
+    own_history: History | None = None
+    hello_timeout_s: float = HELLO_TIMEOUT_S
+    conns: dict[ConnId, _Member] = field(default_factory=dict)
+    established: bool = False
+    closed_by: str = ""
+    _self: _Member | None = None
+    _by_node: dict[int, _Member] = field(default_factory=dict)
+    _frames: list[tuple[ConnId, bytes]] = field(default_factory=list)
+    _closes: list[tuple[ConnId, str]] = field(default_factory=list)
+    _jobs: list[Job] = field(default_factory=list)
+    _local: list[LocalAnswer] = field(default_factory=list)
+    _spare_port: int | None = None
+    _store_requested: bool = False
+    _round_ports: list[int] = field(default_factory=list)
+    _wanted_form: Form | None = None
+    _wait_until: float | None = None
+    _next_beat: float = 0.0
+    _status: Status | None = None
+    _status_dirty: bool = False
+    _now: float = 0.0
+    _barrier_opened: int = 0
+    _stopped: bool = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, now: float) -> None:
+        self._next_beat = now + self.interval_s
+        self._request_store()
+        self._update_established()
+        self._decide(now)
+
+    def stand_down(self, why: str) -> None:
+        """The term ends (a better claim won, or an internal error): every waiter re-joins elsewhere."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for m in list(self._members()):
+            if m.join_id is not None:
+                self._answer(m, "retry", why=why)
+        for conn in list(self.conns):
+            self._closes.append((conn, why))
+        self.conns.clear()
+        self._by_node.clear()
+        self.release_stores()
+
+    def release_stores(self) -> None:
+        """Stop every store of the term (it stepped down, or its node shut down)."""
+        ports = [*self._round_ports, *([self._spare_port] if self._spare_port is not None else [])]
+        self._round_ports, self._spare_port = [], None
+        if ports:
+            self._jobs.append(ReleaseStores(ports=tuple(ports)))
+
+    # ------------------------------------------------------------ inputs
+
+    def accepted(self, conn: ConnId, now: float) -> None:
+        if len(self.conns) >= MAX_CONNECTIONS:
+            self._closes.append((conn, "too many connections"))
+            return
+        self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now)
+
+    def closed(self, conn: ConnId, reason: str, now: float) -> None:
+        member = self.conns.pop(conn, None)
+        if member is None or member.node is None:
+            return
+        if self._by_node.get(member.node) is member:
+            del self._by_node[member.node]
+            self._node_lost(member.node, reason, now)
+
+    def received(self, conn: ConnId, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
+        member = self.conns.get(conn)
+        if member is None:
+            return
+        if isinstance(frames, Invalid):
+            self._drop(member, f"protocol error from the node: {frames.reason}", now)
+            return
+        for msg in frames:
+            if self.conns.get(conn) is not member:
+                return  # dropped by an earlier frame
+            self._dispatch(member, msg, now)
+        self._decide(now)
+
+    def job_done(self, job: Job, result: object, error: str | None, now: float) -> None:
+        if isinstance(job, OpenStore):
+            self._store_requested = False
+            if error is not None:
+                raise RuntimeError(f"cannot open a round store: {error}")
+            if self._stopped:
+                self._jobs.append(ReleaseStores(ports=(int(str(result)),)))
+                return
+            assert isinstance(result, int)  # noqa: S101 - OpenStore answers a port
+            self._spare_port = result
+            self._decide(now)
+        elif isinstance(job, OpenExitBarrier) and error is not None:
+            log.warning("%s could not open the exit barrier of round %d: %s", self.label, job.round, error)
+
+    def handle_timer(self, now: float) -> None:
+        if now >= self._next_beat:
+            self._next_beat = now + self.interval_s
+            self._beat(now)
+        self._check_joins(now)
+        if self._wait_until is not None and now >= self._wait_until:
+            self._wait_until = None
+            self._decide(now)
+
+    def next_timer(self) -> float | None:
+        if self._stopped:
+            return None
+        times = [self._next_beat]
+        if self._wait_until is not None:
+            times.append(self._wait_until)
+        times.extend(m.join_deadline for m in self._members() if m.join_deadline is not None)
+        return min(times)
+
+    # ------------------------------------------------- the leader's own node
+
+    def join_local(self, ticket: int, ip: str, history: History | None, timeout_s: float, now: float) -> None:
+        if self._self is None:
+            self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
+        self._join(self._self, ticket, ip, history, timeout_s, now)
+        self._decide(now)
+
+    def arrive_local(self, ticket: int, round_number: int, now: float) -> None:
+        self._arrive(self.claim.leader, round_number)
+        self._local.append(LocalAnswer("ack", ticket))
+
+    def close_job(self, by: int, now: float) -> None:
+        if self.book.closed:
+            return
+        self.closed_by = node_hex(by)
+        for node in self.book.close():
+            m = self._by_node.get(node) if node != self.claim.leader else self._self
+            if m is not None:
+                self._answer(m, "closed")
+        log.info("%s rendezvous closed by node %s", self.label, node_hex(by))
+        self._decide(now)
+
+    # ------------------------------------------------------------ outputs
+
+    def frames(self) -> list[tuple[ConnId, bytes]]:
+        self._flush_status()
+        out, self._frames = self._frames, []
+        return out
+
+    def closes(self) -> list[tuple[ConnId, str]]:
+        out, self._closes = self._closes, []
+        return out
+
+    def jobs(self) -> list[Job]:
+        out, self._jobs = self._jobs, []
+        return out
+
+    def local(self) -> list[LocalAnswer]:
+        out, self._local = self._local, []
+        return out
+
+    def status(self, now: float) -> Status:
+        return self.book.status(now)
+
+    def connected_nodes(self) -> int:
+        return len(self._by_node)
+
+    def all_gone(self) -> bool:
+        return self.book.all_gone()
+
+    # ------------------------------------------------------------ frames in
+
+    def _dispatch(self, m: _Member, msg: dict[str, Any], now: float) -> None:
+        kind = check(msg)
+        if kind is None:
+            self._drop(m, f"protocol error from the node: bad frame {str(msg)[:80]!r}", now)
+            return
+        m.last_heard = now
+        if m.node is None:
+            if kind == "hello":
+                self._hello(m, msg, now)
+            else:
+                self._drop(m, f"protocol error: {kind} before hello", now)
+            return
+        if kind == "hb":
+            return
+        if kind == "join":
+            timeout_s = _seconds(msg.get("timeout_s"))
+            self._join(m, int(msg["id"]), _ip(msg["ip"]), _history(msg.get("history")), timeout_s, now)
+        elif kind == "arrive":
+            self._arrive(m.node, int(msg["round"]))
+            self._send(m, "ack", id=int(msg["id"]))
+        elif kind == "leave":
+            self.book.leave(m.node)
+            self._after_departure(now)
+        elif kind == "close":
+            self.close_job(m.node, now)
+        else:
+            self._drop(m, f"protocol error: unexpected {kind}", now)
+
+    def _hello(self, m: _Member, msg: dict[str, Any], now: float) -> None:
+        try:
+            node = int(str(msg["node"]), 16)
+            leader = int(str(msg["leader"]), 16)
+        except ValueError:
+            self._drop(m, "protocol error: bad node id in hello", now)
+            return
+        if not 0 < node < 2**64 or node == self.claim.leader:
+            self._drop(m, "protocol error: bad node id in hello", now)
+            return
+        if Claim(epoch=int(msg["epoch"]), leader=leader) != self.claim:
+            self._send(
+                m,
+                "reject",
+                why=f"this node leads {self.claim}, not epoch {msg['epoch']} leader {leader:016x}",
+            )
+            self._close(m, "wrong claim")
+            return
+        old = self._by_node.get(node)
+        if old is not None and old is not m:
+            old.node = None  # superseded: the node reconnected; not a death
+            self._close(old, "superseded by a new connection of the same node")
+            self.book.withdraw(node)  # its join, if any, comes again on the new connection
+        m.node = node
+        m.history = _history(msg.get("history"))
+        self._by_node[node] = m
+        self.book.ips[node] = _ip(msg["ip"])
+        self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
+        self._update_established()
+
+    def _join(
+        self, m: _Member, ticket: int, ip: str, history: History | None, timeout_s: float, now: float
+    ) -> None:
+        node = m.node
+        assert node is not None  # noqa: S101 - only identified members join
+        if m.join_id is not None and m.join_id != ticket:
+            self._answer(m, "retry", why="superseded by a newer join of the same node")
+        m.join_id = ticket
+        m.join_timeout_s = timeout_s
+        m.join_deadline = now + timeout_s if timeout_s > 0 else None
+        m.parked = False
+        if history is not None:
+            m.history = history
+        if self.book.closed:
+            self._answer(m, "closed")
+            return
+        self.book.join(JoinRequest(node=node, ip=ip, history=history))
+        self._update_established()
+
+    def _arrive(self, node: int, round_number: int) -> None:
+        self.book.arrive(node, round_number)
+        self._open_exit_barrier_if_due()
+
+    # ------------------------------------------------------------ decisions
+
+    def _decide(self, now: float) -> None:
+        if self._stopped:
+            return
+        while True:
+            decision = self.book.decide(now)
+            if isinstance(decision, Form):
+                if self._spare_port is None:
+                    self._request_store()
+                    self._wait_until = None
+                    break  # forms as soon as the store is open (job_done)
+                self._form(decision, self._spare_port, now)
+                self._spare_port = None
+                self._request_store()
+                continue
+            self._wait_until = decision.until
+            break
+        self._update_parking(now)
+        self._mark_status(now)
+
+    def _form(self, form: Form, port: int, now: float) -> None:
+        rnd = Round(
+            number=self.book.last_round_number + 1,
+            epoch=self.claim.epoch,
+            members=form.members,
+            store_ip=self.advertised_ip,
+            store_port=port,
+            ips=form.ips,
+        )
+        for node in form.members:
+            m = self._self if node == self.claim.leader else self._by_node.get(node)
+            if m is not None and m.join_id is not None:
+                self._answer(m, "round", round=rnd)
+        self.book.formed(rnd, now)
+        self._round_ports.append(port)
+        old, self._round_ports = (
+            self._round_ports[:-ROUND_STORES_KEPT],
+            self._round_ports[-ROUND_STORES_KEPT:],
+        )
+        if old:
+            self._jobs.append(ReleaseStores(ports=tuple(old)))
+        self._update_established()
+        log.info(
+            "%s round %d formed (%s): world size %d, store port %d, members %s",
+            self.label,
+            rnd.number,
+            form.reason,
+            rnd.world_size,
+            port,
+            " ".join(node_hex(n) for n in rnd.members),
+        )
+
+    def _update_parking(self, now: float) -> None:
+        for m in self._members():
+            if m.join_id is None or m.node is None:
+                continue
+            parked = self.book.parked(m.node)
+            if parked == m.parked:
+                continue
+            if m.parked and not parked and m.join_timeout_s > 0:
+                m.join_deadline = now + m.join_timeout_s  # its wait for a round starts now
+            m.parked = parked
+            self._answer(m, "wait", parked=parked, reason=self.book.explain())
+
+    def _check_joins(self, now: float) -> None:
+        for m in list(self._members()):
+            if m.join_deadline is None or now < m.join_deadline or m.node is None:
+                continue
+            if self.book.parked(m.node):
+                m.join_deadline = now + m.join_timeout_s
+                continue
+            why = self.book.explain()
+            self.book.withdraw(m.node)
+            self._answer(m, "timeout", why=why)
+        self._mark_status(now)
+
+    def _update_established(self) -> None:
+        if self.established:
+            return
+        if self.book.current is not None:
+            self.established = True
+            return
+        histories = [h for h in (self.own_history, *(m.history for m in self._members())) if h is not None]
+        if not histories:
+            return
+        latest = max(histories, key=lambda h: (h.epoch, h.round))
+        followers = set(self._by_node) | {self.claim.leader}
+        support = sum(1 for n in latest.members if n in followers)
+        if 2 * support > len(latest.members):
+            self.established = True
+            log.info(
+                "%s established: %d of the %d members of round %d follow this term",
+                self.label,
+                support,
+                len(latest.members),
+                latest.round,
+            )
+
+    # ------------------------------------------------------------ liveness
+
+    def _beat(self, now: float) -> None:
+        for m in list(self.conns.values()):
+            if m.node is None:
+                if now - m.opened > self.hello_timeout_s:
+                    self._close(m, f"no hello within {self.hello_timeout_s:g}s")
+                continue
+            if now - m.last_heard > self.timeout_s:
+                why = f"no heartbeat for {self.timeout_s:g}s (frozen, cut off or too slow)"
+                self._send(m, "evicted", why=why)
+                self._drop(m, why, now)
+                continue
+            self._send(m, "hb")
+
+    def _drop(self, m: _Member, why: str, now: float) -> None:
+        self._close(m, why)
+        if m.node is not None and self._by_node.get(m.node) is m:
+            del self._by_node[m.node]
+            self._node_lost(m.node, why, now)
+
+    def _node_lost(self, node: int, why: str, now: float) -> None:
+        if node in self.book.left:
+            return
+        in_round = self.book.current is not None and node in self.book.current.members
+        if in_round or node in self.book.pending:
+            log.warning("%s node %s is gone: %s", self.label, node_hex(node), why)
+        self.book.died(node, why)
+        self._after_departure(now)
+        self._decide(now)
+
+    def _after_departure(self, now: float) -> None:
+        self._open_exit_barrier_if_due()
+        self._mark_status(now)
+
+    def _open_exit_barrier_if_due(self) -> None:
+        rnd = self.book.current
+        if rnd is None or self._barrier_opened >= rnd.number or not self.book.barrier_to_open():
+            return
+        self._barrier_opened = rnd.number
+        gone = sorted(node_hex(n) for n in self.book.departed() - self.book.arrived)
+        log.info(
+            "%s exit barrier of round %d opened: %d node(s) arrived, %d left or died (%s)",
+            self.label,
+            rnd.number,
+            len(self.book.arrived),
+            len(gone),
+            " ".join(gone),
+        )
+        self._jobs.append(OpenExitBarrier(round=rnd.number, port=rnd.store_port))
+
+    # ------------------------------------------------------------ helpers
+
+    def _members(self) -> list[_Member]:
+        out = list(self._by_node.values())
+        if self._self is not None:
+            out.append(self._self)
+        return out
+
+    def _request_store(self) -> None:
+        if self._spare_port is None and not self._store_requested and not self._stopped:
+            self._store_requested = True
+            self._jobs.append(OpenStore())
+
+    def _answer(self, m: _Member, kind: str, **fields: Any) -> None:
+        """Answer a member's join (``round``, ``retry``, ``timeout``, ``closed``, ``wait``)."""
+        ticket = m.join_id if m.join_id is not None else 0
+        if kind != "wait":
+            m.join_id = None
+            m.join_deadline = None
+            m.parked = None
+        if m.conn is None:
+            rnd = fields.get("round")
+            text = str(fields.get("why") or fields.get("reason") or "")
+            self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
+            return
+        if kind == "round":
+            fields["round"] = fields["round"].to_json()
+        self._send(m, kind, id=ticket, **fields)
+
+    def _send(self, m: _Member, kind: str, **fields: Any) -> None:
+        if m.conn is not None:
+            self._frames.append((m.conn, encode_frame(kind, **fields)))
+
+    def _close(self, m: _Member, why: str) -> None:
+        if m.conn is not None and self.conns.pop(m.conn, None) is not None:
+            self._closes.append((m.conn, why))
+
+    def _mark_status(self, now: float) -> None:
+        self._status_dirty = True
+        self._now = now
+
+    def _flush_status(self) -> None:
+        """Push the status to every node if it changed (once per batch of inputs)."""
+        if not self._status_dirty or self._stopped:
+            return
+        self._status_dirty = False
+        status = self.book.status(self._now)
+        if status == self._status:
+            return
+        self._status = status
+        frame = encode_frame("status", status=status.to_json())
+        self._frames.extend((m.conn, frame) for m in self._by_node.values() if m.conn is not None)
+
+
+def _seconds(raw: Any) -> float:
+    """A join's timeout from a peer: a finite positive number, else 0 (no timeout)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return 0.0
+    value = float(raw)
+    return value if math.isfinite(value) and 0 < value < 1e9 else 0.0
+
+
+def _ip(raw: Any) -> str:
+    """A peer's address as it reported it, if it is one."""
+    try:
+        ipaddress.ip_address(str(raw).partition("%")[0])
+    except ValueError:
+        return "?"
+    return str(raw)
+
+
+def _history(raw: Any) -> History | None:
+    if raw is None:
+        return None
+    try:
+        return History.from_json(raw)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

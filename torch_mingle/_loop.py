@@ -1,0 +1,628 @@
+"""The I/O loop of one node: the thread that owns every socket and timer, and drives the ``Node``.
+
+How it works
+------------
+One thread per node runs a ``selectors`` loop (epoll on Linux: no limit on descriptor
+numbers) over the discovery sockets of every interface, the leader's control listener and
+the node's control connections. It reads what arrives, hands it to the ``Node`` with the
+time, and carries out what the node asks (``Net``): datagrams, connects, frames, closes.
+
+* **Nothing blocks the loop.** Sockets are non-blocking; a connection whose peer stops
+  reading is closed once its output has not moved for ``write_timeout_s``, and so is one
+  that has more than ``MAX_OUTPUT_BYTES`` waiting. Blocking work (opening a TCPStore,
+  resolving ``peers=`` names) runs on one worker thread and comes back as a result.
+* **Nothing calls back into the node while it is busy.** Outcomes of the node's own calls
+  (a refused connect, a closed connection) are queued and delivered after the call returns.
+* **Nothing dies silently.** An exception in the node's code is logged at ERROR and the node
+  recovers (a leader resigns, a follower re-joins, ``Node.recover``); more than
+  ``MAX_RECOVERIES`` in ``RECOVERY_WINDOW_S``, an error in the recovery itself, or an error in
+  the loop, fails the node loudly: the agent's next call raises instead of hanging. The
+  worker thread catches every job's error and reports it as that job's result.
+* **Other threads** only queue calls (``call``), which the loop runs between its reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_mingle._interfaces import Interface
+from torch_mingle._leader import Job
+from torch_mingle._node import Node
+from torch_mingle._protocol import Dest
+from torch_mingle._store import StoreKeeper, abort_connections_to, ip_family, sockaddr
+from torch_mingle._transport import McastTransport
+from torch_mingle._wire import FrameReader
+from torch_mingle.errors import MingleStateError
+
+log = logging.getLogger(__name__)
+
+IDLE_WAKE_S = 1.0
+MAX_ROUTES = 4096
+MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+READ_BYTES = 256 * 1024
+CLOSE_FLUSH_S = 2.0
+ACCEPT_PAUSE_S = 0.5
+MAX_RECOVERIES = 5
+RECOVERY_WINDOW_S = 60.0
+PEERS_REFRESH_S = 5.0
+STOP_JOIN_S = 5.0
+
+
+@dataclass
+class _Stream:
+    id: int
+    sock: socket.socket
+    connecting: bool
+    reader: FrameReader = field(default_factory=FrameReader)
+    out: bytearray = field(default_factory=bytearray)
+    stalled_since: float | None = None
+    closing_by: float | None = None
+    events: int = 0
+
+
+@dataclass(frozen=True)
+class _Resolve:
+    """Resolve the ``peers=`` names (on the worker thread)."""
+
+    hosts: tuple[str, ...]
+    family: int
+
+
+class Worker:
+    """One thread for blocking jobs; every job's outcome (result or error) goes back to the loop."""
+
+    def __init__(
+        self, execute: Callable[[Any], Any], post: Callable[[Callable[[float], None]], None], label: str
+    ):
+        self._execute = execute
+        self._post = post
+        self._jobs: deque[tuple[Any, Callable[[Any, str | None, float], None]] | None] = deque()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"mingle-worker{label}", daemon=True)
+        self.label = label
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Any, done: Callable[[Any, str | None, float], None]) -> None:
+        with self._cond:
+            self._jobs.append((job, done))
+            self._cond.notify()
+
+    def stop(self, timeout_s: float) -> bool:
+        """Finish the queued jobs, then stop; False if that took longer than ``timeout_s``."""
+        with self._cond:
+            self._jobs.append(None)
+            self._cond.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait()
+                item = self._jobs.popleft()
+            if item is None:
+                return
+            job, done = item
+            try:
+                result, error = self._execute(job), None
+            except Exception as exc:  # every job's failure is its result, for the node to judge
+                log.warning("%s background job %s failed: %s", self.label, type(job).__name__, exc)
+                result, error = None, f"{type(exc).__name__}: {exc}"
+            self._post(lambda now, job=job, result=result, error=error, done=done: done(result, error, now))
+
+
+class Loop:
+    """The real ``Net`` of one node: sockets, timers and a worker thread, driven from one thread."""
+
+    def __init__(
+        self,
+        transports: list[McastTransport],
+        *,
+        keeper: StoreKeeper,
+        peers: tuple[str, ...] = (),
+        write_timeout_s: float = 15.0,
+        label: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.transports = transports
+        self.keeper = keeper
+        self.peer_hosts = peers
+        self.write_timeout_s = write_timeout_s
+        self.label = label
+        self.clock = clock
+        self.node: Node | None = None
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._calls: deque[Callable[[float], None]] = deque()
+        self._calls_lock = threading.Lock()
+        self._deferred: deque[Callable[[float], None]] = deque()
+        self._streams: dict[int, _Stream] = {}
+        self._next_id = 0
+        self._listener: socket.socket | None = None
+        self._accept_paused_until: float | None = None
+        self._heard_via: OrderedDict[str, McastTransport] = OrderedDict()
+        self._peer_addrs: tuple[str, ...] = ()
+        self._next_resolve: float | None = None
+        self._recoveries: deque[float] = deque()
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"mingle-loop{label}", daemon=True)
+        self.worker = Worker(self._execute, self.call, label)
+
+    # ------------------------------------------------------------ other threads
+
+    def start(self, node: Node) -> None:
+        """Open the discovery sockets (errors raise here, in the caller) and start the thread."""
+        self.node = node
+        opened: list[McastTransport] = []
+        try:
+            for transport in self.transports:
+                opened.append(transport.open())
+                for sock in transport.sockets():
+                    self._sel.register(sock, selectors.EVENT_READ, ("udp", transport))
+        except BaseException:
+            for transport in opened:
+                transport.close()
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            raise
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        if self.peer_hosts:
+            self._resolve_peers_now()
+        self.worker.start()
+        now = self.clock()
+        self._guard("start", lambda: node.start(now), now)
+        self._thread.start()
+
+    def call(self, fn: Callable[[float], None]) -> None:
+        """Run ``fn(now)`` on the loop thread, soon (thread-safe)."""
+        with self._calls_lock:
+            self._calls.append(fn)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def stop(self, timeout_s: float = STOP_JOIN_S) -> None:
+        """Stop the thread, finish the worker's queue, close every socket (bounded by ``timeout_s``)."""
+        self.call(lambda now: self._begin_stop())
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error("%s the loop did not stop within %gs", self.label, timeout_s)
+        if not self.worker.stop(timeout_s):
+            log.error("%s the worker thread did not stop within %gs", self.label, timeout_s)
+        self.keeper.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def interface_towards(self, ip: str) -> Interface:
+        """The interface that reaches ``ip``: where it was heard, else the one on its subnet."""
+        return self._route(ip).iface
+
+    # ------------------------------------------------------------ Net (loop thread)
+
+    def send_datagram(self, data: bytes, dest: Dest) -> None:
+        if dest is not None:
+            self._route(str(dest[0])).send(data, dest)
+            return
+        for transport in self.transports:
+            transport.send(data, None)
+        port = self.transports[0].port
+        for ip in self._peer_addrs:
+            self._route(ip).send(data, (ip, port))
+
+    def listen(self, ip: str) -> int:
+        self.stop_listening()
+        sock = socket.socket(ip_family(ip), socket.SOCK_STREAM)
+        try:
+            # No SO_REUSEADDR: with it, Linux may hand out the port of a TCPStore listening on
+            # the wildcard address, and TCPStore clients would reach us instead of the store.
+            sock.bind(sockaddr(ip, 0))
+            sock.listen(1024)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._listener = sock
+        self._sel.register(sock, selectors.EVENT_READ, ("listen", None))
+        return int(sock.getsockname()[1])
+
+    def stop_listening(self) -> None:
+        sock, self._listener = self._listener, None
+        if sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(sock)
+            sock.close()
+
+    def connect(self, ip: str, port: int) -> int:
+        sock = socket.socket(ip_family(ip), socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            code = sock.connect_ex(sockaddr(ip, port))
+        except OSError:
+            sock.close()
+            raise
+        stream = self._add_stream(sock, connecting=True)
+        if code in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            self._watch(stream)
+        else:
+            self._defer_close(
+                stream,
+                f"connect failed: {errno.errorcode.get(code, code)}",
+                refused=code == errno.ECONNREFUSED,
+            )
+        return stream.id
+
+    def send(self, conn: int, data: bytes) -> None:
+        stream = self._streams.get(conn)
+        if stream is None or stream.closing_by is not None:
+            return
+        stream.out += data
+        if not stream.connecting:
+            self._write(stream, self.clock())
+
+    def close(self, conn: int) -> None:
+        stream = self._streams.get(conn)
+        if stream is None or stream.closing_by is not None:
+            return
+        if not stream.out or stream.connecting:
+            self._drop(stream)
+            return
+        stream.closing_by = self.clock() + CLOSE_FLUSH_S
+        self._write(stream, self.clock())
+
+    def submit(self, job: Job, tag: int) -> None:
+        node = self.node
+
+        def done(result: Any, error: str | None, now: float) -> None:
+            if node is not None:
+                self._guard(
+                    "a background result", lambda: node.on_work_done(job, tag, result, error, now), now
+                )
+
+        self.worker.submit(job, done)
+
+    def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None:
+        count = abort_connections_to(ip, ports)
+        if count:
+            log.info("%s cut %d connection(s) to the lost leader's stores at %s", self.label, count, ip)
+
+    def local_ip_towards(self, ip: str) -> str:
+        return self._route(ip).iface.address
+
+    def describe(self) -> str:
+        first = self.transports[0]
+        where = ", ".join(f"{t.iface.name} ({t.iface.address})" for t in self.transports)
+        return f"{where}, group {first.group} port {first.port}"
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._iterate()
+        except BaseException as exc:
+            log.exception("%s the mingle loop failed", self.label)
+            self._fail(exc)
+        finally:
+            self._close_all()
+            self._stopped.set()
+
+    def _iterate(self) -> None:
+        node = self.node
+        assert node is not None  # noqa: S101 - start() sets it
+        now = self.clock()
+        self._run_calls(now)
+        timeout = self._timeout(node, now)
+        events = self._sel.select(timeout)
+        now = self.clock()
+        node.core.wall_offset_s = time.time() - now  # follows clock steps (NTP)
+        for key, mask in events:
+            kind, obj = key.data
+            if kind == "udp":
+                self._read_datagrams(key.fileobj, obj, now)  # type: ignore[arg-type]
+            elif kind == "wake":
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(65536)
+            elif kind == "listen":
+                self._accept(now)
+            elif kind == "stream":
+                stream = self._streams.get(obj)
+                if stream is not None:
+                    self._stream_ready(stream, mask, now)
+            self._run_deferred(now)
+        self._run_calls(now)
+        self._housekeeping(now)
+        timer = node.next_timer()
+        if timer is not None and now >= timer:
+            self._guard("a timer", lambda: node.on_timer(now), now)
+        self._run_deferred(now)
+
+    def _timeout(self, node: Node, now: float) -> float:
+        times = [node.next_timer(), self._next_resolve, self._accept_paused_until]
+        times.extend(s.closing_by for s in self._streams.values() if s.closing_by is not None)
+        times.extend(
+            s.stalled_since + self.write_timeout_s
+            for s in self._streams.values()
+            if s.stalled_since is not None
+        )
+        present = [t for t in times if t is not None]
+        if self._calls or self._deferred:
+            return 0.0
+        if not present:
+            return IDLE_WAKE_S
+        return max(0.0, min(IDLE_WAKE_S, min(present) - now))
+
+    def _run_calls(self, now: float) -> None:
+        while True:
+            with self._calls_lock:
+                if not self._calls:
+                    return
+                fn = self._calls.popleft()
+            self._guard("a request", lambda fn=fn: fn(now), now)  # type: ignore[misc]
+            self._run_deferred(now)
+
+    def _run_deferred(self, now: float) -> None:
+        while self._deferred:
+            fn = self._deferred.popleft()
+            self._guard("a connection event", lambda fn=fn: fn(now), now)  # type: ignore[misc]
+
+    def _guard(self, what: str, fn: Callable[[], None], now: float) -> None:
+        """Run node code; an error makes the node recover (logged at ERROR), or fail loudly."""
+        node = self.node
+        try:
+            fn()
+        except Exception as exc:
+            log.exception("%s internal error while handling %s", self.label, what)
+            self._recoveries.append(now)
+            while self._recoveries and now - self._recoveries[0] > RECOVERY_WINDOW_S:
+                self._recoveries.popleft()
+            if node is None or len(self._recoveries) > MAX_RECOVERIES:
+                self._fail(exc)
+                return
+            try:
+                node.recover(exc, now)
+            except Exception as again:
+                log.exception("%s recovering from an internal error failed", self.label)
+                self._fail(again)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._stopping = True
+        if self.node is not None:
+            self.node.board.fail(
+                MingleStateError(f"{self.label} the rendezvous loop stopped after an internal error: {exc}")
+            )
+
+    def _begin_stop(self) -> None:
+        self._stopping = True
+
+    def _housekeeping(self, now: float) -> None:
+        if self._accept_paused_until is not None and now >= self._accept_paused_until and self._listener:
+            self._accept_paused_until = None
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.register(self._listener, selectors.EVENT_READ, ("listen", None))
+        if self._next_resolve is not None and now >= self._next_resolve:
+            self._resolve_peers_now()
+        for stream in list(self._streams.values()):
+            if stream.closing_by is not None and now >= stream.closing_by:
+                self._drop(stream)
+            elif stream.stalled_since is not None and now - stream.stalled_since > self.write_timeout_s:
+                self._defer_close(stream, f"the peer stopped reading for {self.write_timeout_s:g}s")
+
+    # ------------------------------------------------------------ datagrams
+
+    def _read_datagrams(self, sock: socket.socket, transport: McastTransport, now: float) -> None:
+        node = self.node
+        assert node is not None  # noqa: S101
+        for data, addr in transport.receive([sock]):
+            self._note_route(addr, transport)
+            self._guard("a datagram", lambda data=data, addr=addr: node.on_datagram(data, addr, now), now)  # type: ignore[misc]
+            self._run_deferred(now)
+
+    def _note_route(self, addr: Dest, transport: McastTransport) -> None:
+        if addr is None or len(self.transports) == 1:
+            return
+        ip = str(addr[0])
+        self._heard_via[ip] = transport
+        self._heard_via.move_to_end(ip)
+        if len(self._heard_via) > MAX_ROUTES:
+            self._heard_via.popitem(last=False)
+
+    def _route(self, ip: str) -> McastTransport:
+        via = self._heard_via.get(ip)
+        if via is not None:
+            return via
+        return next((t for t in self.transports if t.iface.holds_network_of(ip)), self.transports[0])
+
+    def _resolve_peers_now(self) -> None:
+        self._next_resolve = None
+        family = self.transports[0].iface.family
+
+        def done(result: Any, error: str | None, now: float) -> None:
+            if error is None and isinstance(result, tuple):
+                self._peer_addrs = result
+            self._next_resolve = now + PEERS_REFRESH_S
+
+        self.worker.submit(_Resolve(self.peer_hosts, family), done)
+
+    def _execute(self, job: Any) -> Any:
+        """Run one job on the worker thread."""
+        if isinstance(job, _Resolve):
+            return resolve_hosts(job.hosts, job.family, self.label)
+        return self.keeper.run(job)
+
+    # ------------------------------------------------------------ streams
+
+    def _add_stream(self, sock: socket.socket, *, connecting: bool) -> _Stream:
+        self._next_id += 1
+        stream = _Stream(id=self._next_id, sock=sock, connecting=connecting)
+        self._streams[stream.id] = stream
+        return stream
+
+    def _watch(self, stream: _Stream) -> None:
+        wanted = selectors.EVENT_WRITE if stream.connecting else selectors.EVENT_READ
+        if stream.out and not stream.connecting:
+            wanted |= selectors.EVENT_WRITE
+        if wanted == stream.events:
+            return
+        if stream.events:
+            self._sel.modify(stream.sock, wanted, ("stream", stream.id))
+        else:
+            self._sel.register(stream.sock, wanted, ("stream", stream.id))
+        stream.events = wanted
+
+    def _accept(self, now: float) -> None:
+        node = self.node
+        listener = self._listener
+        if listener is None or node is None:
+            return
+        for _ in range(256):
+            try:
+                sock, _addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                # Out of descriptors (EMFILE/ENFILE): pause accepting instead of spinning.
+                log.error(  # noqa: TRY400 - the advice matters, the traceback does not
+                    "%s cannot accept a node's connection: %s; raise `ulimit -n` (see README.md#scale)",
+                    self.label,
+                    exc,
+                )
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(listener)
+                self._accept_paused_until = now + ACCEPT_PAUSE_S
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            stream = self._add_stream(sock, connecting=False)
+            self._watch(stream)
+            self._guard("an accepted connection", lambda sid=stream.id: node.on_accepted(sid, now), now)  # type: ignore[misc]
+            self._run_deferred(now)
+
+    def _stream_ready(self, stream: _Stream, mask: int, now: float) -> None:
+        node = self.node
+        assert node is not None  # noqa: S101
+        if stream.connecting:
+            code = stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                self._defer_close(
+                    stream,
+                    f"connect failed: {errno.errorcode.get(code, code)}",
+                    refused=code == errno.ECONNREFUSED,
+                )
+                return
+            stream.connecting = False
+            self._watch(stream)
+            self._guard("a connection", lambda: node.on_connected(stream.id, now), now)
+            self._write(stream, now)
+            return
+        if mask & selectors.EVENT_WRITE:
+            self._write(stream, now)
+        if mask & selectors.EVENT_READ and stream.id in self._streams:
+            self._read(stream, now)
+
+    def _read(self, stream: _Stream, now: float) -> None:
+        node = self.node
+        assert node is not None  # noqa: S101
+        try:
+            data = stream.sock.recv(READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._defer_close(stream, f"connection error: {exc.strerror or exc}")
+            return
+        if not data:
+            self._defer_close(stream, "closed by the peer (its process exited, was killed, or closed it)")
+            return
+        if stream.closing_by is not None:
+            return  # we are done with it; only its output still drains
+        frames = stream.reader.feed(data)
+        self._guard("a frame", lambda: node.on_frames(stream.id, frames, now), now)  # type: ignore[arg-type]
+
+    def _write(self, stream: _Stream, now: float) -> None:
+        if not stream.out:
+            stream.stalled_since = None
+        else:
+            try:
+                sent = stream.sock.send(stream.out)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._defer_close(stream, f"connection error: {exc.strerror or exc}")
+                return
+            del stream.out[:sent]
+            if sent:
+                stream.stalled_since = None if not stream.out else now
+            elif stream.stalled_since is None:
+                stream.stalled_since = now
+            if len(stream.out) > MAX_OUTPUT_BYTES:
+                self._defer_close(stream, f"the peer stopped reading ({len(stream.out)} bytes waiting)")
+                return
+        if stream.closing_by is not None and not stream.out:
+            self._drop(stream)
+            return
+        self._watch(stream)
+
+    def _defer_close(self, stream: _Stream, reason: str, *, refused: bool = False) -> None:
+        """Close ``stream`` now; tell the node after its current call (if it still cares)."""
+        notify = stream.closing_by is None
+        self._drop(stream)
+        node = self.node
+        if notify and node is not None:
+            self._deferred.append(lambda now: node.on_closed(stream.id, reason, refused=refused, now=now))
+
+    def _drop(self, stream: _Stream) -> None:
+        if self._streams.pop(stream.id, None) is None:
+            return
+        if stream.events:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(stream.sock)
+        stream.sock.close()
+
+    def _close_all(self) -> None:
+        for stream in list(self._streams.values()):
+            self._drop(stream)
+        self.stop_listening()
+        for transport in self.transports:
+            transport.close()
+        with contextlib.suppress(OSError):
+            self._wake_r.close()
+        with contextlib.suppress(OSError):
+            self._wake_w.close()
+        self._sel.close()
+
+
+def resolve_hosts(hosts: tuple[str, ...], family: int, label: str = "") -> tuple[str, ...]:
+    """Every address of ``hosts`` (names or addresses; a headless Service's name gives every pod)."""
+    found: list[str] = []
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, None, family, socket.SOCK_DGRAM)
+        except OSError as exc:
+            log.debug("%s peers: %s does not resolve (yet): %s", label, host, exc)
+            continue
+        found.extend(str(info[4][0]) for info in infos)
+    return tuple(dict.fromkeys(found))

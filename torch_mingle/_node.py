@@ -1,0 +1,804 @@
+"""One node of a job: the driver that runs discovery, the leader's term and the follower's session.
+
+How it works
+------------
+A ``Node`` owns the three protocol objects of one node: the election core
+(``_protocol.Discovery``), the leader's term while it leads (``_leader.LeaderTerm``) and the
+session with the leader while it follows (``_follower.FollowerSession``). It feeds them
+what the shell reports (datagrams, connections, frames, finished jobs, the time) and turns
+what they decide into calls on the shell's ``Net`` (send, connect, listen, submit a job).
+
+The same ``Node`` runs in production, where ``_loop.Loop`` is its ``Net`` and drives it from
+one thread over real sockets, and in ``_sim.Simulation``, which drives hundreds of them
+over an in-memory network on a fake clock. Every method is called on the shell's thread.
+
+The agent's thread never touches a ``Node``: it queues a request (``request_join``, ...)
+with a ``Ticket`` and waits on the ``Board`` until the node resolves the ticket. Losing
+the leader never leaves a waiter stuck: the node re-joins under the next leader by itself,
+and every ticket carries a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from torch_mingle._follower import Answer, FollowerSession, SessionEvent, SessionOver, StatusChanged, Welcomed
+from torch_mingle._leader import Job, LeaderTerm, ReleaseStores
+from torch_mingle._protocol import (
+    RESIGNED,
+    BecomeLeader,
+    Claim,
+    Dest,
+    Discovery,
+    LeaderFound,
+    LeaderLost,
+    LeaderView,
+    Role,
+    Stats,
+    SteppedDown,
+)
+from torch_mingle._rounds import History, Round, RoundBook, Status
+from torch_mingle._wire import Invalid
+from torch_mingle.errors import README_NETWORKS, MingleStateError
+
+log = logging.getLogger(__name__)
+
+#: The leader answers a join's timeout itself (with the reason); the node's own deadline
+#: fires this much later, for a leader that stopped answering without dropping the session.
+JOIN_GRACE_S = 2.0
+FLUSH_ROUNDS = 32
+
+
+class Net(Protocol):
+    """What a node asks of its shell. Calls never block; outcomes come back as ``Node.on_*``."""
+
+    def send_datagram(self, data: bytes, dest: Dest) -> None: ...
+    def listen(self, ip: str) -> int: ...
+    def stop_listening(self) -> None: ...
+    def connect(self, ip: str, port: int) -> int: ...
+    def send(self, conn: int, data: bytes) -> None: ...
+    def close(self, conn: int) -> None: ...
+    def submit(self, job: Job, tag: int) -> None: ...
+    def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None: ...
+    def local_ip_towards(self, ip: str) -> str: ...
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    job: str
+    node_id: int
+    min_nodes: int
+    max_nodes: int
+    last_call_timeout_s: float
+    rejoin_delay_s: float
+    interval_s: float
+    timeout_s: float
+    connect_timeout_s: float
+    discovery_warning_s: float
+    #: Where a leader listens (an address, or the wildcard with several interfaces) ...
+    bind_ip: str
+    #: ... and what it announces (the wildcard too: followers then use the source address).
+    advertised_ip: str
+    label: str
+
+
+# ------------------------------------------------------------------ outcomes of a join
+
+
+@dataclass(frozen=True)
+class Joined:
+    round: Round
+    claim: Claim
+    #: The leader's address as this node reached it; None when this node leads.
+    leader_ip: str | None
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    why: str
+
+
+@dataclass(frozen=True)
+class JobClosed:
+    """The job is over; ``was_waiting``: this node saw it open and waited (a spare)."""
+
+    was_waiting: bool
+    why: str
+
+
+@dataclass
+class Ticket:
+    """A request from the agent's thread; the node resolves it on the loop thread."""
+
+    kind: str
+    id: int
+    timeout_s: float = 0.0
+    #: When the node gives up on its own (loop clock); None while parked behind a healthy round.
+    deadline: float | None = None
+    done: bool = False
+    result: object = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """A consistent snapshot of one node, for tests, benchmarks, logs and error messages."""
+
+    node_id: str
+    job: str
+    role: str
+    leader: str | None = None
+    leader_ip: str | None = None
+    epoch: int = 0
+    established: bool = False
+    is_leader: bool = False
+    round: int = 0
+    rank: int | None = None
+    world_size: int = 0
+    status: Status | None = None
+    nodes_waiting: int = 0
+    closed: bool = False
+    trouble: str | None = None
+    peers_heard: int = 0
+    connected_nodes: int = 0
+    stats: Stats = field(default_factory=Stats)
+    recoveries: int = 0
+    last_error: str | None = None
+    fence_epoch: int = 0
+    max_epoch_seen: int = 0
+    loop_alive: bool = True
+
+
+class Board:
+    """Where the loop thread posts results and snapshots, and the agent's thread waits for them."""
+
+    def __init__(self, diagnostics: Diagnostics) -> None:
+        self._cond = threading.Condition()
+        self._diag = diagnostics
+        self.fatal: BaseException | None = None
+
+    def publish(self, diag: Diagnostics) -> None:
+        with self._cond:
+            self._diag = diag
+
+    def diagnostics(self) -> Diagnostics:
+        with self._cond:
+            return self._diag
+
+    def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:
+        with self._cond:
+            if ticket.done:
+                return
+            ticket.done, ticket.result, ticket.error = True, result, error
+            self._cond.notify_all()
+
+    def extend(self, ticket: Ticket, deadline: float | None) -> None:
+        with self._cond:
+            ticket.deadline = deadline
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self.fatal = exc
+            self._diag = replace(self._diag, loop_alive=False, last_error=str(exc))
+            self._cond.notify_all()
+
+    def wait(self, ticket: Ticket, *, grace_s: float, clock: Callable[[], float] = time.monotonic) -> object:
+        """Block until the node resolves ``ticket``; every wait has a deadline.
+
+        The node's own deadline (which moves while the node is parked) plus ``grace_s``
+        bounds it; a loop that died fails it at once.
+        """
+        with self._cond:
+            while not ticket.done:
+                if self.fatal is not None:
+                    raise MingleStateError(f"the mingle loop stopped: {self.fatal}") from self.fatal
+                limit = None if ticket.deadline is None else ticket.deadline + grace_s
+                now = clock()
+                if limit is not None and now >= limit:
+                    raise MingleStateError(
+                        f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
+                        "this is a bug in torch_mingle"
+                    )
+                self._cond.wait(1.0 if limit is None else min(1.0, limit - now))
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.result
+
+
+class Node:
+    """Discovery, the leader's term and the follower's session of one node, driven by a shell."""
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        core: Discovery,
+        net: Net,
+        board: Board | None = None,
+    ) -> None:
+        self.settings = settings
+        self.core = core
+        self.net = net
+        self.board = board or Board(
+            Diagnostics(node_id=f"{settings.node_id:016x}", job=settings.job, role="idle")
+        )
+        self.term: LeaderTerm | None = None
+        self.session: FollowerSession | None = None
+        self.history: History | None = None
+        self.in_round: Round | None = None
+        self.in_round_claim: Claim | None = None
+        self.trouble: str | None = None
+        self.job_closed = False
+        self.saw_open = False
+        self.recoveries = 0
+        self.last_error: str | None = None
+        self._join: Ticket | None = None
+        self._arrivals: dict[int, Ticket] = {}
+        self._shutdown: Ticket | None = None
+        self._shutdown_deadline = 0.0
+        self._store_ports: dict[Claim, list[int]] = {}
+        self._last_leader_ip: str | None = None
+        self._term_tag = 0
+        self._quiet_at: float | None = None
+        self._now = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.settings.label
+
+    # ------------------------------------------------------------ shell inputs
+
+    def start(self, now: float) -> None:
+        if self.settings.discovery_warning_s > 0:
+            self._quiet_at = now + self.settings.discovery_warning_s
+        self.core.start(now)
+        self._flush(now)
+
+    def on_datagram(self, data: bytes, addr: Dest, now: float) -> None:
+        self.core.receive_datagram(data, addr, now)
+        self._flush(now)
+
+    def on_accepted(self, conn: int, now: float) -> None:
+        if self.term is None:
+            self.net.close(conn)
+            return
+        self.term.accepted(conn, now)
+        self._flush(now)
+
+    def on_connected(self, conn: int, now: float) -> None:
+        if self.session is not None and self.session.conn == conn:
+            self.session.connected(now)
+            self._flush(now)
+
+    def on_frames(self, conn: int, frames: list[dict[str, object]] | Invalid, now: float) -> None:
+        if self.session is not None and self.session.conn == conn:
+            self.session.received(frames, now)
+            if not self.session.over:
+                self.core.leader_alive(now, self.session.claim)
+        elif self.term is not None and conn in self.term.conns:
+            self.term.received(conn, frames, now)
+        self._flush(now)
+
+    def on_closed(self, conn: int, reason: str, *, refused: bool, now: float) -> None:
+        if self.session is not None and self.session.conn == conn:
+            self.session.closed(reason, refused=refused, now=now)
+        elif self.term is not None:
+            self.term.closed(conn, reason, now)
+        self._flush(now)
+
+    def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
+        if self.term is not None and tag == self._term_tag:
+            self.term.job_done(job, result, error, now)
+        elif isinstance(result, int) and error is None and not isinstance(job, ReleaseStores):
+            self.net.submit(ReleaseStores(ports=(result,)), tag)  # a store for a term that ended
+        self._flush(now)
+
+    def on_timer(self, now: float) -> None:
+        timer = self.core.next_timer()
+        if timer is not None and now >= timer:
+            self.core.handle_timer(now)
+        if self.term is not None:
+            timer = self.term.next_timer()
+            if timer is not None and now >= timer:
+                self.term.handle_timer(now)
+        if self.session is not None:
+            timer = self.session.next_timer()
+            if timer is not None and now >= timer:
+                self.session.handle_timer(now)
+        self._check_tickets(now)
+        if self._quiet_at is not None and now >= self._quiet_at:
+            self._quiet_at = None
+            self._warn_if_alone()
+        self._flush(now)
+
+    def next_timer(self) -> float | None:
+        times = [
+            self.core.next_timer(),
+            self.term.next_timer() if self.term is not None else None,
+            self.session.next_timer() if self.session is not None else None,
+            self._quiet_at,
+            self._join.deadline if self._join is not None else None,
+            self._shutdown_deadline if self._shutdown is not None else None,
+            *(t.deadline for t in self._arrivals.values()),
+        ]
+        present = [t for t in times if t is not None]
+        return min(present) if present else None
+
+    def recover(self, exc: BaseException, now: float) -> None:
+        """An unexpected error in this node's code: a leader resigns, a follower re-joins."""
+        self.recoveries += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.term is not None:
+            log.error("%s resigning as leader after an internal error: %s", self.label, self.last_error)
+            self._unlead(f"the leader resigned after an internal error ({self.last_error})", now)
+            self.core.abandon(now)
+        elif self.session is not None:
+            claim = self.session.claim
+            log.error(
+                "%s leaving the leader's session after an internal error: %s", self.label, self.last_error
+            )
+            self._end_session()
+            self.core.leader_failed(now, claim, f"internal error: {self.last_error}", hard=False)
+        self._flush(now)
+
+    # ------------------------------------------------------------ requests
+
+    def request_join(self, ticket: Ticket, now: float) -> None:
+        """The agent asks for a place in the next round (``next_rendezvous``)."""
+        if self._join is not None and not self._join.done:
+            self.board.resolve(self._join, error=MingleStateError("superseded by a newer join"))
+        self._join = ticket
+        self._set_deadline(ticket, now + ticket.timeout_s)
+        if self.job_closed:
+            self._closed_answer("the job was already closed")
+        else:
+            self._send_join(now)
+        self._flush(now)
+
+    def request_arrive(self, ticket: Ticket, round_number: int, now: float) -> None:
+        """The agent enters torch's exit barrier: the leader must know before it counts us."""
+        self._arrivals[ticket.id] = ticket
+        self.board.extend(ticket, now + ticket.timeout_s)
+        if self.term is not None and self.core.role is Role.LEADING:
+            self.term.arrive_local(ticket.id, round_number, now)
+        elif self.session is not None:
+            self.session.arrive(ticket.id, round_number)
+        else:
+            self._arrivals.pop(ticket.id)
+            self.board.resolve(ticket, result=False)
+        self._flush(now)
+
+    def request_close(self, now: float) -> None:
+        """``set_closed()``: no further rounds for anyone."""
+        if self.term is not None:
+            self.term.close_job(self.settings.node_id, now)
+        elif self.session is not None:
+            self.session.close_job()
+        self._flush(now)
+
+    def request_shutdown(self, ticket: Ticket, close_timeout_s: float, now: float) -> None:
+        """``shutdown()``: close the job and leave; a leader first waits for the others to leave."""
+        self._shutdown = ticket
+        self._shutdown_deadline = now + close_timeout_s
+        if self._join is not None:
+            self.board.resolve(self._join, error=MingleStateError("the handler was shut down"))
+        if self.term is not None:
+            self.term.close_job(self.settings.node_id, now)
+        elif self.session is not None:
+            self.session.close_job()
+            self.session.leave()
+            self._flush(now)
+            self._end_session()
+            self.core.stop()
+            self.board.resolve(ticket, result=True)
+        else:
+            self.core.stop()
+            self.board.resolve(ticket, result=True)
+        self._flush(now)
+
+    def report_unreachable(self, claim: Claim, why: str, now: float) -> None:
+        """The agent could not reach the round's store: treat the leader as lost by silence."""
+        if self.session is not None and self.session.claim == claim:
+            self._end_session()
+            self.core.leader_failed(now, claim, why, hard=False)
+        self._flush(now)
+
+    # ------------------------------------------------------------ flush
+
+    def _flush(self, now: float) -> None:
+        """Hand what the protocol objects decided to the shell, until nothing is left."""
+        self._now = now
+        for _ in range(FLUSH_ROUNDS):
+            busy = False
+            for data, dest in self.core.datagrams_to_send(now):
+                self.net.send_datagram(data, dest)
+            for ev in self.core.events():
+                busy = True
+                self._core_event(ev, now)
+            term = self.term
+            if term is not None:
+                busy |= self._flush_term(term, now)
+            session = self.session
+            if session is not None:
+                for frame in session.frames():
+                    self.net.send(session.conn, frame)
+                for sev in session.events():
+                    busy = True
+                    self._session_event(session, sev, now)
+            if self._shutdown is not None and not self._shutdown.done and self.term is not None:
+                self._finish_leader_shutdown(now)
+            if not busy:
+                break
+        self._publish(now)
+
+    def _flush_term(self, term: LeaderTerm, now: float) -> bool:
+        busy = False
+        for conn, frame in term.frames():
+            self.net.send(conn, frame)
+        for conn, _why in term.closes():
+            self.net.close(conn)
+        for job in term.jobs():
+            self.net.submit(job, self._term_tag)
+        for answer in term.local():
+            busy = True
+            self._answer(answer.kind, answer.ticket, answer.round, answer.text, answer.parked, None, now)
+        if term is self.term:
+            status = term.status(now)
+            self.core.update_status(
+                now,
+                round=status.round,
+                members=status.size,
+                closed=status.closed,
+                min_nodes=self.settings.min_nodes,
+                max_nodes=self.settings.max_nodes,
+                established=term.established,
+            )
+        return busy
+
+    # ------------------------------------------------------------ election events
+
+    def _core_event(self, ev: object, now: float) -> None:
+        if isinstance(ev, BecomeLeader):
+            self._lead(ev.epoch, now)
+        elif isinstance(ev, SteppedDown):
+            log.warning("%s stepping down: %s beats our %s", self.label, ev.winner, ev.own)
+            self._unlead(f"this node stepped down as leader ({ev.winner} beats {ev.own})", now)
+        elif isinstance(ev, LeaderFound):
+            self._leader_found(ev.leader, now)
+        elif isinstance(ev, LeaderLost):
+            level = logging.INFO if ev.reason == RESIGNED else logging.WARNING
+            log.log(level, "%s lost leader %s: %s; electing again", self.label, ev.claim, ev.reason)
+            self._leader_lost(ev.claim, ev.reason, now)
+
+    def _lead(self, epoch: int, now: float) -> None:
+        s = self.settings
+        try:
+            port = self.net.listen(s.bind_ip)
+        except OSError as exc:
+            log.error(  # noqa: TRY400 - the advice matters, the traceback does not
+                "%s cannot lead: listening on %s failed: %s; leaving leadership to another node",
+                self.label,
+                s.bind_ip,
+                exc,
+            )
+            self.last_error = f"listen failed: {exc}"
+            self.core.abandon(now)
+            return
+        claim = Claim(epoch=epoch, leader=s.node_id)
+        book = RoundBook(
+            leader=s.node_id,
+            epoch=epoch,
+            min_nodes=s.min_nodes,
+            max_nodes=s.max_nodes,
+            last_call_timeout=s.last_call_timeout_s,
+            rejoin_delay_s=s.rejoin_delay_s,
+        )
+        self._term_tag += 1
+        self.term = LeaderTerm(
+            claim=claim,
+            book=book,
+            advertised_ip=s.advertised_ip,
+            interval_s=s.interval_s,
+            timeout_s=s.timeout_s,
+            label=s.label,
+            own_history=self.history,
+        )
+        self.term.start(now)
+        if not self.core.leader_ready(now, s.advertised_ip, port):
+            self._unlead("the claim was overtaken before the term started", now)
+            return
+        log.info(
+            "%s this node leads job %r (epoch %d): control port %s:%d",
+            self.label,
+            s.job,
+            epoch,
+            s.bind_ip,
+            port,
+        )
+
+    def _unlead(self, why: str, now: float) -> None:
+        term = self.term
+        if term is None:
+            return
+        term.stand_down(why)
+        self._flush_term(term, now)
+        self.net.stop_listening()
+        self.term = None
+        if self.in_round_claim == term.claim:
+            self.trouble = why
+        if self._join is not None and not self._join.done:
+            self._send_join(now)  # to the next leader, once known
+
+    def _leader_found(self, view: LeaderView, now: float) -> None:
+        who = "this node" if view.is_self else view.store_ip
+        log.info("%s leader: %s (%s), control port %d", self.label, who, view.claim, view.store_port)
+        if view.closed and not view.is_self:
+            self._job_closed_seen("its leader announces that the job finished")
+            return
+        if view.is_self:
+            if not view.closed:
+                self.saw_open = True
+            if self._join is not None and not self._join.done:
+                self._send_join(now)
+            return
+        self._end_session()
+        self._connect(view, now)
+
+    def _connect(self, view: LeaderView, now: float) -> None:
+        s = self.settings
+        ip = view.store_ip
+        try:
+            conn = self.net.connect(ip, view.store_port)
+        except OSError as exc:
+            self.core.leader_failed(now, view.claim, f"cannot connect to the leader {ip}: {exc}", hard=False)
+            return
+        self.session = FollowerSession(
+            claim=view.claim,
+            ip=ip,
+            port=view.store_port,
+            node=s.node_id,
+            own_ip=self.net.local_ip_towards(ip),
+            history=self.history,
+            interval_s=s.interval_s,
+            timeout_s=s.timeout_s,
+            connect_timeout_s=s.connect_timeout_s,
+            label=s.label,
+            started=now,
+            conn=conn,
+        )
+
+    def _leader_lost(self, claim: Claim, reason: str, now: float) -> None:
+        if self.session is not None and self.session.claim == claim:
+            self._end_session()
+        if self.in_round_claim == claim:
+            self.trouble = f"leader {claim} lost: {reason}"
+            ports = self._store_ports.get(claim, [])
+            if self.in_round is not None and ports and self._last_leader_ip:
+                # The agent may sit in a TCPStore call on that leader's store; a frozen store
+                # never answers, and TCPStore's own timeouts do not cover it: cut it loose.
+                self.net.abort_connections_to(self._last_leader_ip, ports)
+        if self._join is not None and not self._join.done and self._join.deadline is None:
+            self._set_deadline(self._join, now + self._join.timeout_s)  # no longer parked
+
+    # ------------------------------------------------------------ session events
+
+    def _session_event(self, session: FollowerSession, ev: SessionEvent, now: float) -> None:
+        if isinstance(ev, Welcomed):
+            if ev.status.closed:
+                self._job_closed_seen("the job was closed")
+                return
+            self.saw_open = True
+            if self._join is not None and not self._join.done:
+                self._send_join(now)
+        elif isinstance(ev, StatusChanged):
+            if ev.status.closed:
+                self.job_closed = True
+        elif isinstance(ev, Answer):
+            self._answer(ev.kind, ev.ticket, ev.round, ev.text, ev.parked, session, now)
+        elif isinstance(ev, SessionOver):
+            if session is self.session:
+                self._end_session()
+            if ev.evicted:
+                log.warning("%s %s; connecting again", self.label, ev.reason)
+                if self.in_round_claim == session.claim:
+                    self.trouble = ev.reason
+                view = self.core.leader
+                if view is not None and view.claim == session.claim and not view.is_self:
+                    self._connect(view, now)
+            else:
+                log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
+                self.core.leader_failed(now, session.claim, ev.reason, hard=ev.hard)
+
+    def _answer(
+        self,
+        kind: str,
+        ticket_id: int,
+        rnd: Round | None,
+        text: str,
+        parked: bool,
+        session: FollowerSession | None,
+        now: float,
+    ) -> None:
+        if kind == "ack":
+            ticket = self._arrivals.pop(ticket_id, None)
+            if ticket is not None:
+                self.board.resolve(ticket, result=True)
+            return
+        join = self._join
+        if join is None or join.done or (kind != "closed" and join.id != ticket_id):
+            return  # an answer to an older request
+        if kind == "round" and rnd is not None:
+            claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
+            if rnd.rank_of(self.settings.node_id) is None:
+                raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
+            self.history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
+            self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
+            if session is not None:
+                self._last_leader_ip = session.ip
+                ports = self._store_ports.setdefault(claim, [])
+                ports.append(rnd.store_port)
+                if len(self._store_ports) > 4:
+                    self._store_ports.pop(next(iter(self._store_ports)))
+            self.board.resolve(join, result=Joined(rnd, claim, session.ip if session is not None else None))
+        elif kind == "retry":
+            log.info("%s asked to join again: %s", self.label, text)
+            self._send_join(now)
+        elif kind == "timeout":
+            self.board.resolve(join, result=TimedOut(text))
+        elif kind == "closed":
+            self._job_closed_seen("the job was closed while this node waited")
+        elif kind == "wait":
+            self._set_deadline(join, None if parked else now + join.timeout_s)
+            if parked:
+                log.info("%s waiting while the job runs without this node: %s", self.label, text)
+
+    # ------------------------------------------------------------ helpers
+
+    def _send_join(self, now: float) -> None:
+        join = self._join
+        if join is None or join.done:
+            return
+        remaining = (
+            join.timeout_s if join.deadline is None else max(0.001, join.deadline - now - JOIN_GRACE_S)
+        )
+        if self.term is not None and self.core.role is Role.LEADING:
+            self.term.join_local(join.id, self.settings.advertised_ip, self.history, remaining, now)
+        elif self.session is not None:
+            self.session.join(join.id, self.session.own_ip, self.history, remaining)
+
+    def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:
+        self.board.extend(ticket, None if expires is None else expires + JOIN_GRACE_S)
+
+    def _check_tickets(self, now: float) -> None:
+        join = self._join
+        if join is not None and not join.done and join.deadline is not None and now >= join.deadline:
+            self.board.resolve(join, result=TimedOut(self._why_no_round()))
+        for key, ticket in list(self._arrivals.items()):
+            if ticket.deadline is not None and now >= ticket.deadline:
+                del self._arrivals[key]
+                self.board.resolve(ticket, result=False)
+        if self._shutdown is not None and not self._shutdown.done and now >= self._shutdown_deadline:
+            self._finish_leader_shutdown(now, timed_out=True)
+
+    def _finish_leader_shutdown(self, now: float, *, timed_out: bool = False) -> None:
+        term, ticket = self.term, self._shutdown
+        if ticket is None or ticket.done:
+            return
+        if term is not None:
+            if not term.all_gone() and not timed_out:
+                return
+            if timed_out:
+                log.warning(
+                    "%s stopping the store although not every node left within close_timeout", self.label
+                )
+            term.release_stores()
+            self._unlead("the leader shut down", now)
+            self.core.resign(now)
+        else:
+            self.core.stop()
+        for data, dest in self.core.datagrams_to_send(now):
+            self.net.send_datagram(data, dest)
+        self.board.resolve(ticket, result=True)
+
+    def _why_no_round(self) -> str:
+        view = self.core.leader
+        if view is None:
+            return "no leader was found or elected"
+        if view.is_self:
+            return f"this node leads ({view.claim}) and no round formed"
+        if self.session is None or not self.session.ready:
+            return f"the leader {view.store_ip} ({view.claim}) did not welcome this node"
+        return f"the leader {view.store_ip} ({view.claim}) did not answer the join in time"
+
+    def _job_closed_seen(self, why: str) -> None:
+        self.job_closed = True
+        self._closed_answer(why)
+
+    def _closed_answer(self, why: str) -> None:
+        if self._join is not None and not self._join.done:
+            self.board.resolve(self._join, result=JobClosed(was_waiting=self.saw_open, why=why))
+
+    def _end_session(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            self.net.close(session.conn)
+
+    def _warn_if_alone(self) -> None:
+        """Nothing heard from the job's other nodes yet: say early that multicast may be blocked."""
+        if self.core.peers:
+            return
+        job = self.settings.job
+        log.warning(
+            "%s no other node of job %r heard on %s in %gs: either they have not started, or "
+            "multicast does not reach them (probably blocked between the nodes). Check with "
+            "`python -m torch_mingle doctor --job %s` on each node; fallback=broadcast or "
+            "peers=HOST;HOST work without multicast (%s)",
+            self.label,
+            job,
+            self.net.describe(),
+            self.settings.discovery_warning_s,
+            job,
+            README_NETWORKS,
+        )
+
+    def nodes_waiting(self, now: float) -> int:
+        """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""
+        rnd = self.in_round
+        if rnd is None or self.job_closed:
+            return 0
+        if self.trouble is not None:
+            return 1
+        status = self._status(now)
+        if status is None:
+            return 0 if (self.term is not None or self.session is not None) else 1
+        if status.epoch != rnd.epoch or status.round < rnd.number or status.closed:
+            return 0  # the status of our round is still on its way, or the job is over
+        if status.round > rnd.number or status.stale:
+            return max(1, status.waiting)
+        return status.waiting
+
+    def _status(self, now: float) -> Status | None:
+        if self.term is not None:
+            return self.term.status(now)
+        if self.session is not None:
+            return self.session.status
+        return None
+
+    def _publish(self, now: float) -> None:
+        view = self.core.leader
+        status = self._status(now)
+        rnd = self.in_round
+        self.board.publish(
+            Diagnostics(
+                node_id=f"{self.settings.node_id:016x}",
+                job=self.settings.job,
+                role=self.core.role.value,
+                leader=f"{view.claim.leader:016x}" if view else None,
+                leader_ip=(
+                    None if view is None else (self.settings.advertised_ip if view.is_self else view.store_ip)
+                ),
+                epoch=view.claim.epoch if view else 0,
+                established=bool(view and view.established),
+                is_leader=self.term is not None and self.core.role is Role.LEADING,
+                round=rnd.number if rnd else 0,
+                rank=rnd.rank_of(self.settings.node_id) if rnd else None,
+                world_size=rnd.world_size if rnd else 0,
+                status=status,
+                nodes_waiting=self.nodes_waiting(now),
+                closed=self.job_closed or bool(status and status.closed),
+                trouble=self.trouble,
+                peers_heard=len(self.core.peers),
+                connected_nodes=self.term.connected_nodes() if self.term is not None else 0,
+                stats=self.core.stats.copy(),
+                recoveries=self.recoveries,
+                last_error=self.last_error,
+                fence_epoch=self.core.fence.epoch if self.core.fence else 0,
+                max_epoch_seen=self.core.max_epoch_seen,
+            )
+        )
