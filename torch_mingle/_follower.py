@@ -91,6 +91,7 @@ class FollowerSession:
     last_heard: float = 0.0
     _next_beat: float = 0.0
     _queued: list[bytes] = field(default_factory=list)
+    _queued_join: bytes | None = None
     _frames: list[bytes] = field(default_factory=list)
     _events: list[SessionEvent] = field(default_factory=list)
 
@@ -168,16 +169,15 @@ class FollowerSession:
     # ------------------------------------------------------------ requests
 
     def join(self, ticket: int, ip: str, history: History | None, timeout_s: float) -> None:
+        """Ask for a place in the next round (before the welcome: sent with it, replacing an older ask)."""
         self.history = history
-        self._request(
-            encode_frame(
-                "join",
-                id=ticket,
-                ip=ip,
-                history=history.to_json() if history else None,
-                timeout_s=timeout_s,
-            )
+        frame = encode_frame(
+            "join", id=ticket, ip=ip, history=history.to_json() if history else None, timeout_s=timeout_s
         )
+        if self.phase == "ready":
+            self._frames.append(frame)
+        elif self.phase != "over":
+            self._queued_join = frame
 
     def arrive(self, ticket: int, round_number: int) -> None:
         self._request(encode_frame("arrive", id=ticket, round=round_number))
@@ -232,6 +232,9 @@ class FollowerSession:
         self._events.append(Welcomed(self.status or Status()))
         self._frames.extend(self._queued)
         self._queued.clear()
+        if self._queued_join is not None:
+            self._frames.append(self._queued_join)
+            self._queued_join = None
 
     def _ready_frame(self, kind: str, msg: dict[str, Any]) -> None:
         if kind == "hb":
@@ -262,6 +265,7 @@ class FollowerSession:
     def _end(self, reason: str, *, hard: bool, evicted: bool = False) -> None:
         self.phase = "over"
         self._queued.clear()
+        self._queued_join = None
         self._events.append(SessionOver(reason, hard=hard, evicted=evicted))
 
 

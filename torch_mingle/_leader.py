@@ -99,6 +99,7 @@ class _Member:
     join_deadline: float | None = None
     join_timeout_s: float = 0.0
     parked: bool | None = None
+    answered: int | None = None
 
 
 @dataclass
@@ -236,6 +237,11 @@ class LeaderTerm:
         self._arrive(self.claim.leader, round_number)
         self._local.append(LocalAnswer("ack", ticket))
 
+    def leave_local(self, now: float) -> None:
+        """The leader's own node leaves (its agent is done, whether its workers succeeded or not)."""
+        self.book.leave(self.claim.leader)
+        self._after_departure(now)
+
     def close_job(self, by: int, now: float) -> None:
         if self.book.closed:
             return
@@ -340,7 +346,9 @@ class LeaderTerm:
     ) -> None:
         node = m.node
         assert node is not None  # noqa: S101 - only identified members join
-        if m.join_id is not None and m.join_id != ticket:
+        if ticket in (m.answered, m.join_id):
+            return  # the same request again: it was (or will be) answered once
+        if m.join_id is not None:
             self._answer(m, "retry", why="superseded by a newer join of the same node")
         m.join_id = ticket
         m.join_timeout_s = timeout_s
@@ -525,6 +533,7 @@ class LeaderTerm:
         """Answer a member's join (``round``, ``retry``, ``timeout``, ``closed``, ``wait``)."""
         ticket = m.join_id if m.join_id is not None else 0
         if kind != "wait":
+            m.answered = m.join_id
             m.join_id = None
             m.join_deadline = None
             m.parked = None

@@ -106,7 +106,7 @@ class TimedOut:
 
 @dataclass(frozen=True)
 class JobClosed:
-    """The job is over; ``was_waiting``: this node saw it open and waited (a spare)."""
+    """The job is over; ``was_waiting``: this node saw it run and waited for a place (a spare)."""
 
     was_waiting: bool
     why: str
@@ -152,6 +152,7 @@ class Diagnostics:
     last_error: str | None = None
     fence_epoch: int = 0
     max_epoch_seen: int = 0
+    remembered_nonces: int = 0
     loop_alive: bool = True
 
 
@@ -236,6 +237,8 @@ class Node:
         self.trouble: str | None = None
         self.job_closed = False
         self.saw_open = False
+        #: The leader said a healthy round runs without this node (a spare, or held off).
+        self.parked = False
         self.recoveries = 0
         self.last_error: str | None = None
         self._join: Ticket | None = None
@@ -354,6 +357,7 @@ class Node:
         if self._join is not None and not self._join.done:
             self.board.resolve(self._join, error=MingleStateError("superseded by a newer join"))
         self._join = ticket
+        self.parked = False
         self._set_deadline(ticket, now + ticket.timeout_s)
         if self.job_closed:
             self._closed_answer("the job was already closed")
@@ -390,6 +394,7 @@ class Node:
             self.board.resolve(self._join, error=MingleStateError("the handler was shut down"))
         if self.term is not None:
             self.term.close_job(self.settings.node_id, now)
+            self.term.leave_local(now)
         elif self.session is not None:
             self.session.close_job()
             self.session.leave()
@@ -572,6 +577,7 @@ class Node:
             started=now,
             conn=conn,
         )
+        self._send_join(now)  # queued in the session until the leader welcomes us
 
     def _leader_lost(self, claim: Claim, reason: str, now: float) -> None:
         if self.session is not None and self.session.claim == claim:
@@ -594,8 +600,6 @@ class Node:
                 self._job_closed_seen("the job was closed")
                 return
             self.saw_open = True
-            if self._join is not None and not self._join.done:
-                self._send_join(now)
         elif isinstance(ev, StatusChanged):
             if ev.status.closed:
                 self.job_closed = True
@@ -650,10 +654,13 @@ class Node:
             log.info("%s asked to join again: %s", self.label, text)
             self._send_join(now)
         elif kind == "timeout":
-            self.board.resolve(join, result=TimedOut(text))
+            claim = session.claim if session is not None else self.term.claim if self.term else None
+            who = "this node leads" if session is None else f"the leader is {session.ip}"
+            self.board.resolve(join, result=TimedOut(f"{who} ({claim}); {text}"))
         elif kind == "closed":
             self._job_closed_seen("the job was closed while this node waited")
         elif kind == "wait":
+            self.parked = parked
             self._set_deadline(join, None if parked else now + join.timeout_s)
             if parked:
                 log.info("%s waiting while the job runs without this node: %s", self.label, text)
@@ -722,7 +729,8 @@ class Node:
 
     def _closed_answer(self, why: str) -> None:
         if self._join is not None and not self._join.done:
-            self.board.resolve(self._join, result=JobClosed(was_waiting=self.saw_open, why=why))
+            waited = self.parked or (self.saw_open and self.in_round is None)
+            self.board.resolve(self._join, result=JobClosed(was_waiting=waited, why=why))
 
     def _end_session(self) -> None:
         session, self.session = self.session, None
@@ -800,5 +808,6 @@ class Node:
                 last_error=self.last_error,
                 fence_epoch=self.core.fence.epoch if self.core.fence else 0,
                 max_epoch_seen=self.core.max_epoch_seen,
+                remembered_nonces=self.core.codec.remembered,
             )
         )

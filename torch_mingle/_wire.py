@@ -284,6 +284,11 @@ class Codec:
     def authenticated(self) -> bool:
         return self.key is not None
 
+    @property
+    def remembered(self) -> int:
+        """(sender, nonce) pairs kept for the replay check (at most ``MAX_REMEMBERED_NONCES``)."""
+        return len(self._seen)
+
     def encode(self, dgram: Datagram) -> bytes:
         job = dgram.job.encode("utf-8")
         body = _encode_body(dgram.body)

@@ -299,12 +299,12 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._ask("arrive", timeout, lambda t, now: self._node.request_arrive(t, round_number, now))
 
     def _job_closed(self, outcome: JobClosed) -> NoReturn:
-        """The job is over. A spare that waited for it has nothing to do: it exits 0."""
+        """The job is over. A node that waited while it ran without it has nothing to do: it exits 0."""
         self._closed = True
         job = self._config.run_id
-        if self._round is None and outcome.was_waiting:
+        if outcome.was_waiting:
             log.warning(
-                "%s job %r finished before this node was admitted (%s); exiting",
+                "%s job %r finished before this node was admitted (%s); nothing to do, exiting",
                 self._label,
                 job,
                 outcome.why,

@@ -13,7 +13,6 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousTimeoutError
 
 from tests.helpers import random_port, rendezvous_all, unique_job, wait_until
-from torch_mingle._protocol import Role
 from torch_mingle._store import open_server
 from torch_mingle.errors import MingleClosedError, MingleConfigError, MingleTimeoutError
 from torch_mingle.handler import MingleRendezvousHandler
@@ -28,7 +27,7 @@ def test_four_nodes_agree_on_ranks_and_on_rank_0s_store(make_handler):
     stores = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos}
     assert len(stores) == 1
     assert stores.pop()[0] == "127.0.0.1"
-    (leader,) = [h for h in handlers if h._core.role is Role.LEADING]
+    (leader,) = [h for h in handlers if h.diagnostics().is_leader]
     assert infos[handlers.index(leader)].rank == 0
     # Every agent's store is the same server: what one writes, all read.
     infos[3].store.set("hello", f"from rank {infos[3].rank}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,10 +11,8 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 from torch.distributed.elastic.utils import store as store_util
 
-from tests.helpers import wait_until
+from tests.helpers import rendezvous_all, unique_job, wait_until
 from torch_mingle import _store
-from torch_mingle._protocol import Claim
-from torch_mingle._rounds import RoundBook
 
 pytestmark = pytest.mark.integration
 
@@ -56,39 +53,21 @@ def test_the_pinned_torch_serves_our_listener_on_libuv():
     assert _store._libuv_takes_listen_fd
 
 
-def test_the_leader_opens_torchs_exit_barrier_for_a_member_that_left():
+def test_the_leader_opens_torchs_exit_barrier_for_a_member_that_left(make_handler):
     """Two members wait in torch's own exit barrier; the third leaves instead (its workers failed)."""
-    leader, others = 0x1, (0x2, 0x3)
-    book = RoundBook(leader=leader, epoch=1, min_nodes=3, max_nodes=3, last_call_timeout=30)
-    host = _store.LeaderHost(
-        ip="127.0.0.1", connect_ip="127.0.0.1", claim=Claim(epoch=1, leader=leader), book=book,
-        keep_alive_interval_s=5, keep_alive_timeout_s=15, on_status=lambda status: None, label="[test]",
-    )  # fmt: skip
-    try:
-        sessions = {
-            node: _store.MemberSession(
-                host.claim, "127.0.0.1", host.port, node=node, timeout_s=10, op_timeout_s=30
-            )
-            for node in (leader, *others)
-        }
-        with ThreadPoolExecutor(3) as pool:
-            deadline = time.monotonic() + 30
-            joins = [
-                pool.submit(s.join, ip="127.0.0.1", history=None, deadline=deadline, spare_wait_s=30)
-                for s in sessions.values()
-            ]
-            (number,) = {j.result(timeout=30).number for j in joins}
-
-            def exit_barrier(node: int) -> None:  # what torch's agent does when its workers succeeded
-                store_util.barrier(sessions[node].agent_store(number), 3, _TERMINAL_STATE_SYNC_ID, 60)
-
-            waiting = [pool.submit(exit_barrier, node) for node in (leader, others[0])]
-            assert _store.EXIT_BARRIER_KEYS is not None
-            counter, agents = _store.EXIT_BARRIER_KEYS[0], _store.agent_store(host.control, number)
-            wait_until(lambda: agents.add(counter, 0) == 2, 30, "two nodes in the exit barrier")
-            assert not any(w.done() for w in waiting), "the barrier opened before anyone left"
-            sessions[others[1]].push("leave")
-            for w in waiting:
-                w.result(timeout=30)  # torch's barrier would hold them 60 s (300 s in torchrun)
-    finally:
-        host.stop()
+    job = unique_job("barrier")
+    handlers = [make_handler(job, 3) for _ in range(3)]
+    infos = rendezvous_all(handlers)
+    by_rank = sorted(zip(infos, handlers, strict=True), key=lambda pair: pair[0].rank)
+    waiting, (leaving_info, leaving) = by_rank[:2], by_rank[2]
+    with ThreadPoolExecutor(2) as pool:
+        # What torch's agent does when its workers succeeded (it would wait 300 s in torchrun).
+        barriers = [
+            pool.submit(store_util.barrier, info.store, 3, _TERMINAL_STATE_SYNC_ID, 60) for info, _ in waiting
+        ]
+        counter = _store.EXIT_BARRIER_KEYS[0] if _store.EXIT_BARRIER_KEYS else ""
+        wait_until(lambda: leaving_info.store.add(counter, 0) == 2, 10, "two members in the barrier")
+        assert not any(b.done() for b in barriers), "the barrier opened before anyone left"
+        leaving.shutdown()  # leaves without arriving: it will never come
+        for b in barriers:
+            b.result(timeout=30)

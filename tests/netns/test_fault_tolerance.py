@@ -35,7 +35,9 @@ def _start(segment, tmp_path, *, steps, step_time, conf=None, n=3):
         ],
     )  # fmt: skip
     agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
-    wait_until(lambda: any("step 5/" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    wait_until(
+        lambda: any("step 5/" in a.output() for a in agents), 120, "round 1 to train", interval=0.2, agents=agents
+    )
     return hosts, agents
 
 
@@ -82,7 +84,8 @@ def test_the_leader_dies_and_a_new_leader_takes_over(segment, tmp_path):
 
 
 def test_a_partitioned_node_waits_and_rejoins_when_the_link_heals(segment, tmp_path):
-    conf = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2}
+    # rejoin_delay: once healed, the node may restart the majority's round after 2 s of training.
+    conf = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2, "rejoin_delay": 2}
     hosts, agents = _start(segment, tmp_path, steps=160, step_time=0.1, conf=conf)
     leader = leader_of(agents)
     cut = next(a for a in agents if a is not leader)
