@@ -100,6 +100,7 @@ class _Member:
     join_timeout_s: float = 0.0
     parked: bool | None = None
     answered: int | None = None
+    told: tuple[object, ...] | None = None  # the status this member was last sent
 
 
 @dataclass
@@ -339,6 +340,7 @@ class LeaderTerm:
         self._by_node[node] = m
         self.book.ips[node] = _ip(msg["ip"])
         self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
+        self._mark_status(now)
         self._update_established()
 
     def _join(
@@ -559,7 +561,12 @@ class LeaderTerm:
         self._now = now
 
     def _flush_status(self) -> None:
-        """Push the status to every node if it changed (once per batch of inputs)."""
+        """Push the status to the members of the running round whose answer it changes.
+
+        Only a member that runs the current round reads it (``num_nodes_waiting``, closed); it
+        needs to hear when it must restart or stop, not every join: with N nodes that keeps a
+        round at O(N) frames instead of O(N**2).
+        """
         if not self._status_dirty or self._stopped:
             return
         self._status_dirty = False
@@ -567,8 +574,19 @@ class LeaderTerm:
         if status == self._status:
             return
         self._status = status
-        frame = encode_frame("status", status=status.to_json())
-        self._frames.extend((m.conn, frame) for m in self._by_node.values() if m.conn is not None)
+        rnd = self.book.current
+        if rnd is None:
+            return
+        key = (status.epoch, status.round, status.size, status.stale, status.closed, min(status.waiting, 1))
+        frame = b""
+        for node in rnd.members:
+            m = self._by_node.get(node)
+            if m is None or m.conn is None or m.told == key or node in self.book.pending:
+                continue
+            if not frame:
+                frame = encode_frame("status", status=status.to_json())
+            m.told = key
+            self._frames.append((m.conn, frame))
 
 
 def _seconds(raw: Any) -> float:

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 #: fires this much later, for a leader that stopped answering without dropping the session.
 JOIN_GRACE_S = 2.0
 FLUSH_ROUNDS = 32
+DIAG_REFRESH_S = 0.1
 
 
 class Net(Protocol):
@@ -250,6 +251,10 @@ class Node:
         self._term_tag = 0
         self._quiet_at: float | None = None
         self._now = 0.0
+        self._published: tuple[object, ...] = ()
+        self._published_at = float("-inf")
+        #: Called with every election event (tests and simulations record them).
+        self.trace: Callable[[float, object], None] | None = None
 
     @property
     def label(self) -> str:
@@ -326,8 +331,8 @@ class Node:
             self.term.next_timer() if self.term is not None else None,
             self.session.next_timer() if self.session is not None else None,
             self._quiet_at,
-            self._join.deadline if self._join is not None else None,
-            self._shutdown_deadline if self._shutdown is not None else None,
+            self._join.deadline if self._join is not None and not self._join.done else None,
+            self._shutdown_deadline if self._shutdown is not None and not self._shutdown.done else None,
             *(t.deadline for t in self._arrivals.values()),
         ]
         present = [t for t in times if t is not None]
@@ -469,6 +474,8 @@ class Node:
     # ------------------------------------------------------------ election events
 
     def _core_event(self, ev: object, now: float) -> None:
+        if self.trace is not None:
+            self.trace(now, ev)
         if isinstance(ev, BecomeLeader):
             self._lead(ev.epoch, now)
         elif isinstance(ev, SteppedDown):
@@ -779,9 +786,24 @@ class Node:
         return None
 
     def _publish(self, now: float) -> None:
+        """Refresh the board: at once when something the agent acts on changed, else at most every 0.1 s."""
         view = self.core.leader
         status = self._status(now)
         rnd = self.in_round
+        waiting = self.nodes_waiting(now)
+        key = (
+            self.core.role,
+            view,
+            rnd,
+            status,
+            waiting,
+            self.job_closed,
+            self.trouble,
+            self.term is not None,
+        )
+        if key == self._published and now - self._published_at < DIAG_REFRESH_S:
+            return
+        self._published, self._published_at = key, now
         self.board.publish(
             Diagnostics(
                 node_id=f"{self.settings.node_id:016x}",
@@ -798,7 +820,7 @@ class Node:
                 rank=rnd.rank_of(self.settings.node_id) if rnd else None,
                 world_size=rnd.world_size if rnd else 0,
                 status=status,
-                nodes_waiting=self.nodes_waiting(now),
+                nodes_waiting=waiting,
                 closed=self.job_closed or bool(status and status.closed),
                 trouble=self.trouble,
                 peers_heard=len(self.core.peers),

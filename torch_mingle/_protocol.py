@@ -242,6 +242,8 @@ class Discovery:
         self._rng = rng or random.Random()
         self.role = Role.IDLE
         self.leader: LeaderView | None = None
+        #: When the leader we follow was last heard (announcement or, through the shell, heartbeat).
+        self.leader_heard_at = 0.0
         self.fence: Claim | None = None
         self.max_epoch_seen = 0
         self.stats = Stats()
@@ -331,7 +333,7 @@ class Discovery:
         elif (
             self.role is Role.FOLLOWING
             and self.leader is not None
-            and now >= self.leader.heard_at + self.timing.leader_timeout_s
+            and now >= self.leader_heard_at + self.timing.leader_timeout_s
         ):
             self.leader_failed(
                 now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s", hard=False
@@ -395,7 +397,7 @@ class Discovery:
     def leader_alive(self, now: float, claim: Claim) -> None:
         """The shell heard the leader (a heartbeat): as good as hearing its announcement."""
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
-            self.leader = replace(self.leader, heard_at=now)
+            self.leader_heard_at = now
 
     def abandon(self, now: float) -> None:
         """Give up our own claim (the shell cannot host the term): resign it, let another node lead."""
@@ -431,7 +433,7 @@ class Discovery:
         if self.role is Role.LEADING:
             return self._next_announce
         if self.role is Role.FOLLOWING and self.leader is not None:
-            return self.leader.heard_at + self.timing.leader_timeout_s
+            return self.leader_heard_at + self.timing.leader_timeout_s
         return None
 
     def live_peers(self, now: float, within_s: float) -> list[PeerInfo]:
@@ -492,6 +494,7 @@ class Discovery:
         claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
         if current is not None and claim == current.claim:
+            self.leader_heard_at = now
             self.leader = replace(
                 current,
                 heard_at=now,
@@ -622,6 +625,7 @@ class Discovery:
         body = self._body_announce(d)
         self.role = Role.FOLLOWING
         self._own_claim = None
+        self.leader_heard_at = now
         self.leader = LeaderView(
             claim=claim,
             store_ip=announced_store_ip(body, addr),

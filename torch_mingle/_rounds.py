@@ -245,12 +245,12 @@ class RoundBook:
     def decide(self, now: float) -> Form | Wait:
         if self.closed:
             return self._wait(None, "closed")
+        hold = self._next_hold_end(now)  # when a held-back node may restart the round: decide again
         if self.leader not in self.pending:
-            return self._wait(None, "waiting for the leader's own join")
+            return self._wait(hold, "waiting for the leader's own join")
         ordered = self._rank_order()
         admit = ordered[: self.max_nodes]
         n = len(admit)
-        hold = self._next_hold_end(now)
         if n < self.min_nodes:
             self._min_reached_at = None
             return self._wait(hold, f"{n} of min_nodes={self.min_nodes} nodes joined")

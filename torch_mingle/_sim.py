@@ -1,19 +1,28 @@
-"""Run many ``Discovery`` cores on an ``InMemoryNetwork`` with a fake clock.
+"""Many ``Node``s on an ``InMemoryNetwork`` with a fake clock: the code that ships, simulated.
 
-Used by the unit tests (convergence under loss, duplication, delay and partitions) and by
-the scale benchmark (time to one leader and datagrams per node for thousands of nodes).
+Every simulated node is the production ``_node.Node`` (discovery core, leader's term,
+follower's session) with a ``SimNet`` in place of the real loop. Used by the unit tests
+(elections, rounds and failover under loss, duplication, delay, partitions, deaths and
+freezes) and by the benchmarks (elections and rendezvous of thousands of nodes).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any
 
-from torch_mingle._protocol import BecomeLeader, Dest, Discovery, Event, Role, Timing
-from torch_mingle._transport import InMemoryNetwork, RouteHook
-from torch_mingle._wire import Codec, Datagram, Invalid
+from torch_mingle._leader import Job, OpenStore
+from torch_mingle._node import Node, NodeSettings, Ticket
+from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
+from torch_mingle._transport import Delivery, InMemoryNetwork, RouteHook
+from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
+
+STORE_OPEN_S = 0.002
+_tickets = itertools.count(1)
 
 
 class _SharedDecodeCodec(Codec):
@@ -36,16 +45,74 @@ class _SharedDecodeCodec(Codec):
         return result
 
 
+class SimNet:
+    """The ``Net`` of one simulated node: everything goes through the shared in-memory network."""
+
+    def __init__(self, sim: Simulation, node: SimNode) -> None:
+        self.sim = sim
+        self.owner = node
+        self.readers: dict[int, FrameReader] = {}
+        self.aborted = 0
+
+    @property
+    def _now(self) -> float:
+        return self.sim.now
+
+    def send_datagram(self, data: bytes, dest: Dest) -> None:
+        self.sim.net.send(self.owner.addr, data, dest, self._now)
+
+    def listen(self, ip: str) -> int:
+        self.sim.net.unlisten(self.owner.addr)
+        return self.sim.net.listen(self.owner.addr, self.owner.addr[0])
+
+    def stop_listening(self) -> None:
+        self.sim.net.unlisten(self.owner.addr)
+
+    def connect(self, ip: str, port: int) -> int:
+        end = self.sim.net.connect(self.owner.addr, ip, port, self._now)
+        self.readers[end] = FrameReader()
+        return end
+
+    def send(self, conn: int, data: bytes) -> None:
+        self.sim.net.stream_send(conn, data, self._now)
+
+    def close(self, conn: int) -> None:
+        self.readers.pop(conn, None)
+        self.sim.net.stream_close(conn, self._now)
+
+    def submit(self, job: Job, tag: int) -> None:
+        result = self.sim.next_port() if isinstance(job, OpenStore) else None
+        self.sim.later(
+            STORE_OPEN_S, self.owner, lambda now: self.owner.node.on_work_done(job, tag, result, None, now)
+        )
+
+    def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None:
+        self.aborted += 1
+
+    def local_ip_towards(self, ip: str) -> str:
+        return str(self.owner.addr[0])
+
+    def describe(self) -> str:
+        return f"simulated interface {self.owner.addr[0]}"
+
+
 @dataclass
 class SimNode:
     index: int
     addr: tuple[str, int]
-    core: Discovery
+    node: Node
     start_at: float
+    net: SimNet | None = None
     started: bool = False
     alive: bool = True
+    frozen: bool = False
+    held: list[Delivery] = field(default_factory=list)
     events: list[tuple[float, Event]] = field(default_factory=list)
     timer_queued: float | None = None
+
+    @property
+    def core(self) -> Discovery:
+        return self.node.core
 
 
 class Simulation:
@@ -64,11 +131,19 @@ class Simulation:
         timing: Timing | None = None,
         route_hook: RouteHook | None = None,
         key: bytes | None = None,
+        min_nodes: int = 1,
+        max_nodes: int | None = None,
+        last_call_timeout_s: float = 1.0,
+        rejoin_delay_s: float = 30.0,
     ) -> None:
         self.rng = random.Random(seed)
         self.job = job
         self.timing = timing or Timing()
         self.key = key
+        self.min_nodes = min_nodes
+        self.max_nodes = max_nodes or max(n, min_nodes)
+        self.last_call_timeout_s = last_call_timeout_s
+        self.rejoin_delay_s = rejoin_delay_s
         self.net = InMemoryNetwork(
             seed=self.rng.getrandbits(32),
             latency_s=latency_s,
@@ -79,8 +154,9 @@ class Simulation:
         self.now = 0.0
         self.nodes: list[SimNode] = []
         self._by_addr: dict[object, SimNode] = {}
-        self._timers: list[tuple[float, int]] = []
-        self._starts: list[tuple[float, int]] = []
+        self._heap: list[tuple[float, int, int, Any]] = []  # (time, seq, node index, action)
+        self._seq = 0
+        self._ports = itertools.count(50000)
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         for _ in range(n):
             self.add_node(self.rng.uniform(0.0, start_spread_s))
@@ -88,7 +164,7 @@ class Simulation:
     def add_node(self, start_at: float, *, job: str | None = None) -> SimNode:
         index = len(self.nodes)
         node_id = self.rng.getrandbits(64) or 1
-        addr = (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 40000 + index % 20000)
+        addr = (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 29477)
         codec = Codec(self.key) if self.key is not None else _SharedDecodeCodec(self._decode_memo)
         core = Discovery(
             job or self.job,
@@ -98,76 +174,97 @@ class Simulation:
             rng=random.Random(node_id),
             wall_offset_s=1.7e9,
         )
-        node = SimNode(index=index, addr=addr, core=core, start_at=start_at)
-        self.nodes.append(node)
-        self._by_addr[addr] = node
-        heapq.heappush(self._starts, (start_at, index))
-        return node
+        t = self.timing
+        settings = NodeSettings(
+            job=job or self.job, node_id=node_id, min_nodes=self.min_nodes, max_nodes=self.max_nodes,
+            last_call_timeout_s=self.last_call_timeout_s, rejoin_delay_s=self.rejoin_delay_s,
+            interval_s=t.beacon_interval_s, timeout_s=t.leader_timeout_s,
+            connect_timeout_s=min(5.0, t.leader_timeout_s), discovery_warning_s=0.0,
+            bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]",
+        )  # fmt: skip
+        sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
+        sim_node.net = SimNet(self, sim_node)
+        sim_node.node = Node(settings, core, sim_node.net)
+        sim_node.node.trace = lambda now, ev, n=sim_node: n.events.append((now, ev))
+        self.nodes.append(sim_node)
+        self._by_addr[addr] = sim_node
+        self._push(start_at, sim_node, "start")
+        return sim_node
+
+    # ------------------------------------------------------------ faults
 
     def kill(self, node: SimNode) -> None:
+        """The node's process dies: its sockets close, its timers stop."""
         node.alive = False
-        node.core.stop()
-        if node.addr in self.net.members:
-            self.net.detach(node.addr)
+        self.net.detach(node.addr, self.now)
 
-    # ------------------------------------------------------------------ running
+    def freeze(self, node: SimNode) -> None:
+        """SIGSTOP: the node's sockets stay open, but it reads, sends and decides nothing."""
+        node.frozen = True
 
-    def _flush(self, node: SimNode) -> None:
-        for _ in range(4):
-            for data, dest in node.core.datagrams_to_send(self.now):
-                self.net.send(node.addr, data, dest, self.now)
-            events = node.core.events()
-            if not events:
-                break
-            for ev in events:
-                node.events.append((self.now, ev))
-                if isinstance(ev, BecomeLeader):
-                    node.core.leader_ready(self.now, node.addr[0], 29500)
-        timer = node.core.next_timer()
-        if timer is not None and timer != node.timer_queued:
-            node.timer_queued = timer
-            heapq.heappush(self._timers, (timer, node.index))
+    def thaw(self, node: SimNode) -> None:
+        """SIGCONT: what arrived meanwhile is read now, and its timers fire late."""
+        node.frozen = False
+        held, node.held = node.held, []
+        for delivery in held:
+            self._dispatch(node, delivery)
+        self._schedule_timer(node)
 
-    def _next_time(self) -> float | None:
-        while self._timers:
-            t, i = self._timers[0]
-            node = self.nodes[i]
-            if node.alive and node.started and node.core.next_timer() == t:
-                break
-            heapq.heappop(self._timers)
-        candidates = [x for x in (self.net.next_delivery(),) if x is not None]
-        if self._timers:
-            candidates.append(self._timers[0][0])
-        if self._starts:
-            candidates.append(self._starts[0][0])
-        return min(candidates) if candidates else None
+    # ------------------------------------------------------------ requests
+
+    def join(self, node: SimNode, timeout_s: float = 60.0) -> Ticket:
+        """``next_rendezvous()`` on ``node``: the ticket resolves as the simulation runs."""
+        ticket = Ticket("join", next(_tickets), timeout_s=timeout_s)
+        self._call(node, lambda now: node.node.request_join(ticket, now))
+        return ticket
+
+    def leave(self, node: SimNode, close_timeout_s: float = 5.0) -> Ticket:
+        """``shutdown()`` on ``node``."""
+        ticket = Ticket("shutdown", next(_tickets), timeout_s=close_timeout_s)
+        self._call(node, lambda now: node.node.request_shutdown(ticket, close_timeout_s, now))
+        return ticket
+
+    def next_port(self) -> int:
+        return next(self._ports)
+
+    def later(self, delay: float, node: SimNode, fn: Any) -> None:
+        self._push(self.now + delay, node, fn)
+
+    # ------------------------------------------------------------ running
 
     def step(self, until: float) -> bool:
         t = self._next_time()
         if t is None or t > until:
-            self.now = until
+            self.now = max(self.now, until)
             return False
         self.now = max(self.now, t)
-        while self._starts and self._starts[0][0] <= self.now:
-            _, i = heapq.heappop(self._starts)
-            node = self.nodes[i]
-            if node.alive:
+        for delivery in self.net.pop_due(self.now):
+            target = self._by_addr.get(delivery.dst)
+            if target is not None and target.alive and target.started:
+                if target.frozen:
+                    target.held.append(delivery)
+                else:
+                    self._dispatch(target, delivery)
+        while self._heap and self._heap[0][0] <= self.now:
+            _, _, index, action = heapq.heappop(self._heap)
+            node = self.nodes[index]
+            if not node.alive:
+                continue
+            if action == "start":
                 node.started = True
                 self.net.attach(node.addr)
-                node.core.start(self.now)
-                self._flush(node)
-        for dst, data, src in self.net.pop_due(self.now):
-            node = self._by_addr[dst]
-            if node.alive and node.started:
-                node.core.receive_datagram(data, cast(Dest, src), self.now)
-                self._flush(node)
-        while self._timers and self._timers[0][0] <= self.now:
-            t, i = heapq.heappop(self._timers)
-            node = self.nodes[i]
-            if node.alive and node.started and node.core.next_timer() == t:
+                node.node.start(self.now)
+            elif action == "timer":
+                if node.frozen or node.timer_queued is None or node.timer_queued > self.now:
+                    continue
                 node.timer_queued = None
-                node.core.handle_timer(self.now)
-                self._flush(node)
+                node.node.on_timer(self.now)
+            elif node.frozen:
+                node.held.append(Delivery("call", node.addr, src=action))  # runs when thawed
+                continue
+            else:
+                action(self.now)
+            self._schedule_timer(node)
         if self.net.next_delivery() is None:
             self._decode_memo.clear()  # nothing in flight refers to these datagrams any more
         return True
@@ -184,6 +281,15 @@ class Simulation:
                 return self.now
         return None
 
+    def run_until_done(self, tickets: Sequence[Ticket], deadline: float) -> bool:
+        """Run until every ticket is resolved (True) or ``deadline`` passes (False)."""
+        while self.now < deadline:
+            if all(t.done for t in tickets):
+                return True
+            if not self.step(deadline):
+                break
+        return all(t.done for t in tickets)
+
     # --------------------------------------------------------------- inspection
 
     def live(self, job: str | None = None) -> list[SimNode]:
@@ -195,10 +301,12 @@ class Simulation:
         return [n for n in self.live() if n.core.role is Role.LEADING]
 
     def converged(self) -> bool:
-        live = self.live()
-        if not live or len(live) < sum(1 for n in self.nodes if n.alive and n.core.job == self.job):
+        live = [n for n in self.live() if not n.frozen]
+        if not live or len(live) < sum(
+            1 for n in self.nodes if n.alive and not n.frozen and n.core.job == self.job
+        ):
             return False
-        leaders = self.leaders()
+        leaders = [n for n in live if n.core.role is Role.LEADING]
         if len(leaders) != 1:
             return False
         claim = leaders[0].core.leader.claim if leaders[0].core.leader else None
@@ -206,3 +314,48 @@ class Simulation:
 
     def datagrams_per_node(self) -> float:
         return sum(n.core.stats.sent for n in self.nodes) / max(1, len(self.nodes))
+
+    # ------------------------------------------------------------ internals
+
+    def _dispatch(self, node: SimNode, d: Delivery) -> None:
+        n, now = node.node, self.now
+        net = node.net
+        assert net is not None  # noqa: S101
+        if d.kind == "datagram":
+            n.on_datagram(d.data, d.src, now)  # type: ignore[arg-type]
+        elif d.kind == "accepted":
+            net.readers[d.end] = FrameReader()
+            n.on_accepted(d.end, now)
+        elif d.kind == "connected":
+            n.on_connected(d.end, now)
+        elif d.kind == "data":
+            reader = net.readers.get(d.end)
+            if reader is not None:
+                n.on_frames(d.end, reader.feed(d.data), now)
+        elif d.kind == "closed":
+            if net.readers.pop(d.end, None) is not None or d.refused:
+                n.on_closed(d.end, d.reason, refused=d.refused, now=now)
+        elif d.kind == "call":
+            d.src(now)  # type: ignore[operator]
+        self._schedule_timer(node)
+
+    def _call(self, node: SimNode, fn: Any) -> None:
+        self._push(self.now, node, fn)
+
+    def _push(self, at: float, node: SimNode, action: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, node.index, action))
+
+    def _schedule_timer(self, node: SimNode) -> None:
+        if not node.alive or not node.started or node.frozen:
+            return
+        timer = node.node.next_timer()
+        if timer is not None and (node.timer_queued is None or timer < node.timer_queued):
+            node.timer_queued = timer
+            self._push(timer, node, "timer")
+
+    def _next_time(self) -> float | None:
+        candidates = [x for x in (self.net.next_delivery(),) if x is not None]
+        if self._heap:
+            candidates.append(self._heap[0][0])
+        return min(candidates) if candidates else None

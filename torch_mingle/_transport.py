@@ -193,12 +193,41 @@ class Route:
 RouteHook = Callable[[object, object, bytes, random.Random], Route | None]
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """Something the in-memory network hands to the node at ``dst`` (``Simulation`` dispatches it).
+
+    ``kind``: ``datagram`` (data from ``src``), ``accepted`` / ``connected`` (stream end ``end``
+    is open), ``data`` (bytes on ``end``), ``closed`` (``end`` ended; ``refused`` if nothing
+    listened).
+    """
+
+    kind: str
+    dst: object
+    end: int = 0
+    data: bytes = b""
+    src: object = None
+    refused: bool = False
+    reason: str = ""
+
+
+@dataclass
+class _End:
+    owner: object
+    peer: int
+    open: bool = True
+    broken: bool = False
+    last_at: float = 0.0
+
+
 class InMemoryNetwork:
-    """A simulated segment on a fake clock.
+    """A simulated segment on a fake clock: datagrams and TCP-like streams between nodes.
 
     ``drop``, ``duplicate`` and the latency range apply to every datagram, drawn from a
     seeded RNG; ``route_hook(src, dst, data, rng)`` may override the route of any one.
-    ``partition(groups)`` lets datagrams through only inside a group.
+    ``partition(groups)`` lets datagrams and stream bytes through only inside a group (a
+    stream that loses bytes to a partition stays silent, as TCP behind a cut cable does).
+    Streams deliver in order, after the latency; closing an end tells the other one.
     """
 
     def __init__(
@@ -216,17 +245,28 @@ class InMemoryNetwork:
         self.duplicate = duplicate
         self.route_hook = route_hook
         self.members: dict[object, None] = {}  # insertion-ordered set
-        self._queue: list[tuple[float, int, object, bytes, object]] = []
+        self._queue: list[tuple[float, int, Delivery]] = []
         self._seq = 0
         self._side: dict[object, int] = {}
+        self._listeners: dict[tuple[str, int], object] = {}
+        self._ends: dict[int, _End] = {}
+        self._next_end = 0
+        self._next_port = 40000
         self.datagrams_sent = 0
         self.deliveries = 0
 
     def attach(self, addr: object) -> None:
         self.members[addr] = None
 
-    def detach(self, addr: object) -> None:
+    def detach(self, addr: object, now: float = 0.0) -> None:
+        """``addr`` is gone (its process died): its listeners vanish, its streams' peers see a reset."""
         self.members.pop(addr, None)
+        for key in [k for k, owner in self._listeners.items() if owner == addr]:
+            del self._listeners[key]
+        for end in list(self._ends.values()):
+            if end.owner == addr and end.open:
+                end.open = False
+                self._close_peer(end, now, "connection reset (the peer's process died)")
 
     def partition(self, *groups: Iterable[object]) -> None:
         self._side = {addr: n for n, group in enumerate(groups) for addr in group}
@@ -234,8 +274,13 @@ class InMemoryNetwork:
     def heal(self) -> None:
         self._side = {}
 
+    def cut(self, a: object, b: object) -> bool:
+        return bool(self._side) and self._side.get(a, -1) != self._side.get(b, -2)
+
+    # ------------------------------------------------------------ datagrams
+
     def _route(self, src: object, dst: object, data: bytes) -> Route:
-        if self._side and self._side.get(src, -1) != self._side.get(dst, -2):
+        if self.cut(src, dst):
             return Route(delays=())
         if self.route_hook is not None:
             hooked = self.route_hook(src, dst, data, self.rng)
@@ -250,23 +295,90 @@ class InMemoryNetwork:
         return Route(delays=tuple(delays))
 
     def send(self, src: object, data: bytes, dest: Dest, now: float) -> None:
+        """A datagram from ``src`` to ``dest`` (None: every other member, as multicast)."""
         self.datagrams_sent += 1
         targets = [m for m in self.members if m != src] if dest is None else [dest]
         for dst in targets:
             if dst not in self.members:
                 continue
             for delay in self._route(src, dst, data).delays:
-                self._seq += 1
-                heapq.heappush(self._queue, (now + delay, self._seq, dst, data, src))
+                self._push(now + delay, Delivery("datagram", dst, data=data, src=src))
+
+    # ------------------------------------------------------------ streams
+
+    def listen(self, owner: object, ip: str) -> int:
+        self._next_port += 1
+        self._listeners[(ip, self._next_port)] = owner
+        return self._next_port
+
+    def unlisten(self, owner: object) -> None:
+        for key in [k for k, o in self._listeners.items() if o == owner]:
+            del self._listeners[key]
+
+    def connect(self, owner: object, ip: str, port: int, now: float) -> int:
+        """Open a stream to ``ip:port``; returns this side's end (outcome: ``connected`` or ``closed``)."""
+        client, server = self._next_end, self._next_end + 1
+        self._next_end += 2
+        self._ends[client] = _End(owner=owner, peer=server)
+        target = self._listeners.get((ip, port))
+        latency = self._latency()
+        if target is None or target not in self.members:
+            self._ends[client].open = False
+            self._push(now + latency, Delivery("closed", owner, end=client, refused=True, reason="refused"))
+            return client
+        self._ends[server] = _End(owner=target, peer=client)
+        if self.cut(owner, target):
+            return client  # the handshake never arrives: the client's own timeout decides
+        self._push(now + latency, Delivery("accepted", target, end=server))
+        self._push(now + 2 * latency, Delivery("connected", owner, end=client))
+        return client
+
+    def stream_send(self, end_id: int, data: bytes, now: float) -> None:
+        end = self._ends.get(end_id)
+        if end is None or not end.open:
+            return
+        peer = self._ends.get(end.peer)
+        if peer is None or not peer.open or end.broken:
+            return
+        if self.cut(end.owner, peer.owner):
+            end.broken = True  # bytes lost behind a cut: the stream goes silent for good
+            return
+        at = max(now + self._latency(), peer.last_at)
+        peer.last_at = at
+        self._push(at, Delivery("data", peer.owner, end=end.peer, data=data))
+
+    def stream_close(self, end_id: int, now: float) -> None:
+        end = self._ends.get(end_id)
+        if end is None or not end.open:
+            return
+        end.open = False
+        self._close_peer(end, now, "closed by the peer")
+
+    def _close_peer(self, end: _End, now: float, reason: str) -> None:
+        peer = self._ends.get(end.peer)
+        if peer is None or not peer.open or end.broken or self.cut(end.owner, peer.owner):
+            return
+        peer.open = False
+        at = max(now + self._latency(), peer.last_at)
+        self._push(at, Delivery("closed", peer.owner, end=end.peer, reason=reason))
+
+    # ------------------------------------------------------------ the queue
+
+    def _latency(self) -> float:
+        low, high = self.latency_s
+        return self.rng.uniform(low, high)
+
+    def _push(self, at: float, delivery: Delivery) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (at, self._seq, delivery))
 
     def next_delivery(self) -> float | None:
         return self._queue[0][0] if self._queue else None
 
-    def pop_due(self, now: float) -> list[tuple[object, bytes, object]]:
-        """Datagrams due at ``now``: (destination, data, source)."""
+    def pop_due(self, now: float) -> list[Delivery]:
         out = []
         while self._queue and self._queue[0][0] <= now:
-            _, _, dst, data, src = heapq.heappop(self._queue)
+            _, _, delivery = heapq.heappop(self._queue)
             self.deliveries += 1
-            out.append((dst, data, src))
+            out.append(delivery)
         return out

@@ -211,10 +211,14 @@ def _parse_float(key: str, raw: Any, *, minimum: float, maximum: float, example:
         ) from None
     if math.isnan(value) or not minimum <= value <= maximum:
         raise MingleConfigError(
-            f"rdzv_conf {key}={raw!r} is out of range: it must be between {minimum:g} and {maximum:g} "
-            f"seconds; {_fix(key, example)}"
+            f"rdzv_conf {key}={raw!r} is out of range: it must be between {_num(minimum)} and "
+            f"{_num(maximum)} seconds; {_fix(key, example)}"
         )
     return value
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
 
 
 def _parse_int(key: str, raw: Any, *, low: int, high: int, example: str) -> int:

@@ -143,7 +143,9 @@ def test_with_a_secret_forged_stale_and_replayed_announcements_are_rejected(make
     for data in (wrong, unsigned, stale, fresh, fresh):
         _send(port, data)
     wait_until(
-        lambda: all(h.diagnostics().stats.invalid["duplicate"] for h in handlers), 5, "the duplicate to arrive"
+        lambda: all(h.diagnostics().stats.invalid["duplicate"] for h in handlers),
+        5,
+        "the duplicate to arrive",
     )
     time.sleep(DUPLICATE_WINDOW_MS / 1000 + 0.2)  # the window is the point of this step, not a wait
     _send(port, fresh)
@@ -162,7 +164,9 @@ def test_with_a_secret_forged_stale_and_replayed_announcements_are_rejected(make
         assert diag.stats.invalid["outside_replay_window"] >= 1
         assert diag.stats.invalid["duplicate"] >= 1  # the second copy of the fresh one
         assert diag.stats.invalid["replayed"] >= 1  # the third copy
-        assert diag.stats.dropped_total() == sum(diag.stats.invalid.values()) - diag.stats.invalid["duplicate"]
+        assert (
+            diag.stats.dropped_total() == sum(diag.stats.invalid.values()) - diag.stats.invalid["duplicate"]
+        )
         assert diag.leader == f"{real_leader:016x}"
         assert h.num_nodes_waiting() == 0
 

@@ -36,7 +36,11 @@ def _start(segment, tmp_path, *, steps, step_time, conf=None, n=3):
     )  # fmt: skip
     agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
     wait_until(
-        lambda: any("step 5/" in a.output() for a in agents), 120, "round 1 to train", interval=0.2, agents=agents
+        lambda: any("step 5/" in a.output() for a in agents),
+        120,
+        "round 1 to train",
+        interval=0.2,
+        agents=agents,
     )
     return hosts, agents
 

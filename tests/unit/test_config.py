@@ -59,7 +59,12 @@ def test_every_known_key_is_a_field_of_the_same_name():
         ({"port": "0"}, "port='0' is out of range 1..65535"),
         ({"port": "http"}, "port='http' is not an integer"),
         ({"join_timeout": "soon"}, "join_timeout='soon' is not a number of seconds"),
-        ({"join_timeout": "-1"}, "join_timeout='-1' must be a finite number"),
+        ({"join_timeout": "-1"}, "join_timeout='-1' is out of range: it must be between 0.001 and"),
+        (
+            {"join_timeout": "1e15"},
+            "join_timeout='1e15' is out of range: it must be between 0.001 and 31536000",
+        ),
+        ({"rejoin_delay": "inf"}, "rejoin_delay='inf' is out of range"),
         ({"keep_alive_interval": "nan"}, "keep_alive_interval='nan'"),
         ({"group": "10.0.0.1"}, "group='10.0.0.1' is not a multicast address"),
         ({"group": "not-an-ip"}, "group='not-an-ip' is not an IP address"),

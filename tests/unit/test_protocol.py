@@ -139,7 +139,7 @@ def test_reported_leader_failure_fences_that_claim():
     assert sim.run_until_converged(deadline=5.0) is not None
     old = leader_claim(sim)
     follower = next(n for n in sim.live() if n.core.role is Role.FOLLOWING)
-    follower.core.leader_failed(sim.now, old, "store refused the connection")
+    follower.core.leader_failed(sim.now, old, "store refused the connection", hard=True)
     assert follower.core.role is Role.DISCOVERING
     assert follower.core.fence == old
     sim.run_until(sim.now + 5.0)

@@ -1,4 +1,4 @@
-"""Round decisions (pure): admission, rank order, last call, re-rendezvous, spares, close."""
+"""Round decisions (pure): admission, rank order, last call, re-rendezvous, spares, close, holds, barrier."""
 
 from __future__ import annotations
 
@@ -7,54 +7,59 @@ from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, S
 LEADER = 0x10
 
 
-def book(min_nodes=2, max_nodes=4, last_call=30.0, epoch=1):
+def book(min_nodes=2, max_nodes=4, last_call=30.0, epoch=1, rejoin_delay=30.0):
     return RoundBook(
-        leader=LEADER, epoch=epoch, min_nodes=min_nodes, max_nodes=max_nodes, last_call_timeout=last_call
+        leader=LEADER,
+        epoch=epoch,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        last_call_timeout=last_call,
+        rejoin_delay_s=rejoin_delay,
     )
 
 
-def join(b: RoundBook, node: int, seq: int, history: History | None = None) -> None:
-    b.join(JoinRequest(node=node, seq=seq, ip="198.18.0.1", history=history))
+def join(b: RoundBook, node: int, history: History | None = None) -> None:
+    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history))
 
 
-def form(b: RoundBook, decision: Form | Wait) -> Round:
+def form(b: RoundBook, decision: Form | Wait, now: float = 0.0) -> Round:
     assert isinstance(decision, Form), decision
     rnd = Round(
         number=b.last_round_number + 1, epoch=b.epoch, members=decision.members, store_ip="x", store_port=1
     )
-    b.formed(rnd)
+    b.formed(rnd, now)
     return rnd
 
 
 def first_round(b: RoundBook, nodes: tuple[int, ...]) -> Round:
     """The first round of a job below max_nodes forms after the last call, as in c10d."""
-    for seq, node in enumerate(nodes, start=1):
-        join(b, node, seq)
+    for node in nodes:
+        join(b, node)
     b.decide(0.0)
-    return form(b, b.decide(b.last_call_timeout))
+    return form(b, b.decide(b.last_call_timeout), b.last_call_timeout)
 
 
 def test_no_round_without_the_leader_even_at_max_nodes():
     b = book(min_nodes=2, max_nodes=2)
-    join(b, 0x20, 1)
-    join(b, 0x30, 2)
+    join(b, 0x20)
+    join(b, 0x30)
     assert isinstance(b.decide(0.0), Wait)
-    join(b, LEADER, 3)
+    join(b, LEADER)
     d = b.decide(0.0)
     assert isinstance(d, Form)
     assert d.members == (LEADER, 0x20)  # leader first, then arrival order; 0x30 is a spare
-    assert d.admitted == (3, 1)
+    assert d.ips == ("198.18.0.16", "198.18.0.32")
 
 
 def test_max_nodes_forms_at_once_and_min_nodes_waits_for_the_last_call():
     b = book(min_nodes=2, max_nodes=4, last_call=30.0)
-    join(b, LEADER, 1)
+    join(b, LEADER)
     assert b.decide(0.0) == Wait(until=None, reason="1 of min_nodes=2 nodes joined")
-    join(b, 0x20, 2)
+    join(b, 0x20)
     d = b.decide(1.0)
     assert isinstance(d, Wait)
     assert d.until == 31.0
-    join(b, 0x30, 3)
+    join(b, 0x30)
     assert isinstance(b.decide(20.0), Wait)
     d = b.decide(31.0)
     assert isinstance(d, Form)
@@ -67,10 +72,10 @@ def test_a_re_rendezvous_forms_as_soon_as_everyone_is_back():
     rnd = first_round(b, (LEADER, 0x20, 0x30))
     assert rnd.members == (LEADER, 0x20, 0x30)
     # A worker failed: every agent re-joins; no last call when all known members are back.
-    join(b, 0x30, 4)
-    join(b, LEADER, 5)
+    join(b, 0x30)
+    join(b, LEADER)
     assert isinstance(b.decide(101.0), Wait)
-    join(b, 0x20, 6)
+    join(b, 0x20)
     d = b.decide(101.0)
     assert isinstance(d, Form)
     assert d.members == (LEADER, 0x20, 0x30)  # previous members keep their order
@@ -80,24 +85,40 @@ def test_a_re_rendezvous_forms_as_soon_as_everyone_is_back():
 def test_a_dead_member_makes_the_round_stale_and_is_not_waited_for():
     b = book(min_nodes=2, max_nodes=4)
     first_round(b, (LEADER, 0x20, 0x30))
-    assert b.status().stale is False
-    assert b.died(0x20) is None
-    assert b.status().stale is True
-    join(b, LEADER, 4)
-    join(b, 0x30, 5)
-    d = b.decide(1.0)
+    assert b.status(31.0).stale is False
+    assert b.died(0x20, "no heartbeat") is False
+    assert b.status(31.0).stale is True
+    join(b, LEADER)
+    join(b, 0x30)
+    d = b.decide(32.0)
     assert isinstance(d, Form)
     assert d.members == (LEADER, 0x30)
+
+
+def test_a_fixed_size_job_that_lost_a_node_names_it_while_it_waits():
+    b = book(min_nodes=3, max_nodes=3)
+    for node in (LEADER, 0x20, 0x30):
+        join(b, node)
+    form(b, b.decide(0.0))
+    b.died(0x30, "no heartbeat for 3s")
+    join(b, LEADER)
+    join(b, 0x20)
+    assert isinstance(b.decide(1.0), Wait)
+    assert b.missing() == [0x30]
+    assert not b.parked(0x20)  # its round is stale: it waits for a round, with a deadline
+    explained = b.explain()
+    assert "2 of min_nodes=3 nodes joined" in explained
+    assert "0000000000000030 (198.18.0.48: no heartbeat for 3s)" in explained
 
 
 def test_a_new_leader_recognizes_a_re_rendezvous_from_the_joiners_history():
     # Old leader 0x99 died; the survivors carry round 7 of epoch 3 to the new leader (epoch 4).
     hist = History(epoch=3, round=7, members=(0x99, 0x30, LEADER, 0x20))
     b = book(min_nodes=2, max_nodes=4, epoch=4)
-    join(b, LEADER, 1, hist)
-    join(b, 0x20, 2, hist)
+    join(b, LEADER, hist)
+    join(b, 0x20, hist)
     assert isinstance(b.decide(0.0), Wait)  # 0x30 was in that round and is expected back
-    join(b, 0x30, 3, hist)
+    join(b, 0x30, hist)
     d = b.decide(0.0)
     assert isinstance(d, Form)
     assert d.members == (LEADER, 0x30, 0x20)  # survivors keep their relative order
@@ -107,15 +128,17 @@ def test_a_new_leader_recognizes_a_re_rendezvous_from_the_joiners_history():
 
 def test_spares_wait_beyond_max_nodes_and_replace_a_dead_node():
     b = book(min_nodes=2, max_nodes=2)
-    join(b, LEADER, 1)
-    join(b, 0x20, 2)
-    join(b, 0x30, 3)
+    join(b, LEADER)
+    join(b, 0x20)
+    join(b, 0x30)
     form(b, b.decide(0.0))
     assert b.pending.keys() == {0x30}
-    assert b.status().waiting == 0  # the round is full: a spare does not trigger restarts
-    b.died(0x20)
-    assert b.status().waiting == 1
-    join(b, LEADER, 4)
+    assert b.parked(0x30)
+    assert b.status(0.0).waiting == 0  # the round is full: a spare does not trigger restarts
+    b.died(0x20, "killed")
+    assert not b.parked(0x30)
+    assert b.status(0.0).waiting == 1
+    join(b, LEADER)
     d = b.decide(1.0)
     assert isinstance(d, Form)
     assert d.members == (LEADER, 0x30)
@@ -124,55 +147,125 @@ def test_spares_wait_beyond_max_nodes_and_replace_a_dead_node():
 def test_newcomers_count_as_waiting_while_there_is_room():
     b = book(min_nodes=2, max_nodes=3)
     first_round(b, (LEADER, 0x20))
-    join(b, 0x30, 3)
-    join(b, 0x40, 4)
-    assert b.status().waiting == 1  # room for one more node
+    join(b, 0x30)
+    join(b, 0x40)
+    assert b.status(31.0).waiting == 1  # room for one more node
+
+
+def test_a_returning_node_does_not_restart_a_fresh_round_until_it_ran_rejoin_delay():
+    b = book(min_nodes=2, max_nodes=3, rejoin_delay=10.0)
+    for node in (LEADER, 0x20, 0x30):
+        join(b, node)
+    form(b, b.decide(0.0), 0.0)
+    b.died(0x30, "frozen")  # dropped: the others re-join without it
+    join(b, LEADER)
+    join(b, 0x20)
+    form(b, b.decide(3.0), 3.0)
+    # It wakes up and comes back 1.5 s later: the fresh round has not trained yet.
+    join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x30)))
+    assert b.parked(0x30)
+    assert b.status(4.5).waiting == 0
+    assert b.decide(4.5) == Wait(until=13.0, reason=b.decide(4.5).reason)
+    assert b.status(13.0).waiting == 1  # the round ran rejoin_delay: now it may restart it
+    # Dropped a second time: twice as long.
+    join(b, LEADER)
+    join(b, 0x20)
+    form(b, b.decide(13.5), 13.5)
+    b.died(0x30, "frozen again")
+    join(b, LEADER)
+    join(b, 0x20)
+    form(b, b.decide(14.0), 14.0)
+    join(b, 0x30)
+    assert b.status(14.0 + 19.0).waiting == 0
+    assert b.status(14.0 + 20.0).waiting == 1
+
+
+def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
+    b = book(min_nodes=2, max_nodes=3, rejoin_delay=10.0)
+    for node in (LEADER, 0x20, 0x30):
+        join(b, node)
+    form(b, b.decide(0.0), 0.0)
+    b.died(0x30, "frozen")
+    join(b, LEADER)
+    join(b, 0x20)
+    form(b, b.decide(3.0), 3.0)
+    join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x30)))
+    b.died(0x20, "killed")  # the fresh round is stale anyway: no reason to hold anyone back
+    assert b.status(4.0).waiting >= 1
+    join(b, LEADER)
+    d = b.decide(4.0)
+    assert isinstance(d, Form) and d.members == (LEADER, 0x30)
 
 
 def test_close_answers_every_waiting_join():
     b = book()
-    join(b, LEADER, 1)
-    join(b, 0x20, 2)
-    assert sorted(b.close()) == [1, 2]
+    join(b, LEADER)
+    join(b, 0x20)
+    assert sorted(b.close()) == [LEADER, 0x20]
     assert b.decide(0.0) == Wait(until=None, reason="closed")
-    assert b.status().closed
-    assert b.status().waiting == 0
+    assert b.status(0.0).closed
+    assert b.status(0.0).waiting == 0
 
 
 def test_all_gone_once_every_other_node_left_or_died():
     b = book(min_nodes=3, max_nodes=3)
-    for seq, node in enumerate((LEADER, 0x20, 0x30), start=1):
-        join(b, node, seq)
+    for node in (LEADER, 0x20, 0x30):
+        join(b, node)
     form(b, b.decide(0.0))
     b.close()
     assert not b.all_gone()
     b.leave(0x20)
     assert not b.all_gone()
-    b.died(0x30)
+    b.died(0x30, "killed")
     assert b.all_gone()
 
 
 def test_departed_are_the_current_rounds_members_that_left_or_died_until_they_rejoin():
     b = book(min_nodes=2, max_nodes=3)
-    for seq, node in enumerate((LEADER, 0x20, 0x30), start=1):
-        join(b, node, seq)
+    for node in (LEADER, 0x20, 0x30):
+        join(b, node)
     form(b, b.decide(0.0))
-    join(b, 0x40, 4)
+    join(b, 0x40)
     b.leave(0x40)  # not a member: its leaving holds nobody's exit barrier
     b.leave(0x20)
-    b.died(0x30)
+    b.died(0x30, "killed")
     assert b.departed() == {0x20, 0x30}
-    join(b, 0x30, 5)
+    join(b, 0x30)
     assert b.departed() == {0x20}
-    join(b, LEADER, 6)
+    join(b, LEADER)
     form(b, b.decide(0.0))  # a new round: nobody of it has left yet
     assert b.departed() == set()
 
 
-def test_round_and_status_encode_round_trip():
-    rnd = Round(number=3, epoch=2, members=(1, 2, 3), store_ip="fd00::1", store_port=4)
-    assert Round.decode(rnd.encode()) == rnd
+def test_the_exit_barrier_opens_only_when_every_member_arrived_or_is_gone_for_good():
+    b = book(min_nodes=3, max_nodes=3)
+    for node in (LEADER, 0x20, 0x30):
+        join(b, node)
+    rnd = form(b, b.decide(0.0))
+    b.arrive(LEADER, rnd.number)
+    b.leave(0x20)  # its workers failed: it never arrives
+    assert not b.barrier_to_open()  # 0x30 still trains
+    b.arrive(0x30, rnd.number)
+    assert b.barrier_to_open()
+
+
+def test_a_member_that_arrived_and_died_is_not_counted_twice():
+    b = book(min_nodes=3, max_nodes=3)
+    for node in (LEADER, 0x20, 0x30):
+        join(b, node)
+    rnd = form(b, b.decide(0.0))
+    b.arrive(LEADER, rnd.number)
+    b.arrive(0x20, rnd.number)
+    b.died(0x20, "killed in the barrier")
+    assert not b.barrier_to_open()  # 0x30's workers still run
+    b.arrive(0x30, rnd.number)
+    assert not b.barrier_to_open()  # everyone arrived: torch's own count opens it
+
+
+def test_round_status_and_history_round_trip_through_json():
+    rnd = Round(number=3, epoch=2, members=(1, 2, 3), store_ip="fd00::1", store_port=4, ips=("a", "b", "c"))
+    assert Round.from_json(rnd.to_json()) == rnd
     st = Status(epoch=1, round=2, size=3, joined=1, waiting=1, stale=False, closed=False, reason="x")
-    assert Status.decode(st.encode()) == st
+    assert Status.from_json(st.to_json()) == st
     hist = History(epoch=1, round=2, members=(5, 6))
     assert History.from_json(hist.to_json()) == hist

@@ -7,24 +7,30 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_mingle._wire import (
+    DUPLICATE_WINDOW_MS,
+    EPOCH_MAX,
     MAX_DATAGRAM_BYTES,
     Announce,
     Codec,
     Datagram,
+    FrameReader,
     Invalid,
     Probe,
     Query,
     Resign,
+    check,
+    encode_frame,
+    with_scope_of,
 )
 
 KEY = b"k" * 32
 NOW_MS = 1_700_000_000_000
 
 BODIES = [
-    Query(epoch_seen=3, addrs=("198.18.0.1", "fd00::5", "fe80::1%7")),
-    Query(epoch_seen=0),
+    Query(epoch_seen=3, addrs=("198.18.0.1", "fd00::5", "fe80::1")),
+    Query(epoch_seen=EPOCH_MAX),
     Announce(epoch=7, store_ip="127.0.0.1", store_port=29500, round=4, members=3, min_nodes=2, max_nodes=4),
-    Announce(epoch=1, store_ip="2001:db8::1", store_port=1, closed=True),
+    Announce(epoch=2**40, store_ip="2001:db8::1", store_port=1, closed=True, established=True),
     Resign(epoch=9),
     Probe(),
 ]
@@ -75,11 +81,13 @@ def test_tag_is_required_and_checked():
     assert Codec().decode(signed) == Invalid("unexpected_tag")
 
 
-def test_replay_is_rejected_with_a_key():
+def test_replay_is_rejected_with_a_key_and_a_second_copy_at_once_is_a_duplicate():
     codec = Codec(KEY)
     data = Codec(KEY).encode(dgram(BODIES[2], nonce=77))
     assert isinstance(codec.decode(data, wall_ms=NOW_MS), Datagram)
-    assert codec.decode(data, wall_ms=NOW_MS) == Invalid("replayed")
+    # Several interfaces, broadcast and peers= deliver the same datagram more than once.
+    assert codec.decode(data, wall_ms=NOW_MS + 5) == Invalid("duplicate")
+    assert codec.decode(data, wall_ms=NOW_MS + DUPLICATE_WINDOW_MS + 1) == Invalid("replayed")
     late = NOW_MS + codec.replay_window_ms + 1
     fresh = Codec(KEY).encode(dgram(BODIES[2], nonce=78))
     assert codec.decode(fresh, wall_ms=late) == Invalid("outside_replay_window")
@@ -109,3 +117,68 @@ def test_truncations_and_bit_flips_never_raise_nor_pass_the_tag(body, data):
     plain = bytearray(Codec().encode(dgram(body)))
     plain[pos % len(plain)] ^= 0xFF
     assert isinstance(Codec().decode(bytes(plain)), Datagram | Invalid)
+
+
+def test_epochs_beyond_the_bound_are_invalid():
+    too_far = Codec().encode(dgram(Announce(epoch=EPOCH_MAX, store_ip="10.0.0.1", store_port=1)))
+    assert isinstance(Codec().decode(too_far), Datagram)
+    data = bytearray(too_far)
+    # The announce's epoch is the body's first 8 bytes: make it EPOCH_MAX + 1.
+    body_at = len(data) - (8 + 4 + 2 * 3 + 1 + 5 + 2)
+    data[body_at : body_at + 8] = (EPOCH_MAX + 1).to_bytes(8, "big")
+    assert Codec().decode(bytes(data)) == Invalid("bad_epoch")
+
+
+def test_a_link_local_address_gets_the_receivers_scope():
+    assert with_scope_of("fe80::1", ("fe80::2%eth1", 29477, 0, 3)) == "fe80::1%eth1"
+    assert with_scope_of("fe80::1%7", ("fe80::2", 29477, 0, 3)) == "fe80::1%3"
+    assert with_scope_of("fd00::1", ("fe80::2%eth1", 29477, 0, 3)) == "fd00::1"
+    assert with_scope_of("10.0.0.1", ("10.0.0.2", 1)) == "10.0.0.1"
+
+
+def test_control_frames_round_trip_in_pieces():
+    stream = encode_frame("hello", node="00ff", epoch=3, leader="0a", ip="10.0.0.1") + encode_frame("hb")
+    reader = FrameReader()
+    got: list[dict[str, object]] = []
+    for i in range(len(stream)):  # one byte at a time: a slow writer
+        out = reader.feed(stream[i : i + 1])
+        assert isinstance(out, list)
+        got.extend(out)
+    assert [check(m) for m in got] == ["hello", "hb"]
+    assert reader.pending == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        ((10**9).to_bytes(4, "big"), "frame_too_long"),
+        (b"\x00\x00\x00\x03abc", "bad_json"),
+        (b"\x00\x00\x00\x02[]", "not_an_object"),
+    ],
+)
+def test_garbage_on_the_control_stream_is_invalid(data, reason):
+    assert FrameReader().feed(data) == Invalid(reason)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"t": "hello", "node": 5, "epoch": 1, "leader": "a", "ip": "x"},
+        {"t": "join", "id": True, "ip": "x"},
+        {"t": "nope"},
+        {"t": 3},
+        {},
+    ],
+)
+def test_frames_with_missing_or_mistyped_fields_fail_the_check(msg):
+    assert check(msg) is None
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=4096))
+def test_random_stream_bytes_never_raise(data):
+    out = FrameReader().feed(data)
+    assert isinstance(out, list | Invalid)
+    if isinstance(out, list):
+        for msg in out:
+            check(msg)
