@@ -66,7 +66,7 @@ def _shutdown(handlers: list[Any]) -> None:
 
 
 def _dropped(handlers: list[Any]) -> int:
-    return sum(h._driver.snapshot().stats.dropped_total() for h in handlers)
+    return sum(h.diagnostics().stats.dropped_total() for h in handlers)
 
 
 def run_first(flooded: bool, rate: int) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def run_cpu(rate: int, secret_file: str) -> dict[str, Any]:
         before, started = _cpu_s(), time.monotonic()
         report = Flood(GROUP, port, job, seconds=3, rate=rate).result()
         cpu, took = _cpu_s() - before, time.monotonic() - started
-        received = node._driver.snapshot().stats.received
+        received = node.diagnostics().stats.received
     finally:
         _shutdown([node])
     return {

@@ -30,7 +30,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import random
 import shutil
 import socket
 import statistics
@@ -104,7 +103,7 @@ def _pool_process(conn: Connection) -> None:
             if handler is not None:
                 handler.shutdown()
             if driver is not None:
-                driver.stop(resign=False)
+                driver.shutdown()
             handler = driver = None
             conn.send("ok")
             continue
@@ -131,28 +130,17 @@ def _pool_process(conn: Connection) -> None:
 
 
 def _discover_only(job: str, port: int) -> tuple[Any, int]:
-    """mingle's discovery and election alone: no store, no rounds."""
-    import socket as _socket
+    """mingle's discovery and election alone: create the handler, wait until it knows the leader."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-    from torch_mingle._driver import Driver
-    from torch_mingle._interfaces import choose_interface
-    from torch_mingle._protocol import Discovery
-    from torch_mingle._transport import McastTransport
-
-    iface, _ = choose_interface("127.0.0.1", _socket.AF_INET)
-    core = Discovery(job, random.getrandbits(64) or 1)
-    driver = Driver(
-        core,
-        [McastTransport(iface, "239.255.77.77", port)],
-        on_become_leader=lambda epoch: ("127.0.0.1", 1),
-        on_step_down=lambda claim: None,
-        label="[bench]",
+    handler: Any = get_rendezvous_handler(
+        RendezvousParameters("mingle", "", job, 2, 2, interface="127.0.0.1", port=str(port))
     )
-    driver.start()
-    found = driver.wait_leader(time.monotonic() + 30)
+    found = handler.wait_diagnostics(lambda d: d.leader is not None, 30)
     if found is None:
         raise RuntimeError("no leader within 30 s")
-    return driver, found[0].claim.leader
+    return handler, int(found.leader, 16)
 
 
 class Pool:

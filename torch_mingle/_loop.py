@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import selectors
 import socket
@@ -126,7 +127,7 @@ class Worker:
             except Exception as exc:  # every job's failure is its result, for the node to judge
                 log.warning("%s background job %s failed: %s", self.label, type(job).__name__, exc)
                 result, error = None, f"{type(exc).__name__}: {exc}"
-            self._post(lambda now, job=job, result=result, error=error, done=done: done(result, error, now))
+            self._post(functools.partial(_deliver, done, result, error))
 
 
 class Loop:
@@ -560,7 +561,7 @@ class Loop:
         if stream.closing_by is not None:
             return  # we are done with it; only its output still drains
         frames = stream.reader.feed(data)
-        self._guard("a frame", lambda: node.on_frames(stream.id, frames, now), now)  # type: ignore[arg-type]
+        self._guard("a frame", lambda: node.on_frames(stream.id, frames, now), now)
 
     def _write(self, stream: _Stream, now: float) -> None:
         if not stream.out:
@@ -613,6 +614,12 @@ class Loop:
         with contextlib.suppress(OSError):
             self._wake_w.close()
         self._sel.close()
+
+
+def _deliver(
+    done: Callable[[Any, str | None, float], None], result: Any, error: str | None, now: float
+) -> None:
+    done(result, error, now)
 
 
 def resolve_hosts(hosts: tuple[str, ...], family: int, label: str = "") -> tuple[str, ...]:

@@ -168,9 +168,21 @@ class Board:
     def publish(self, diag: Diagnostics) -> None:
         with self._cond:
             self._diag = diag
+            self._cond.notify_all()
 
     def diagnostics(self) -> Diagnostics:
         with self._cond:
+            return self._diag
+
+    def wait_for(self, predicate: Callable[[Diagnostics], bool], timeout_s: float) -> Diagnostics | None:
+        """The first snapshot that satisfies ``predicate``, or None after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not predicate(self._diag):
+                left = deadline - time.monotonic()
+                if left <= 0 or self.fatal is not None:
+                    return None
+                self._cond.wait(left)
             return self._diag
 
     def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:
@@ -661,9 +673,11 @@ class Node:
             log.info("%s asked to join again: %s", self.label, text)
             self._send_join(now)
         elif kind == "timeout":
-            claim = session.claim if session is not None else self.term.claim if self.term else None
-            who = "this node leads" if session is None else f"the leader is {session.ip}"
-            self.board.resolve(join, result=TimedOut(f"{who} ({claim}); {text}"))
+            if session is not None:
+                who = f"the leader is {session.ip} ({session.claim})"
+            else:
+                who = f"this node leads ({self.term.claim})" if self.term is not None else "this node led"
+            self.board.resolve(join, result=TimedOut(f"{who}; {text}"))
         elif kind == "closed":
             self._job_closed_seen("the job was closed while this node waited")
         elif kind == "wait":

@@ -343,7 +343,7 @@ class RoundBook:
 
     def _hold_end(self, node: int) -> float:
         doublings = min(MAX_HOLD_DOUBLINGS, max(0, self.drops.get(node, 1) - 1))
-        return self.formed_at + self.rejoin_delay_s * (2**doublings)
+        return self.formed_at + self.rejoin_delay_s * float(2**doublings)
 
     def _held(self, now: float) -> set[int]:
         """Returning nodes that may not yet restart the healthy current round."""

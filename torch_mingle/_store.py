@@ -132,9 +132,9 @@ class StoreKeeper:
             self._stores[int(store.port)] = store
             return int(store.port)
         if isinstance(job, OpenExitBarrier):
-            store = self._stores.get(job.port)
-            if store is not None and EXIT_BARRIER_KEYS is not None:
-                PrefixStore(AGENT_PREFIX, store).set(EXIT_BARRIER_KEYS[1], "opened by the leader")
+            server = self._stores.get(job.port)
+            if server is not None and EXIT_BARRIER_KEYS is not None:
+                PrefixStore(AGENT_PREFIX, server).set(EXIT_BARRIER_KEYS[1], "opened by the leader")
             return None
         if isinstance(job, ReleaseStores):
             for port in job.ports:
@@ -187,7 +187,7 @@ class AgentStore(Store):
         return self._inner.multi_get(keys)
 
     def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        self._inner.multi_set(keys, values)
+        self._inner.multi_set(keys, values)  # type: ignore[attr-defined]  # missing from torch's stubs
 
     def delete_key(self, key: str) -> bool:
         return self._inner.delete_key(key)

@@ -10,6 +10,7 @@ agent's store to the round's TCPStore (which the node cuts loose if the leader i
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import itertools
 import logging
@@ -17,7 +18,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 from torch.distributed import DistError
@@ -211,6 +212,12 @@ class MingleRendezvousHandler(RendezvousHandler):
         """A snapshot of this node: role, leader, round, rank, counters (for tests and tools)."""
         return self._board.diagnostics()
 
+    def wait_diagnostics(
+        self, predicate: Callable[[Diagnostics], bool], timeout_s: float
+    ) -> Diagnostics | None:
+        """Block until this node's snapshot satisfies ``predicate`` (None after ``timeout_s``)."""
+        return self._board.wait_for(predicate, timeout_s)
+
     def next_rendezvous(self) -> RendezvousInfo:
         if self._shut:
             raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
@@ -231,7 +238,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             except DistError as exc:
                 why = f"the round's store at {outcome.leader_ip}:{outcome.round.store_port} failed: {exc}"
                 log.warning("%s %s; joining again", self._label, why)
-                self._loop.call(lambda now, c=outcome.claim, w=why: self._node.report_unreachable(c, w, now))
+                self._loop.call(functools.partial(self._node.report_unreachable, outcome.claim, why))
                 continue
             log.info(
                 "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
