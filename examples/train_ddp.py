@@ -47,6 +47,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--linger", type=float, default=0.0, help="ranks other than 0 wait this long before exiting"
     )
+    p.add_argument(
+        "--hold-file",
+        type=Path,
+        default=None,
+        help="after training, rank N waits while the file <hold-file>.N exists (tests: a node still busy)",
+    )
     p.add_argument("--quiet", action="store_true")
     return p.parse_args()
 
@@ -162,6 +168,9 @@ def main() -> int:
     maybe_fail(args, rank, args.steps)
     if args.linger and rank != 0:
         time.sleep(args.linger)  # rank 0's agent reaches its exit barrier (and shutdown) first
+    hold = args.hold_file.with_name(f"{args.hold_file.name}.{rank}") if args.hold_file else None
+    while hold is not None and hold.exists():
+        time.sleep(0.05)
     return 0
 
 

@@ -1,12 +1,25 @@
-"""Shared fixtures: every test fails if it leaves a torch_mingle thread running."""
+"""Shared fixtures: handlers on 127.0.0.1, network namespaces, failpoints, and the thread-leak check.
+
+Every test fails if it leaves a torch_mingle thread running.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from tests.helpers import random_port
+from tests.netns.segment import Segment, netns_available
+from torch_mingle import _faults
+from torch_mingle.handler import MingleRendezvousHandler
+
+Factory = Callable[..., MingleRendezvousHandler]
 
 THREAD_PREFIX = "mingle-"
 LEAK_GRACE_S = 10.0
@@ -27,3 +40,49 @@ def no_thread_leaks() -> Iterator[None]:
             return
         leaked[0].join(timeout=0.1)
     pytest.fail(f"test leaked threads: {sorted(t.name for t in leaked)}")
+
+
+@pytest.fixture(autouse=True)
+def no_armed_failpoints() -> Iterator[None]:
+    """A test that arms failpoints never leaves them armed for the next one."""
+    yield
+    _faults.disarm_all()
+
+
+@pytest.fixture
+def port() -> int:
+    return random_port()
+
+
+@pytest.fixture
+def make_handler(port: int) -> Iterator[Factory]:
+    """Creates handlers pinned to 127.0.0.1 on this test's port; shuts every one down at the end."""
+    made: list[MingleRendezvousHandler] = []
+
+    def make(
+        job: str, min_nodes: int = 1, max_nodes: int | None = None, **conf: Any
+    ) -> MingleRendezvousHandler:
+        conf.setdefault("interface", "127.0.0.1")
+        conf.setdefault("port", str(port))
+        params = RendezvousParameters("mingle", "", job, min_nodes, max_nodes or min_nodes, **conf)
+        handler = MingleRendezvousHandler.from_params(params)
+        made.append(handler)
+        return handler
+
+    yield make
+    with ThreadPoolExecutor(max_workers=max(1, len(made))) as pool:
+        list(pool.map(lambda h: h.shutdown(), made))
+
+
+@pytest.fixture
+def segment() -> Iterator[Segment]:
+    """A fresh bridge in a namespace of its own; every namespace is deleted also on failure."""
+    reason = netns_available()
+    if reason is not None:
+        pytest.skip(reason)
+    seg = Segment()
+    try:
+        seg.create_bridge()
+        yield seg
+    finally:
+        seg.destroy()

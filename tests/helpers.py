@@ -208,14 +208,20 @@ def assert_trained_together(
 
 
 def train_on_hosts(
-    hosts: Sequence[Any], tmp_path: Path, conf: dict[str, Any], *, steps: int, prefix: str = "net"
+    hosts: Sequence[Any],
+    tmp_path: Path,
+    conf: dict[str, Any],
+    *,
+    steps: int,
+    prefix: str = "net",
+    env: dict[str, str] | None = None,
 ) -> tuple[list[Agent], list[dict[str, Any]]]:
     """One agent per namespace host trains ``steps`` steps; all exit 0 and trained together."""
     cmd = torchrun_cmd(
         job=unique_job(prefix), nnodes=str(len(hosts)), nproc=1, conf={"join_timeout": 120, **conf},
         script_args=["--steps", str(steps), "--report", str(tmp_path / "report")],
     )  # fmt: skip
-    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
+    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name, env=env) for h in hosts]
     codes = finish_all(agents)
     assert codes == [0] * len(hosts), dump(agents)
     reports = final_reports(tmp_path / "report")

@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch_mingle import _faults
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, Status
 from torch_mingle._wire import Invalid, check, encode_frame
@@ -133,6 +134,7 @@ class FollowerSession:
     def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         if self.phase in ("over", "connecting"):
             return
+        _faults.hit("follower.frame")
         if isinstance(frames, Invalid):
             self._end(f"protocol error from the leader: {frames.reason}", hard=True)
             return

@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch_mingle import _faults
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, node_hex
 from torch_mingle._wire import Invalid, check, encode_frame
@@ -198,7 +199,8 @@ class LeaderTerm:
         if isinstance(job, OpenStore):
             self._store_requested = False
             if error is not None:
-                raise RuntimeError(f"cannot open a round store: {error}")
+                hint = "; raise `ulimit -n` (see README.md#scale)" if "Too many open files" in error else ""
+                raise RuntimeError(f"cannot open a round store: {error}{hint}")
             if self._stopped:
                 self._jobs.append(ReleaseStores(ports=(int(str(result)),)))
                 return
@@ -373,6 +375,7 @@ class LeaderTerm:
     def _decide(self, now: float) -> None:
         if self._stopped:
             return
+        _faults.hit("leader.decide")
         while True:
             decision = self.book.decide(now)
             if isinstance(decision, Form):

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch_mingle import _faults
 from torch_mingle._interfaces import Interface
 from torch_mingle._leader import Job
 from torch_mingle._node import Node
@@ -333,6 +334,7 @@ class Loop:
             self._stopped.set()
 
     def _iterate(self) -> None:
+        _faults.hit("loop.iterate")
         node = self.node
         assert node is not None  # noqa: S101 - start() sets it
         now = self.clock()
@@ -340,7 +342,7 @@ class Loop:
         timeout = self._timeout(node, now)
         events = self._sel.select(timeout)
         now = self.clock()
-        node.core.wall_offset_s = time.time() - now  # follows clock steps (NTP)
+        node.core.wall_offset_s = wall_clock() - now  # follows clock steps (NTP)
         for key, mask in events:
             kind, obj = key.data
             if kind == "udp":
@@ -395,6 +397,7 @@ class Loop:
         """Run node code; an error makes the node recover (logged at ERROR), or fail loudly."""
         node = self.node
         try:
+            _faults.hit("loop.callback")
             fn()
         except Exception as exc:
             log.exception("%s internal error while handling %s", self.label, what)
@@ -614,6 +617,11 @@ class Loop:
         with contextlib.suppress(OSError):
             self._wake_w.close()
         self._sel.close()
+
+
+def wall_clock() -> float:
+    """The wall clock that signed datagrams carry (a seam for the clock-step test)."""
+    return time.time()
 
 
 def _deliver(

@@ -136,6 +136,7 @@ class Diagnostics:
     role: str
     leader: str | None = None
     leader_ip: str | None = None
+    leader_port: int = 0
     epoch: int = 0
     established: bool = False
     is_leader: bool = False
@@ -359,12 +360,11 @@ class Node:
             self._unlead(f"the leader resigned after an internal error ({self.last_error})", now)
             self.core.abandon(now)
         elif self.session is not None:
-            claim = self.session.claim
-            log.error(
-                "%s leaving the leader's session after an internal error: %s", self.label, self.last_error
-            )
+            log.error("%s joining the leader again after an internal error: %s", self.label, self.last_error)
             self._end_session()
-            self.core.leader_failed(now, claim, f"internal error: {self.last_error}", hard=False)
+            view = self.core.leader
+            if view is not None and not view.is_self:
+                self._connect(view, now)  # a fresh session with the same leader: it did nothing wrong
         self._flush(now)
 
     # ------------------------------------------------------------ requests
@@ -814,6 +814,7 @@ class Node:
             self.job_closed,
             self.trouble,
             self.term is not None,
+            self.recoveries,
         )
         if key == self._published and now - self._published_at < DIAG_REFRESH_S:
             return
@@ -827,6 +828,7 @@ class Node:
                 leader_ip=(
                     None if view is None else (self.settings.advertised_ip if view.is_self else view.store_ip)
                 ),
+                leader_port=view.store_port if view else 0,
                 epoch=view.claim.epoch if view else 0,
                 established=bool(view and view.established),
                 is_leader=self.term is not None and self.core.role is Role.LEADING,

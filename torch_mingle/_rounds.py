@@ -217,8 +217,8 @@ class RoundBook:
         self.lost_why[node] = why
         self.drops[node] = self.drops.get(node, 0) + 1
         dropped = self.pending.pop(node, None)
-        if self.current is not None and node in self.current.members:
-            self.stale = True
+        if self.current is not None and node in self.current.members and node not in self.arrived:
+            self.stale = True  # (a member that finished and is in the exit barrier stalls no one)
         return dropped is not None
 
     def withdraw(self, node: int) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore
 
+from torch_mingle import _faults
 from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
 
 try:  # torch's exit-barrier keys in an agent store: the counter and "the last one arrived"
@@ -128,6 +129,7 @@ class StoreKeeper:
 
     def run(self, job: Job) -> int | None:
         if isinstance(job, OpenStore):
+            _faults.hit("worker.open_store")
             store = open_server(self.bind_ip, self.connect_ip)
             self._stores[int(store.port)] = store
             return int(store.port)

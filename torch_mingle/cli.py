@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import random
-import select
+import selectors
 import socket
 import sys
 import time
@@ -85,22 +85,24 @@ def _listen(
     probe: bool,
 ) -> Heard:
     heard = Heard()
-    by_sock = {sock: t for t in transports for sock in t.sockets()}
     end = time.monotonic() + seconds
     next_ask = 0.0
-    while (now := time.monotonic()) < end:
-        if now >= next_ask:
-            next_ask = now + ASK_EVERY_S
-            for t in transports:
-                _ask(t, codec, me, doctor_job=doctor_job, probe=probe)
-        ready, _, _ = select.select(list(by_sock), [], [], max(0.0, min(next_ask, end) - time.monotonic()))
-        for sock in ready:
-            t = by_sock[sock]
-            for data, addr in t.receive([sock]):
-                heard.received += 1
-                _note(
-                    heard, codec.decode(data, wall_ms=int(time.time() * 1000)), addr, t.iface, me, doctor_job
-                )
+    # selectors (epoll): select() fails on descriptor numbers of 1024 and more.
+    with selectors.DefaultSelector() as sel:
+        for t in transports:
+            for sock in t.sockets():
+                sel.register(sock, selectors.EVENT_READ, t)
+        while (now := time.monotonic()) < end:
+            if now >= next_ask:
+                next_ask = now + ASK_EVERY_S
+                for t in transports:
+                    _ask(t, codec, me, doctor_job=doctor_job, probe=probe)
+            for key, _ in sel.select(max(0.0, min(next_ask, end) - time.monotonic())):
+                t = key.data
+                for data, addr in t.receive([key.fileobj]):
+                    heard.received += 1
+                    decoded = codec.decode(data, wall_ms=int(time.time() * 1000))
+                    _note(heard, decoded, addr, t.iface, me, doctor_job)
     return heard
 
 

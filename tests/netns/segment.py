@@ -17,6 +17,24 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
+def _sysctl(ns: str, setting: str) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", setting], check=True, timeout=30)
+
+
+def nftables_available() -> str | None:
+    """None if ``nft`` can be used (installing it from the distribution if needed), else why not."""
+    if shutil.which("nft") is None and os.geteuid() == 0 and shutil.which("apt-get") is not None:
+        for cmd in (["apt-get", "install", "-y", "-q", "nftables"], ["apt-get", "update", "-q"],
+                    ["apt-get", "install", "-y", "-q", "nftables"]):  # fmt: skip
+            done = subprocess.run(cmd, capture_output=True, check=False, timeout=300,
+                                  env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+            if done.returncode == 0 and shutil.which("nft") is not None:
+                break
+    if shutil.which("nft") is None:
+        return "random packet loss needs nftables (`apt-get install nftables`), which is not installed"
+    return None
+
+
 def netns_available() -> str | None:
     """None if namespaces can be used here, else the reason to skip."""
     if os.geteuid() != 0:
@@ -72,12 +90,18 @@ class Segment:
     def attach(
         self, host: Host, ip: str, prefix: int = 24, *, bridge: str, dev: str, ipv6: bool = False
     ) -> None:
-        """Give ``host`` one more interface ``dev`` with address ``ip``, cabled to ``bridge``."""
+        """Give ``host`` one more interface ``dev`` with address ``ip``, cabled to ``bridge``.
+
+        A link-local ``ip`` (``fe80::...``) makes it the interface's only IPv6 address: the
+        kernel generates none of its own.
+        """
         port = f"v{self.tag}{self.hosts.index(host) + 1}{len(host.ports)}"
         _ip("link", "add", port, "type", "veth", "peer", "name", dev, "netns", host.name)
         _ip("link", "set", port, "netns", self.bridge_ns)
         _ip("-n", self.bridge_ns, "link", "set", port, "master", bridge)
         _ip("-n", self.bridge_ns, "link", "set", port, "up")
+        if ip.startswith("fe80:"):
+            _sysctl(host.name, f"net.ipv6.conf.{dev}.addr_gen_mode=1")
         # nodad: an IPv6 address is usable at once instead of after duplicate address detection.
         extra = ["nodad"] if ipv6 else []
         _ip("-n", host.name, *(["-6"] if ipv6 else []), "addr", "add", f"{ip}/{prefix}", "dev", dev, *extra)
@@ -101,6 +125,21 @@ class Segment:
             for port in host.ports.values():
                 flood_off = ["bridge", "link", "set", "dev", port, "mcast_flood", "off"]
                 subprocess.run(["ip", "netns", "exec", self.bridge_ns, *flood_off], check=True, timeout=30)
+
+    def loss(self, host: Host, percent: int) -> None:
+        """Drop ``percent`` % of the packets that reach ``host``, at random (nftables, in its namespace)."""
+        rules = (
+            "table inet mgl_loss {\n"
+            f" chain i {{ type filter hook input priority 0; numgen random mod 100 < {percent} drop; }}\n"
+            "}\n"
+        )
+        self.no_loss(host)
+        subprocess.run(["ip", "netns", "exec", host.name, "nft", "-f", "-"], input=rules, text=True,
+                       check=True, timeout=30)  # fmt: skip
+
+    def no_loss(self, host: Host) -> None:
+        subprocess.run(["ip", "netns", "exec", host.name, "nft", "delete", "table", "inet", "mgl_loss"],
+                       capture_output=True, check=False, timeout=30)  # fmt: skip
 
     def _netns_add(self, name: str) -> None:
         _ip("netns", "add", name)

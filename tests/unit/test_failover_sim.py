@@ -1,0 +1,141 @@
+"""Failover of whole nodes (election, term, session) on the simulated network and fake clock.
+
+The nodes are the production ``Node``; ``Agents`` plays torch's elastic agent: it re-joins
+whenever ``num_nodes_waiting()`` says so, as the agent's monitor loop does.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from torch_mingle._node import Joined, TimedOut
+from torch_mingle._protocol import SteppedDown, Timing
+from torch_mingle._sim import SimNode, Simulation
+from torch_mingle._transport import Route
+
+FAST = Timing(beacon_interval_s=1.0, leader_timeout_s=3.0, suspect_ttl_s=3.0)
+MONITOR_S = 0.1
+
+
+class Agents:
+    """torch's elastic agents, reduced to what the rendezvous sees of them."""
+
+    def __init__(self, sim: Simulation, nodes: list[SimNode]) -> None:
+        self.sim = sim
+        self.nodes = nodes
+        self.tickets = {n.index: sim.join(n) for n in nodes}
+        self.rounds: list[tuple[float, int, tuple[int, ...]]] = []  # (time, round, members)
+
+    def run_until(self, t: float) -> None:
+        while self.sim.now < t:
+            self.sim.run_until(min(t, self.sim.now + MONITOR_S))
+            for node in self.nodes:
+                if not node.alive or node.frozen:
+                    continue
+                ticket = self.tickets.get(node.index)
+                if ticket is not None and ticket.done:
+                    if isinstance(ticket.result, Joined):
+                        rnd = ticket.result.round
+                        if not self.rounds or self.rounds[-1][1] != rnd.number:
+                            self.rounds.append((self.sim.now, rnd.number, rnd.members))
+                    del self.tickets[node.index]
+                if node.index not in self.tickets and node.node.nodes_waiting(self.sim.now) > 0:
+                    self.tickets[node.index] = self.sim.join(node)
+
+    def round_formed_after(self, t: float) -> tuple[float, int, tuple[int, ...]] | None:
+        return next((r for r in self.rounds if r[0] > t), None)
+
+
+def _running(n: int, *, seed: int = 1, rejoin_delay_s: float = 10.0, **kw) -> tuple[Simulation, Agents]:
+    sim = Simulation(n, seed=seed, timing=FAST, min_nodes=2, max_nodes=n, last_call_timeout_s=0.5,
+                     rejoin_delay_s=rejoin_delay_s, **kw)  # fmt: skip
+    agents = Agents(sim, list(sim.nodes))
+    agents.run_until(3.0)
+    assert agents.rounds and len(agents.rounds[-1][2]) == n, agents.rounds
+    return sim, agents
+
+
+def test_a_frozen_follower_that_returns_does_not_undo_the_fresh_round():
+    sim, agents = _running(5)
+    (leader,) = sim.leaders()
+    frozen = next(n for n in sim.nodes if n is not leader)
+    t0 = sim.now
+    sim.freeze(frozen)
+    agents.run_until(t0 + 4.5)
+    sim.thaw(frozen)  # back 4.5 s later, after the others re-formed without it
+    agents.run_until(t0 + 30.0)
+    second = agents.round_formed_after(t0)
+    assert second is not None and frozen.core.node_id not in second[2]
+    assert second[0] - t0 <= FAST.leader_timeout_s + 0.5  # dropped after the heartbeat timeout
+    third = agents.round_formed_after(second[0])
+    assert third is not None and frozen.core.node_id in third[2]  # it is admitted again, later
+    assert third[0] - second[0] >= 10.0, "the returning node restarted the fresh round at once"
+
+
+def test_a_node_that_flaps_again_and_again_waits_longer_each_time():
+    sim, agents = _running(3, rejoin_delay_s=5.0)
+    (leader,) = sim.leaders()
+    flapper = next(n for n in sim.nodes if n is not leader)
+    gaps = []
+    for _ in range(3):
+        t0 = sim.now
+        sim.freeze(flapper)
+        agents.run_until(t0 + 4.0)
+        sim.thaw(flapper)
+        agents.run_until(t0 + 60.0)
+        without = agents.round_formed_after(t0)
+        back = agents.round_formed_after(without[0]) if without else None
+        assert without is not None and back is not None, agents.rounds
+        gaps.append(back[0] - without[0])
+    assert gaps[0] >= 5.0 and gaps[1] >= 10.0 and gaps[2] >= 20.0, gaps
+    assert not any(isinstance(ev, SteppedDown) for _, ev in leader.events)
+
+
+def test_a_frozen_leader_is_replaced_and_stays_out_when_it_returns():
+    sim, agents = _running(4)
+    (old,) = sim.leaders()
+    t0 = sim.now
+    sim.freeze(old)
+    agents.run_until(t0 + 6.0)
+    new = agents.round_formed_after(t0)
+    assert new is not None and old.core.node_id not in new[2]
+    assert new[0] - t0 <= FAST.leader_timeout_s + 0.5
+    rounds_before = len(agents.rounds)
+    sim.thaw(old)
+    agents.run_until(t0 + 14.0)
+    assert any(isinstance(ev, SteppedDown) for _, ev in old.events)
+    assert len(agents.rounds) == rounds_before, "the returning leader restarted the job"
+    (leader,) = sim.leaders()
+    assert leader is not old and leader.core.leader is not None and leader.core.leader.claim.epoch == 2
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.05, 0.10])
+def test_late_joiners_whose_answers_are_slow_never_depose_the_running_leader(drop):
+    """200 late joiners per case hear the leader only after 25-100 ms: later than their election window."""
+    holder: dict[str, object] = {}
+
+    def slow_leader(src: object, dst: object, data: bytes, rng: random.Random) -> Route | None:
+        if src == holder.get("leader") and dst in holder.get("late", set()):  # type: ignore[operator]
+            return Route(delays=(rng.uniform(0.025, 0.1),))
+        return None
+
+    sim = Simulation(3, seed=7, timing=FAST, drop=drop, route_hook=slow_leader, min_nodes=3, max_nodes=3)
+    first = [sim.join(n) for n in sim.nodes]
+    assert sim.run_until_done(first, deadline=5.0)
+    (leader,) = sim.leaders()
+    claim = leader.core.leader.claim if leader.core.leader else None
+    holder["leader"], holder["late"] = leader.addr, set()
+    late_tickets = []
+    for i in range(200):
+        node = sim.add_node(sim.now + 0.05 + 0.02 * i)
+        holder["late"].add(node.addr)  # type: ignore[attr-defined]
+        sim.run_until(node.start_at + 0.001)
+        late_tickets.append(sim.join(node, timeout_s=300))  # each asks for a place: a spare
+    sim.run_until(sim.now + 10.0)
+    assert not any(isinstance(ev, SteppedDown) for _, ev in leader.events)
+    assert sim.leaders() == [leader] and leader.core.leader is not None and leader.core.leader.claim == claim
+    assert not any(t.done and isinstance(t.result, Joined) for t in late_tickets), "a spare took a place"
+    assert not any(t.done and isinstance(t.result, TimedOut) for t in late_tickets)
+    assert all(n.core.leader is not None and n.core.leader.claim == claim for n in sim.live())
