@@ -154,7 +154,7 @@ class FollowerSession:
             return
         if self.phase != "ready":
             return
-        if now - self.last_heard > self.timeout_s:
+        if now >= self.last_heard + self.timeout_s:  # the same sum as next_timer(): no float gap
             self._end(f"no heartbeat from the leader for {self.timeout_s:g}s", hard=False)
             return
         if now >= self._next_beat:

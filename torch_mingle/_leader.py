@@ -35,6 +35,7 @@ the shell's worker thread (``jobs()``) and answers for the leader's own node (``
 
 from __future__ import annotations
 
+import heapq
 import ipaddress
 import logging
 import math
@@ -134,6 +135,10 @@ class LeaderTerm:
     _status: Status | None = None
     _status_dirty: bool = False
     _now: float = 0.0
+    _joins_seen: int = 0
+    _parking_state: tuple[object, ...] = ()
+    _deadlines: list[tuple[float, int, _Member]] = field(default_factory=list)  # a heap of join deadlines
+    _seq: int = 0
     _barrier_opened: int = 0
     _stopped: bool = False
 
@@ -225,7 +230,11 @@ class LeaderTerm:
         times = [self._next_beat]
         if self._wait_until is not None:
             times.append(self._wait_until)
-        times.extend(m.join_deadline for m in self._members() if m.join_deadline is not None)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].join_deadline != deadlines[0][0]:
+            heapq.heappop(deadlines)  # that join was answered or its deadline moved
+        if deadlines:
+            times.append(deadlines[0][0])
         return min(times)
 
     # ------------------------------------------------- the leader's own node
@@ -354,9 +363,10 @@ class LeaderTerm:
             return  # the same request again: it was (or will be) answered once
         if m.join_id is not None:
             self._answer(m, "retry", why="superseded by a newer join of the same node")
+        self._joins_seen += 1
         m.join_id = ticket
         m.join_timeout_s = timeout_s
-        m.join_deadline = now + timeout_s if timeout_s > 0 else None
+        self._set_deadline(m, now + timeout_s if timeout_s > 0 else None)
         m.parked = False
         if history is not None:
             m.history = history
@@ -425,6 +435,11 @@ class LeaderTerm:
         )
 
     def _update_parking(self, now: float) -> None:
+        # Parking depends on the round only (running, stale, closed) and on who joined since.
+        state = (self.book.current, self.book.stale, self.book.closed, self._joins_seen)
+        if state == self._parking_state:
+            return
+        self._parking_state = state
         for m in self._members():
             if m.join_id is None or m.node is None:
                 continue
@@ -432,16 +447,21 @@ class LeaderTerm:
             if parked == m.parked:
                 continue
             if m.parked and not parked and m.join_timeout_s > 0:
-                m.join_deadline = now + m.join_timeout_s  # its wait for a round starts now
+                self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
             self._answer(m, "wait", parked=parked, reason=self.book.explain())
 
     def _check_joins(self, now: float) -> None:
-        for m in list(self._members()):
-            if m.join_deadline is None or now < m.join_deadline or m.node is None:
+        due = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, m = heapq.heappop(self._deadlines)
+            if m.join_deadline == deadline:
+                due.append(m)
+        for m in due:
+            if m.node is None or m.join_id is None:
                 continue
             if self.book.parked(m.node):
-                m.join_deadline = now + m.join_timeout_s
+                self._set_deadline(m, now + m.join_timeout_s)
                 continue
             why = self.book.explain()
             self.book.withdraw(m.node)
@@ -529,6 +549,12 @@ class LeaderTerm:
             out.append(self._self)
         return out
 
+    def _set_deadline(self, m: _Member, deadline: float | None) -> None:
+        m.join_deadline = deadline
+        if deadline is not None:
+            self._seq += 1
+            heapq.heappush(self._deadlines, (deadline, self._seq, m))
+
     def _request_store(self) -> None:
         if self._spare_port is None and not self._store_requested and not self._stopped:
             self._store_requested = True
@@ -540,7 +566,7 @@ class LeaderTerm:
         if kind != "wait":
             m.answered = m.join_id
             m.join_id = None
-            m.join_deadline = None
+            self._set_deadline(m, None)
             m.parked = None
         if m.conn is None:
             rnd = fields.get("round")

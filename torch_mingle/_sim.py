@@ -255,7 +255,10 @@ class Simulation:
                 self.net.attach(node.addr)
                 node.node.start(self.now)
             elif action == "timer":
-                if node.frozen or node.timer_queued is None or node.timer_queued > self.now:
+                if node.frozen:
+                    node.timer_queued = None  # thaw() schedules its timers again
+                    continue
+                if node.timer_queued is None or node.timer_queued > self.now:
                     continue
                 node.timer_queued = None
                 node.node.on_timer(self.now)
@@ -350,7 +353,8 @@ class Simulation:
         if not node.alive or not node.started or node.frozen:
             return
         timer = node.node.next_timer()
-        if timer is not None and (node.timer_queued is None or timer < node.timer_queued):
+        queued = node.timer_queued
+        if timer is not None and (queued is None or queued < self.now or timer < queued):
             node.timer_queued = timer
             self._push(timer, node, "timer")
 

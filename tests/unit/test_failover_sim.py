@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from torch_mingle._node import Joined, TimedOut
-from torch_mingle._protocol import SteppedDown, Timing
+from torch_mingle._node import Joined
+from torch_mingle._protocol import BecomeLeader, SteppedDown, Timing
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._transport import Route
 
@@ -104,20 +104,27 @@ def test_a_frozen_leader_is_replaced_and_stays_out_when_it_returns():
     assert new[0] - t0 <= FAST.leader_timeout_s + 0.5
     rounds_before = len(agents.rounds)
     sim.thaw(old)
-    agents.run_until(t0 + 14.0)
+    agents.run_until(new[0] + 9.0)  # within rejoin_delay (10 s) of the fresh round
     assert any(isinstance(ev, SteppedDown) for _, ev in old.events)
-    assert len(agents.rounds) == rounds_before, "the returning leader restarted the job"
+    assert len(agents.rounds) == rounds_before, "the returning leader restarted the fresh round"
     (leader,) = sim.leaders()
     assert leader is not old and leader.core.leader is not None and leader.core.leader.claim.epoch == 2
+    agents.run_until(new[0] + 15.0)
+    back = agents.round_formed_after(new[0])
+    assert back is not None and back[2][0] != old.core.node_id and old.core.node_id in back[2]
 
 
 @pytest.mark.parametrize("drop", [0.0, 0.05, 0.10])
 def test_late_joiners_whose_answers_are_slow_never_depose_the_running_leader(drop):
-    """200 late joiners per case hear the leader only after 25-100 ms: later than their election window."""
-    holder: dict[str, object] = {}
+    """600 late joiners per case hear the leader only after 25-100 ms: later than their election window.
+
+    Each one arrives, asks for a place (it becomes a spare), and leaves again; the running
+    leader must stay the leader through all of them, and none may take a member's place.
+    """
+    holder: dict[str, object] = {"late": None}
 
     def slow_leader(src: object, dst: object, data: bytes, rng: random.Random) -> Route | None:
-        if src == holder.get("leader") and dst in holder.get("late", set()):  # type: ignore[operator]
+        if src == holder.get("leader") and dst == holder["late"]:
             return Route(delays=(rng.uniform(0.025, 0.1),))
         return None
 
@@ -126,16 +133,22 @@ def test_late_joiners_whose_answers_are_slow_never_depose_the_running_leader(dro
     assert sim.run_until_done(first, deadline=5.0)
     (leader,) = sim.leaders()
     claim = leader.core.leader.claim if leader.core.leader else None
-    holder["leader"], holder["late"] = leader.addr, set()
-    late_tickets = []
-    for i in range(200):
-        node = sim.add_node(sim.now + 0.05 + 0.02 * i)
-        holder["late"].add(node.addr)  # type: ignore[attr-defined]
-        sim.run_until(node.start_at + 0.001)
-        late_tickets.append(sim.join(node, timeout_s=300))  # each asks for a place: a spare
-    sim.run_until(sim.now + 10.0)
+    holder["leader"] = leader.addr
+    claimed = 0
+    for _ in range(600):
+        node = sim.add_node(sim.now + 0.001)
+        holder["late"] = node.addr
+        sim.run_until(node.start_at + 0.0005)
+        ticket = sim.join(node, timeout_s=300)
+        sim.run_until(sim.now + 0.4)
+        claimed += any(isinstance(ev, BecomeLeader) for _, ev in node.events)
+        assert not (ticket.done and isinstance(ticket.result, Joined)), "a late spare took a member's place"
+        assert node.core.leader is not None and node.core.leader.claim == claim, (
+            "a late joiner did not follow"
+        )
+        sim.kill(node)
     assert not any(isinstance(ev, SteppedDown) for _, ev in leader.events)
     assert sim.leaders() == [leader] and leader.core.leader is not None and leader.core.leader.claim == claim
-    assert not any(t.done and isinstance(t.result, Joined) for t in late_tickets), "a spare took a place"
-    assert not any(t.done and isinstance(t.result, TimedOut) for t in late_tickets)
-    assert all(n.core.leader is not None and n.core.leader.claim == claim for n in sim.live())
+    print(
+        f"loss {drop:.0%}: {claimed} of 600 late joiners claimed leadership before hearing the leader; none won"
+    )
