@@ -5,7 +5,6 @@ Frozen and cut-off leaders are in ``tests/faults/``.
 
 from __future__ import annotations
 
-import signal
 import time
 
 import pytest

@@ -149,6 +149,4 @@ def test_late_joiners_whose_answers_are_slow_never_depose_the_running_leader(dro
         sim.kill(node)
     assert not any(isinstance(ev, SteppedDown) for _, ev in leader.events)
     assert sim.leaders() == [leader] and leader.core.leader is not None and leader.core.leader.claim == claim
-    print(
-        f"loss {drop:.0%}: {claimed} of 600 late joiners claimed leadership before hearing the leader; none won"
-    )
+    print(f"loss {drop:.0%}: {claimed} of 600 late joiners claimed before hearing the leader; none won")
