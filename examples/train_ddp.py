@@ -98,6 +98,7 @@ def main() -> int:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend)
+    t_group = time.time()
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if backend == "nccl" else torch.device("cpu")
     torch.manual_seed(0)
@@ -105,6 +106,7 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     start_step = load_checkpoint(args.checkpoint, model, opt)
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters to every rank
+    t_ddp = time.time()
     env = {
         k: os.environ.get(k, "")
         for k in (
@@ -157,6 +159,8 @@ def main() -> int:
             "env": env,
             "pid": os.getpid(),
             "t_start": t_start,
+            "t_group": t_group,
+            "t_ddp": t_ddp,
             "t_first_step": t_first,
             "t_end": time.time(),
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import random
@@ -203,7 +204,8 @@ def assert_trained_together(
     if steps is not None:
         assert {r["steps"] for r in reports} == {steps}, why
     assert all(r["params"] == reports[0]["params"] for r in reports), "DDP replicas diverged"
-    stores = {(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in reports}
+    # A link-local address carries each host's own scope (fe80::1%eth0 here, %eth1 there).
+    stores = {(r["env"]["MASTER_ADDR"].partition("%")[0], r["env"]["MASTER_PORT"]) for r in reports}
     assert len(stores) == 1, f"the workers of one round were given different stores: {stores}"
 
 
@@ -215,11 +217,12 @@ def train_on_hosts(
     steps: int,
     prefix: str = "net",
     env: dict[str, str] | None = None,
+    extra: Sequence[str] = (),
 ) -> tuple[list[Agent], list[dict[str, Any]]]:
     """One agent per namespace host trains ``steps`` steps; all exit 0 and trained together."""
     cmd = torchrun_cmd(
         job=unique_job(prefix), nnodes=str(len(hosts)), nproc=1, conf={"join_timeout": 120, **conf},
-        script_args=["--steps", str(steps), "--report", str(tmp_path / "report")],
+        script_args=["--steps", str(steps), "--report", str(tmp_path / "report")], extra=extra,
     )  # fmt: skip
     agents = [start_agent(h.name, cmd, tmp_path, netns=h.name, env=env) for h in hosts]
     codes = finish_all(agents)
@@ -234,6 +237,19 @@ def leader_of(agents: Sequence[Agent]) -> Agent:
     leaders = [a for a in agents if "this node leads job" in a.output()]
     assert len(leaders) == 1, f"{len(leaders)} leaders among {[a.name for a in agents]}\n{dump(agents)}"
     return leaders[0]
+
+
+def logged_at(agent: Agent, needle: str, after: float = 0.0) -> float | None:
+    """Wall-clock time of the first mingle log line of ``agent`` with ``needle``, logged after ``after``."""
+    for line in agent.output().splitlines():
+        if needle in line and " mingle " in line:
+            try:
+                stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if stamp >= after:
+                return stamp
+    return None
 
 
 def resume_delay(reports: Sequence[dict[str, Any]], since: float) -> float | None:

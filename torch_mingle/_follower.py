@@ -187,8 +187,8 @@ class FollowerSession:
     def leave(self) -> None:
         self._request(encode_frame("leave"))
 
-    def close_job(self) -> None:
-        self._request(encode_frame("close"))
+    def close_job(self, why: str = "") -> None:
+        self._request(encode_frame("close", why=why))
 
     # ------------------------------------------------------------ outputs
 
@@ -256,7 +256,10 @@ class FollowerSession:
                 Answer("wait", int(msg["id"]), text=str(msg["reason"]), parked=bool(msg["parked"]))
             )
         elif kind == "closed":
-            self._events.append(Answer("closed", int(msg.get("id", 0))))
+            why = msg.get("why")
+            self._events.append(
+                Answer("closed", int(msg.get("id", 0)), text=why if isinstance(why, str) else "")
+            )
         elif kind == "ack":
             self._events.append(Answer("ack", int(msg["id"])))
         elif kind == "evicted":

@@ -119,7 +119,7 @@ class LeaderTerm:
     hello_timeout_s: float = HELLO_TIMEOUT_S
     conns: dict[ConnId, _Member] = field(default_factory=dict)
     established: bool = False
-    closed_by: str = ""
+    closed_why: str = ""
     _self: _Member | None = None
     _by_node: dict[int, _Member] = field(default_factory=dict)
     _frames: list[tuple[ConnId, bytes]] = field(default_factory=list)
@@ -254,15 +254,16 @@ class LeaderTerm:
         self.book.leave(self.claim.leader)
         self._after_departure(now)
 
-    def close_job(self, by: int, now: float) -> None:
+    def close_job(self, by: int, why: str, now: float) -> None:
+        """No further rounds: the job is over (``why``: who closed it, and why, for the waiters)."""
         if self.book.closed:
             return
-        self.closed_by = node_hex(by)
+        self.closed_why = f"node {node_hex(by)} closed the job" + (f" ({why})" if why else "")
         for node in self.book.close():
             m = self._by_node.get(node) if node != self.claim.leader else self._self
             if m is not None:
-                self._answer(m, "closed")
-        log.info("%s rendezvous closed by node %s", self.label, node_hex(by))
+                self._answer(m, "closed", why=self.closed_why)
+        log.info("%s rendezvous closed: %s", self.label, self.closed_why)
         self._decide(now)
 
     # ------------------------------------------------------------ outputs
@@ -319,7 +320,8 @@ class LeaderTerm:
             self.book.leave(m.node)
             self._after_departure(now)
         elif kind == "close":
-            self.close_job(m.node, now)
+            why = msg.get("why")
+            self.close_job(m.node, why[:2000] if isinstance(why, str) else "", now)
         else:
             self._drop(m, f"protocol error: unexpected {kind}", now)
 
@@ -371,7 +373,7 @@ class LeaderTerm:
         if history is not None:
             m.history = history
         if self.book.closed:
-            self._answer(m, "closed")
+            self._answer(m, "closed", why=self.closed_why)
             return
         self.book.join(JoinRequest(node=node, ip=ip, history=history))
         self._update_established()

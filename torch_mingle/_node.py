@@ -395,25 +395,25 @@ class Node:
             self.board.resolve(ticket, result=False)
         self._flush(now)
 
-    def request_close(self, now: float) -> None:
+    def request_close(self, why: str, now: float) -> None:
         """``set_closed()``: no further rounds for anyone."""
         if self.term is not None:
-            self.term.close_job(self.settings.node_id, now)
+            self.term.close_job(self.settings.node_id, why, now)
         elif self.session is not None:
-            self.session.close_job()
+            self.session.close_job(why)
         self._flush(now)
 
-    def request_shutdown(self, ticket: Ticket, close_timeout_s: float, now: float) -> None:
+    def request_shutdown(self, ticket: Ticket, close_timeout_s: float, why: str, now: float) -> None:
         """``shutdown()``: close the job and leave; a leader first waits for the others to leave."""
         self._shutdown = ticket
         self._shutdown_deadline = now + close_timeout_s
         if self._join is not None:
             self.board.resolve(self._join, error=MingleStateError("the handler was shut down"))
         if self.term is not None:
-            self.term.close_job(self.settings.node_id, now)
+            self.term.close_job(self.settings.node_id, why, now)
             self.term.leave_local(now)
         elif self.session is not None:
-            self.session.close_job()
+            self.session.close_job(why)
             self.session.leave()
             self._flush(now)
             self._end_session()
@@ -679,7 +679,7 @@ class Node:
                 who = f"this node leads ({self.term.claim})" if self.term is not None else "this node led"
             self.board.resolve(join, result=TimedOut(f"{who}; {text}"))
         elif kind == "closed":
-            self._job_closed_seen("the job was closed while this node waited")
+            self._job_closed_seen(text or "the job was closed while this node waited")
         elif kind == "wait":
             self.parked = parked
             self._set_deadline(join, None if parked else now + join.timeout_s)

@@ -221,7 +221,7 @@ class Simulation:
     def leave(self, node: SimNode, close_timeout_s: float = 5.0) -> Ticket:
         """``shutdown()`` on ``node``."""
         ticket = Ticket("shutdown", next(_tickets), timeout_s=close_timeout_s)
-        self._call(node, lambda now: node.node.request_shutdown(ticket, close_timeout_s, now))
+        self._call(node, lambda now: node.node.request_shutdown(ticket, close_timeout_s, "finished", now))
         return ticket
 
     def next_port(self) -> int:

@@ -181,6 +181,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._round: Round | None = None
         self._closed = False
         self._shut = False
+        self._failure: str | None = None
         self._user_env = {var: os.environ.get(var) for var in SOCKET_IFNAME_VARS}
         self._loop.start(self._node)
 
@@ -228,7 +229,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             left = self._config.join_timeout - (time.monotonic() - started)
             outcome = self._ask("join", left, self._node.request_join)
             if isinstance(outcome, TimedOut):
-                raise self._timeout_error(started, outcome.why)
+                error = self._timeout_error(started, outcome.why)
+                self._failure = f"its rendezvous timed out: {outcome.why}"
+                raise error
             if isinstance(outcome, JobClosed):
                 self._job_closed(outcome)
             if not isinstance(outcome, Joined):
@@ -261,7 +264,7 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     def set_closed(self) -> None:
         self._closed = True
-        self._loop.call(self._node.request_close)
+        self._loop.call(functools.partial(self._node.request_close, "set_closed()"))
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins).
@@ -282,9 +285,12 @@ class MingleRendezvousHandler(RendezvousHandler):
         # torch's contract: shutting down closes the rendezvous for every node (as c10d does).
         # A leader keeps its stores up until every other node has left (their exit barriers).
         close_timeout = self._config.close_timeout
+        why = f"it shut down after: {self._failure}" if self._failure else "it finished"
         with contextlib.suppress(MingleError):
             self._ask(
-                "shutdown", close_timeout, lambda t, now: self._node.request_shutdown(t, close_timeout, now)
+                "shutdown",
+                close_timeout,
+                lambda t, now: self._node.request_shutdown(t, close_timeout, why, now),
             )
         self._loop.stop()
         log.info("%s shut down", self._label)

@@ -18,6 +18,7 @@ from tests.helpers import (
     final_reports,
     finish_all,
     leader_of,
+    logged_at,
     resume_delay,
     start_agent,
     torchrun_cmd,
@@ -103,10 +104,17 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
     assert_trained_together(reports, 3, 150, agents)
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {hosts[agents.index(new)].ip}
     assert "finished before this node was admitted" in old.output(), dump(agents)
+    # The new round, on every survivor and the spare: the heartbeat timeout, then milliseconds.
+    joined = [logged_at(a, "joined round 2 as rank", after=lost_at) for a in survivors]
+    assert None not in joined, dump(agents)
+    rendezvous = max(j for j in joined if j is not None) - lost_at
+    # Training again: plus starting the new round's workers (on 2 cores about 4 s for three:
+    # Python, torch, and the torch._dynamo import that DistributedDataParallel does).
     delay = resume_delay(reports, lost_at)
     assert delay is not None, "no round started after the leader was lost"
-    print(f"{fault} of the leader: training resumed {delay:.2f}s later (bound {DETECT_S + 3:g}s)")
-    assert delay <= DETECT_S + 3.0, dump(agents)
+    print(f"{fault} of the leader: new round after {rendezvous:.2f}s, training again after {delay:.2f}s")
+    assert rendezvous <= DETECT_S + 3.0, dump(agents)
+    assert delay <= DETECT_S + 8.0, dump(agents)
 
 
 def test_a_flapping_follower_never_deposes_the_healthy_leader(segment, tmp_path):

@@ -72,7 +72,12 @@ def test_a_fixed_size_job_that_loses_a_node_fails_within_join_timeout_naming_it(
             f"{a.name} failed after {when - lost_at:.1f}s\n{dump(agents)}"
         )
         out = a.output()
-        assert "MingleTimeoutError" in out and "timed out after" in out, dump(agents)
+        # The first to time out closes the job (torch's shutdown contract); the other learns
+        # it from the close, which carries the same reason.
+        assert (
+            "MingleTimeoutError" in out
+            or "closed the job (it shut down after: its rendezvous timed out" in out
+        )
         assert f"waiting for {victim_id} (127.0.0.1: " in out, dump(agents)
         assert "2 of min_nodes=3 nodes joined" in out, dump(agents)
     print(
