@@ -45,4 +45,4 @@ clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 
 stress: $(STAMP)
-	$(BIN)/python -m tests.stress.leader_kill --trials 20
+	$(BIN)/python -m tests.stress.mixed_faults --trials 20

@@ -102,7 +102,7 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
     assert "(epoch 2)" in new.output(), dump(agents)
     reports = final_reports(tmp_path / "report")
     assert_trained_together(reports, 3, 150, agents)
-    assert {r["env"]["MASTER_ADDR"] for r in reports} == {hosts[agents.index(new)].ip}
+    assert {r["env"]["MASTER_ADDR"] for r in reports} == {hosts[agents.index(new)].ip}, dump(agents)
     assert "finished before this node was admitted" in old.output(), dump(agents)
     # The new round, on every survivor and the spare: the heartbeat timeout, then milliseconds.
     joined = [logged_at(a, "joined round 2 as rank", after=lost_at) for a in survivors]
