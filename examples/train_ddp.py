@@ -139,6 +139,10 @@ def main() -> int:
         opt.step()
         if t_first is None:
             t_first = time.time()
+            if args.report is not None:  # at once: this round may be restarted before its end
+                args.report.mkdir(parents=True, exist_ok=True)
+                first = {"rank": rank, "world_size": world, "t_start": t_start, "t_first_step": t_first}
+                (args.report / f"first-rank{rank}-pid{os.getpid()}.json").write_text(json.dumps(first))
         if rank == 0 and args.checkpoint is not None:
             save_checkpoint(args.checkpoint, model, opt, step + 1)
         if not args.quiet and (rank == 0 or step == args.steps - 1):

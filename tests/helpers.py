@@ -252,9 +252,14 @@ def logged_at(agent: Agent, needle: str, after: float = 0.0) -> float | None:
     return None
 
 
-def resume_delay(reports: Sequence[dict[str, Any]], since: float) -> float | None:
-    """Seconds from ``since`` (wall clock) to the first training step of a round started after it."""
-    resumed = [r["t_first_step"] for r in reports if r["t_start"] > since and r["t_first_step"]]
+def resume_delay(report_dir: Path, since: float) -> float | None:
+    """Seconds from ``since`` (wall clock) to the first training step of a round started after it.
+
+    Read from the record each rank writes at its first step, so a round that trained and was
+    later restarted (before it could write its final report) counts too.
+    """
+    starts = [json.loads(p.read_text()) for p in report_dir.glob("first-*.json")]
+    resumed = [s["t_first_step"] for s in starts if s["t_start"] > since]
     return float(min(resumed) - since) if resumed else None
 
 

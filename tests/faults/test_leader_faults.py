@@ -110,7 +110,7 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
     rendezvous = max(j for j in joined if j is not None) - lost_at
     # Training again: plus starting the new round's workers (on 2 cores about 4 s for three:
     # Python, torch, and the torch._dynamo import that DistributedDataParallel does).
-    delay = resume_delay(reports, lost_at)
+    delay = resume_delay(tmp_path / "report", lost_at)
     assert delay is not None, "no round started after the leader was lost"
     print(f"{fault} of the leader: new round after {rendezvous:.2f}s, training again after {delay:.2f}s")
     assert rendezvous <= DETECT_S + 3.0, dump(agents)

@@ -60,7 +60,7 @@ def test_a_dead_node_is_dropped_and_the_others_finish(segment, tmp_path):
     assert min(r["start_step"] for r in reports) >= 5, "did not resume from the checkpoint"
     leader_ip = hosts[agents.index(leader)].ip
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {leader_ip}
-    delay = resume_delay(reports, killed_at)
+    delay = resume_delay(tmp_path / "report", killed_at)
     assert delay is not None, "no round started after the kill"
     print(f"node loss: training resumed {delay:.2f}s after the kill")
 
@@ -84,7 +84,7 @@ def test_the_leader_dies_and_a_new_leader_takes_over(segment, tmp_path):
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {new_ip}
     assert new_ip != old_ip
     assert old_port is None or {r["env"]["MASTER_PORT"] for r in reports}.isdisjoint(old_port)
-    delay = resume_delay(reports, killed_at)
+    delay = resume_delay(tmp_path / "report", killed_at)
     assert delay is not None, "no round started after the kill"
     print(f"leader loss: training resumed {delay:.2f}s after the kill")
 

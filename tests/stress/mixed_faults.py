@@ -101,7 +101,7 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
         assert len(world) == 1, f"mixed world sizes in the last round: {world}"
         assert_trained_together(reports, world.pop(), STEPS)
         result["world"] = reports[0]["world_size"]
-        result["recovery_s"] = resume_delay(reports, struck)
+        result["recovery_s"] = resume_delay(workdir / "report", struck)
         joined = [logged_at(a, "joined round", after=struck) for a in running]
         result["rendezvous_s"] = min((j - struck for j in joined if j is not None), default=None)
         result["ok"] = True
