@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns bench bench-quick bench-flood stress clean
+.PHONY: demo test lint unit integration netns faults bench bench-quick bench-flood stress clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ integration: $(STAMP)
 
 netns: $(STAMP)
 	$(BIN)/python -m pytest tests/netns
+
+faults: $(STAMP)
+	$(BIN)/python -m pytest tests/faults
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rendezvous_latency.py

@@ -111,6 +111,9 @@ class FollowerSession:
             return
         self.phase = "hello"
         self.last_heard = now
+        hist = self.history
+        # Only what the leader needs to count its support: which round we were last in, and its size.
+        last = {"epoch": hist.epoch, "round": hist.round, "size": len(hist.members)} if hist else None
         self._frames.append(
             encode_frame(
                 "hello",
@@ -118,17 +121,18 @@ class FollowerSession:
                 epoch=self.claim.epoch,
                 leader=f"{self.claim.leader:016x}",
                 ip=self.own_ip,
-                history=self.history.to_json() if self.history else None,
+                last=last,
             )
         )
 
-    def closed(self, reason: str, *, refused: bool, now: float) -> None:
-        """The connection ended; ``refused``: nothing listened on the leader's port."""
+    def closed(self, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
+        """The connection ended: ``refused`` (nothing listened), ``by_peer`` (the other end closed it)."""
         if self.phase == "over":
             return
-        # Refused, reset or closed by the leader's kernel: its process is gone or it closed the
-        # term. A connect that timed out or found no route says nothing of the leader's process.
-        hard = refused or self.phase in ("hello", "ready")
+        # Refused, reset or closed by the leader's side: its process is gone or it closed the
+        # term. A connect that timed out, found no route, or that we gave up on ourselves (the
+        # leader stopped reading) says nothing of the leader's process.
+        hard = refused or (by_peer and self.phase in ("hello", "ready"))
         self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", hard=hard)
 
     def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
@@ -170,19 +174,30 @@ class FollowerSession:
 
     # ------------------------------------------------------------ requests
 
-    def join(self, ticket: int, ip: str, history: History | None, timeout_s: float) -> None:
-        """Ask for a place in the next round (before the welcome: sent with it, replacing an older ask)."""
+    def join(
+        self, ticket: int, ip: str, history: History | None, timeout_s: float, remaining_s: float
+    ) -> None:
+        """Ask for a place in the next round (before the welcome: sent with it, replacing an older ask).
+
+        ``timeout_s`` is the agent's ``join_timeout`` (each new wait for a round gets all of it),
+        ``remaining_s`` what is left of the current one.
+        """
         self.history = history
         frame = encode_frame(
-            "join", id=ticket, ip=ip, history=history.to_json() if history else None, timeout_s=timeout_s
+            "join",
+            id=ticket,
+            ip=ip,
+            history=history.to_json() if history else None,
+            timeout_s=timeout_s,
+            remaining_s=remaining_s,
         )
         if self.phase == "ready":
             self._frames.append(frame)
         elif self.phase != "over":
             self._queued_join = frame
 
-    def arrive(self, ticket: int, round_number: int) -> None:
-        self._request(encode_frame("arrive", id=ticket, round=round_number))
+    def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
+        self._request(encode_frame("arrive", id=ticket, round=round_number, epoch=epoch))
 
     def leave(self) -> None:
         self._request(encode_frame("leave"))
@@ -211,7 +226,7 @@ class FollowerSession:
     def _dispatch(self, msg: dict[str, Any], now: float) -> None:
         kind = check(msg)
         if kind is None:
-            self._end(f"protocol error from the leader: bad frame {str(msg)[:80]!r}", hard=True)
+            self._end(f"protocol error from the leader: a bad {str(msg.get('t'))[:20]!r} frame", hard=True)
             return
         self.last_heard = now
         if self.phase == "hello":

@@ -36,7 +36,6 @@ the shell's worker thread (``jobs()``) and answers for the leader's own node (``
 from __future__ import annotations
 
 import heapq
-import ipaddress
 import logging
 import math
 from dataclasses import dataclass, field
@@ -44,7 +43,21 @@ from typing import Any
 
 from torch_mingle import _faults
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, node_hex
+from torch_mingle._rounds import (
+    MAX_EPOCH,
+    MAX_MEMBERS,
+    MAX_ROUND,
+    Form,
+    History,
+    JoinRequest,
+    Round,
+    RoundBook,
+    Status,
+    bounded_int,
+    node_hex,
+    node_id,
+    peer_ip,
+)
 from torch_mingle._wire import Invalid, check, encode_frame
 
 log = logging.getLogger(__name__)
@@ -52,6 +65,11 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0
 ROUND_STORES_KEPT = 2
 MAX_CONNECTIONS = 65536
+#: Connections that have not said hello yet: beyond this many, new ones are closed at once.
+MAX_UNIDENTIFIED = 1024
+#: A join waits at least this long (a peer's tiny or absent timeout must not spin the timers).
+MIN_JOIN_WAIT_S = 0.5
+STORE_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 ConnId = int
 
@@ -96,7 +114,8 @@ class _Member:
     opened: float
     node: int | None = None
     last_heard: float = 0.0
-    history: History | None = None
+    #: (epoch, round, size) of the last round the node was a member of, from its hello or join.
+    last: tuple[int, int, int] | None = None
     join_id: int | None = None
     join_deadline: float | None = None
     join_timeout_s: float = 0.0
@@ -139,6 +158,8 @@ class LeaderTerm:
     _parking_state: tuple[object, ...] = ()
     _deadlines: list[tuple[float, int, _Member]] = field(default_factory=list)  # a heap of join deadlines
     _seq: int = 0
+    _store_failures: int = 0
+    _store_retry_at: float | None = None
     _barrier_opened: int = 0
     _stopped: bool = False
 
@@ -174,7 +195,8 @@ class LeaderTerm:
     # ------------------------------------------------------------ inputs
 
     def accepted(self, conn: ConnId, now: float) -> None:
-        if len(self.conns) >= MAX_CONNECTIONS:
+        unidentified = len(self.conns) - len(self._by_node)
+        if len(self.conns) >= MAX_CONNECTIONS or unidentified >= MAX_UNIDENTIFIED:
             self._closes.append((conn, "too many connections"))
             return
         self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now)
@@ -197,15 +219,23 @@ class LeaderTerm:
         for msg in frames:
             if self.conns.get(conn) is not member:
                 return  # dropped by an earlier frame
-            self._dispatch(member, msg, now)
+            try:
+                self._dispatch(member, msg, now)
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+                # The peer broke the protocol: that costs it its connection, never our term.
+                self._drop(
+                    member, f"protocol error from the node: {type(exc).__name__}: {str(exc)[:80]}", now
+                )
+                return
         self._decide(now)
 
     def job_done(self, job: Job, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenStore):
             self._store_requested = False
             if error is not None:
-                hint = "; raise `ulimit -n` (see README.md#scale)" if "Too many open files" in error else ""
-                raise RuntimeError(f"cannot open a round store: {error}{hint}")
+                self._store_failed(error, now)
+                return
+            self._store_failures = 0
             if self._stopped:
                 self._jobs.append(ReleaseStores(ports=(int(str(result)),)))
                 return
@@ -216,6 +246,9 @@ class LeaderTerm:
             log.warning("%s could not open the exit barrier of round %d: %s", self.label, job.round, error)
 
     def handle_timer(self, now: float) -> None:
+        if self._store_retry_at is not None and now >= self._store_retry_at:
+            self._store_retry_at = None
+            self._request_store()
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
             self._beat(now)
@@ -230,6 +263,8 @@ class LeaderTerm:
         times = [self._next_beat]
         if self._wait_until is not None:
             times.append(self._wait_until)
+        if self._store_retry_at is not None:
+            times.append(self._store_retry_at)
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].join_deadline != deadlines[0][0]:
             heapq.heappop(deadlines)  # that join was answered or its deadline moved
@@ -239,10 +274,12 @@ class LeaderTerm:
 
     # ------------------------------------------------- the leader's own node
 
-    def join_local(self, ticket: int, ip: str, history: History | None, timeout_s: float, now: float) -> None:
+    def join_local(
+        self, ticket: int, ip: str, history: History | None, timeout_s: float, remaining_s: float, now: float
+    ) -> None:
         if self._self is None:
             self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
-        self._join(self._self, ticket, ip, history, timeout_s, now)
+        self._join(self._self, ticket, ip, history, timeout_s, remaining_s, now)
         self._decide(now)
 
     def arrive_local(self, ticket: int, round_number: int, now: float) -> None:
@@ -299,7 +336,7 @@ class LeaderTerm:
     def _dispatch(self, m: _Member, msg: dict[str, Any], now: float) -> None:
         kind = check(msg)
         if kind is None:
-            self._drop(m, f"protocol error from the node: bad frame {str(msg)[:80]!r}", now)
+            self._drop(m, f"protocol error from the node: a bad {str(msg.get('t'))[:20]!r} frame", now)
             return
         m.last_heard = now
         if m.node is None:
@@ -311,10 +348,12 @@ class LeaderTerm:
         if kind == "hb":
             return
         if kind == "join":
-            timeout_s = _seconds(msg.get("timeout_s"))
-            self._join(m, int(msg["id"]), _ip(msg["ip"]), _history(msg.get("history")), timeout_s, now)
+            history = History.from_json(msg["history"]) if msg.get("history") is not None else None
+            timeout_s, remaining_s = _seconds(msg.get("timeout_s")), _seconds(msg.get("remaining_s"))
+            self._join(m, int(msg["id"]), _ip(msg["ip"]), history, timeout_s, remaining_s or timeout_s, now)
         elif kind == "arrive":
-            self._arrive(m.node, int(msg["round"]))
+            if msg.get("epoch", self.claim.epoch) == self.claim.epoch:
+                self._arrive(m.node, int(msg["round"]))
             self._send(m, "ack", id=int(msg["id"]))
         elif kind == "leave":
             self.book.leave(m.node)
@@ -326,14 +365,9 @@ class LeaderTerm:
             self._drop(m, f"protocol error: unexpected {kind}", now)
 
     def _hello(self, m: _Member, msg: dict[str, Any], now: float) -> None:
-        try:
-            node = int(str(msg["node"]), 16)
-            leader = int(str(msg["leader"]), 16)
-        except ValueError:
-            self._drop(m, "protocol error: bad node id in hello", now)
-            return
-        if not 0 < node < 2**64 or node == self.claim.leader:
-            self._drop(m, "protocol error: bad node id in hello", now)
+        node, leader = node_id(msg["node"]), node_id(msg["leader"])
+        if node == self.claim.leader:
+            self._drop(m, "protocol error: a hello with the leader's own node id", now)
             return
         if Claim(epoch=int(msg["epoch"]), leader=leader) != self.claim:
             self._send(
@@ -346,10 +380,13 @@ class LeaderTerm:
         old = self._by_node.get(node)
         if old is not None and old is not m:
             old.node = None  # superseded: the node reconnected; not a death
+            # Said, not just closed: if it is not the node's own reconnect (someone else uses its
+            # id), the node must connect again, not take the close as the leader's death.
+            self._send(old, "evicted", why="another connection said hello with this node's id")
             self._close(old, "superseded by a new connection of the same node")
             self.book.withdraw(node)  # its join, if any, comes again on the new connection
         m.node = node
-        m.history = _history(msg.get("history"))
+        m.last = _last(msg.get("last"))
         self._by_node[node] = m
         self.book.ips[node] = _ip(msg["ip"])
         self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
@@ -357,8 +394,16 @@ class LeaderTerm:
         self._update_established()
 
     def _join(
-        self, m: _Member, ticket: int, ip: str, history: History | None, timeout_s: float, now: float
+        self,
+        m: _Member,
+        ticket: int,
+        ip: str,
+        history: History | None,
+        timeout_s: float,
+        remaining_s: float,
+        now: float,
     ) -> None:
+        """A join; ``timeout_s`` is the node's ``join_timeout``, ``remaining_s`` what is left of it."""
         node = m.node
         assert node is not None  # noqa: S101 - only identified members join
         if ticket in (m.answered, m.join_id):
@@ -368,10 +413,10 @@ class LeaderTerm:
         self._joins_seen += 1
         m.join_id = ticket
         m.join_timeout_s = timeout_s
-        self._set_deadline(m, now + timeout_s if timeout_s > 0 else None)
+        self._set_deadline(m, now + remaining_s if remaining_s > 0 else None)
         m.parked = False
-        if history is not None:
-            m.history = history
+        if history is not None and node in history.members:
+            m.last = (history.epoch, history.round, len(history.members))
         if self.book.closed:
             self._answer(m, "closed", why=self.closed_why)
             return
@@ -392,13 +437,17 @@ class LeaderTerm:
             decision = self.book.decide(now)
             if isinstance(decision, Form):
                 if self._spare_port is None:
-                    self._request_store()
+                    self._wanted_form = decision
+                    if self._store_retry_at is None:
+                        self._request_store()
                     self._wait_until = None
                     break  # forms as soon as the store is open (job_done)
+                self._wanted_form = None
                 self._form(decision, self._spare_port, now)
                 self._spare_port = None
                 self._request_store()
                 continue
+            self._wanted_form = None
             self._wait_until = decision.until
             break
         self._update_parking(now)
@@ -448,7 +497,9 @@ class LeaderTerm:
             parked = self.book.parked(m.node)
             if parked == m.parked:
                 continue
-            if m.parked and not parked and m.join_timeout_s > 0:
+            if parked:
+                self._set_deadline(m, None)  # it waits for the job, not for a timeout
+            elif m.parked and m.join_timeout_s > 0:
                 self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
             self._answer(m, "wait", parked=parked, reason=self.book.explain())
@@ -463,7 +514,7 @@ class LeaderTerm:
             if m.node is None or m.join_id is None:
                 continue
             if self.book.parked(m.node):
-                self._set_deadline(m, now + m.join_timeout_s)
+                self._set_deadline(m, None)
                 continue
             why = self.book.explain()
             self.book.withdraw(m.node)
@@ -476,20 +527,22 @@ class LeaderTerm:
         if self.book.current is not None:
             self.established = True
             return
-        histories = [h for h in (self.own_history, *(m.history for m in self._members())) if h is not None]
-        if not histories:
+        own = self.own_history
+        lasts = [m.last for m in self._by_node.values() if m.last is not None]
+        if own is not None and self.claim.leader in own.members:
+            lasts.append((own.epoch, own.round, len(own.members)))
+        if not lasts:
             return
-        latest = max(histories, key=lambda h: (h.epoch, h.round))
-        followers = set(self._by_node) | {self.claim.leader}
-        support = sum(1 for n in latest.members if n in followers)
-        if 2 * support > len(latest.members):
+        latest = max(lasts)
+        support = lasts.count(latest)  # members of that round that follow this term, us included
+        if 2 * support > latest[2]:
             self.established = True
             log.info(
                 "%s established: %d of the %d members of round %d follow this term",
                 self.label,
                 support,
-                len(latest.members),
-                latest.round,
+                latest[2],
+                latest[1],
             )
 
     # ------------------------------------------------------------ liveness
@@ -556,6 +609,19 @@ class LeaderTerm:
         if deadline is not None:
             self._seq += 1
             heapq.heappush(self._deadlines, (deadline, self._seq, m))
+            if len(self._deadlines) > 4 * (len(self._by_node) + 16):  # mostly answered joins: rebuild
+                self._deadlines = [e for e in self._deadlines if e[2].join_deadline == e[0]]
+                heapq.heapify(self._deadlines)
+
+    def _store_failed(self, error: str, now: float) -> None:
+        """A round store could not be opened: retry with backoff; resign only if a round waits for it."""
+        self._store_failures += 1
+        hint = "; raise `ulimit -n` (see README.md#scale)" if "Too many open files" in error else ""
+        if self._wanted_form is not None and self._store_failures >= 3:
+            raise RuntimeError(f"cannot open a round store ({self._store_failures} tries): {error}{hint}")
+        delay = STORE_RETRY_S[min(self._store_failures, len(STORE_RETRY_S)) - 1]
+        log.warning("%s cannot open a round store: %s%s; trying again in %gs", self.label, error, hint, delay)
+        self._store_retry_at = now + delay
 
     def _request_store(self) -> None:
         if self._spare_port is None and not self._store_requested and not self._stopped:
@@ -621,26 +687,27 @@ class LeaderTerm:
 
 
 def _seconds(raw: Any) -> float:
-    """A join's timeout from a peer: a finite positive number, else 0 (no timeout)."""
+    """A join's timeout from a peer: at least ``MIN_JOIN_WAIT_S``; 0 (none) for no or a bad value."""
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         return 0.0
     value = float(raw)
-    return value if math.isfinite(value) and 0 < value < 1e9 else 0.0
+    return max(MIN_JOIN_WAIT_S, value) if math.isfinite(value) and 0 < value < 1e9 else 0.0
 
 
 def _ip(raw: Any) -> str:
-    """A peer's address as it reported it, if it is one."""
+    """A peer's address as it reported it, if it is one (short and canonical), else ``?``."""
     try:
-        ipaddress.ip_address(str(raw).partition("%")[0])
+        return peer_ip(raw)
     except ValueError:
         return "?"
-    return str(raw)
 
 
-def _history(raw: Any) -> History | None:
+def _last(raw: Any) -> tuple[int, int, int] | None:
+    """A hello's ``last``: (epoch, round, size) of the node's last round, or None."""
     if raw is None:
         return None
-    try:
-        return History.from_json(raw)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
+    return (
+        bounded_int(raw["epoch"], MAX_EPOCH),
+        bounded_int(raw["round"], MAX_ROUND),
+        bounded_int(raw["size"], MAX_MEMBERS, 1),
+    )

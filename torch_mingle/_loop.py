@@ -52,6 +52,10 @@ IDLE_WAKE_S = 1.0
 MAX_ROUTES = 4096
 MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 READ_BYTES = 256 * 1024
+#: What a node may send the leader: its first frame (hello) is small, a join carries at most a
+#: history of 65,536 ids. A connection that has not said hello costs the leader 64 KiB at most.
+HELLO_BYTES = 64 * 1024
+ACCEPTED_FRAME_BYTES = 2 * 1024 * 1024
 CLOSE_FLUSH_S = 2.0
 ACCEPT_PAUSE_S = 0.5
 MAX_RECOVERIES = 5
@@ -84,13 +88,20 @@ class Worker:
     """One thread for blocking jobs; every job's outcome (result or error) goes back to the loop."""
 
     def __init__(
-        self, execute: Callable[[Any], Any], post: Callable[[Callable[[float], None]], None], label: str
+        self,
+        execute: Callable[[Any], Any],
+        post: Callable[[Callable[[float], None]], None],
+        label: str,
+        *,
+        name: str = "worker",
+        on_exit: Callable[[], None] | None = None,
     ):
         self._execute = execute
         self._post = post
+        self._on_exit = on_exit
         self._jobs: deque[tuple[Any, Callable[[Any, str | None, float], None]] | None] = deque()
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"mingle-worker{label}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"mingle-{name}{label}", daemon=True)
         self.label = label
 
     def start(self) -> None:
@@ -102,11 +113,13 @@ class Worker:
             self._cond.notify()
 
     def stop(self, timeout_s: float) -> bool:
-        """Finish the queued jobs, then stop; False if that took longer than ``timeout_s``."""
+        """Finish the queued jobs (then ``on_exit``, on the thread), stop; False if not in ``timeout_s``."""
         with self._cond:
             self._jobs.append(None)
             self._cond.notify()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        if not self._thread.is_alive():
+            return True
+        if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
@@ -121,6 +134,8 @@ class Worker:
                     self._cond.wait()
                 item = self._jobs.popleft()
             if item is None:
+                if self._on_exit is not None:
+                    self._on_exit()
                 return
             job, done = item
             try:
@@ -169,7 +184,9 @@ class Loop:
         self._stopping = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mingle-loop{label}", daemon=True)
-        self.worker = Worker(self._execute, self.call, label)
+        self.worker = Worker(self.keeper.run, self.call, label, on_exit=self.keeper.close)
+        # Names resolve on a thread of their own: a slow resolver never delays a round's store.
+        self.resolver = Worker(self._resolve, self.call, label, name="resolver")
 
     # ------------------------------------------------------------ other threads
 
@@ -190,9 +207,10 @@ class Loop:
             self._wake_w.close()
             raise
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
-        if self.peer_hosts:
-            self._resolve_peers_now()
         self.worker.start()
+        if self.peer_hosts:
+            self.resolver.start()
+            self._resolve_peers_now()
         now = self.clock()
         self._guard("start", lambda: node.start(now), now)
         self._thread.start()
@@ -211,9 +229,9 @@ class Loop:
             self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.error("%s the loop did not stop within %gs", self.label, timeout_s)
-        if not self.worker.stop(timeout_s):
-            log.error("%s the worker thread did not stop within %gs", self.label, timeout_s)
-        self.keeper.close()
+        for worker in (self.worker, self.resolver):
+            if not worker.stop(timeout_s):
+                log.error("%s a background thread did not stop within %gs", self.label, timeout_s)
 
     @property
     def alive(self) -> bool:
@@ -252,6 +270,7 @@ class Loop:
         return int(sock.getsockname()[1])
 
     def stop_listening(self) -> None:
+        self._accept_paused_until = None
         sock, self._listener = self._listener, None
         if sock is not None:
             with contextlib.suppress(KeyError, ValueError):
@@ -396,6 +415,8 @@ class Loop:
     def _guard(self, what: str, fn: Callable[[], None], now: float) -> None:
         """Run node code; an error makes the node recover (logged at ERROR), or fail loudly."""
         node = self.node
+        if self._stopping:
+            return  # the loop failed or stops: the node's code runs no more
         try:
             _faults.hit("loop.callback")
             fn()
@@ -470,19 +491,18 @@ class Loop:
                 self._peer_addrs = result
             self._next_resolve = now + PEERS_REFRESH_S
 
-        self.worker.submit(_Resolve(self.peer_hosts, family), done)
+        self.resolver.submit(_Resolve(self.peer_hosts, family), done)
 
-    def _execute(self, job: Any) -> Any:
-        """Run one job on the worker thread."""
-        if isinstance(job, _Resolve):
-            return resolve_hosts(job.hosts, job.family, self.label)
-        return self.keeper.run(job)
+    def _resolve(self, job: _Resolve) -> tuple[str, ...]:
+        return resolve_hosts(job.hosts, job.family, self.label)
 
     # ------------------------------------------------------------ streams
 
-    def _add_stream(self, sock: socket.socket, *, connecting: bool) -> _Stream:
+    def _add_stream(
+        self, sock: socket.socket, *, connecting: bool, reader: FrameReader | None = None
+    ) -> _Stream:
         self._next_id += 1
-        stream = _Stream(id=self._next_id, sock=sock, connecting=connecting)
+        stream = _Stream(id=self._next_id, sock=sock, connecting=connecting, reader=reader or FrameReader())
         self._streams[stream.id] = stream
         return stream
 
@@ -519,9 +539,15 @@ class Loop:
                     self._sel.unregister(listener)
                 self._accept_paused_until = now + ACCEPT_PAUSE_S
                 return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            stream = self._add_stream(sock, connecting=False)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                sock.close()  # reset before we got to it
+                continue
+            stream = self._add_stream(
+                sock, connecting=False, reader=FrameReader(ACCEPTED_FRAME_BYTES, HELLO_BYTES)
+            )
             self._watch(stream)
             self._guard("an accepted connection", lambda sid=stream.id: node.on_accepted(sid, now), now)  # type: ignore[misc]
             self._run_deferred(now)
@@ -556,10 +582,12 @@ class Loop:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._defer_close(stream, f"connection error: {exc.strerror or exc}")
+            self._defer_close(stream, f"connection error: {exc.strerror or exc}", by_peer=_by_peer(exc))
             return
         if not data:
-            self._defer_close(stream, "closed by the peer (its process exited, was killed, or closed it)")
+            self._defer_close(
+                stream, "closed by the peer (its process exited, was killed, or closed it)", by_peer=True
+            )
             return
         if stream.closing_by is not None:
             return  # we are done with it; only its output still drains
@@ -575,7 +603,7 @@ class Loop:
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                self._defer_close(stream, f"connection error: {exc.strerror or exc}")
+                self._defer_close(stream, f"connection error: {exc.strerror or exc}", by_peer=_by_peer(exc))
                 return
             del stream.out[:sent]
             if sent:
@@ -590,13 +618,21 @@ class Loop:
             return
         self._watch(stream)
 
-    def _defer_close(self, stream: _Stream, reason: str, *, refused: bool = False) -> None:
-        """Close ``stream`` now; tell the node after its current call (if it still cares)."""
+    def _defer_close(
+        self, stream: _Stream, reason: str, *, refused: bool = False, by_peer: bool = False
+    ) -> None:
+        """Close ``stream`` now; tell the node after its current call (if it still cares).
+
+        ``by_peer``: the other end closed or reset it (evidence about the peer's process),
+        as opposed to our giving up on it (it stopped reading, no route).
+        """
         notify = stream.closing_by is None
         self._drop(stream)
         node = self.node
         if notify and node is not None:
-            self._deferred.append(lambda now: node.on_closed(stream.id, reason, refused=refused, now=now))
+            self._deferred.append(
+                lambda now: node.on_closed(stream.id, reason, refused=refused, by_peer=by_peer, now=now)
+            )
 
     def _drop(self, stream: _Stream) -> None:
         if self._streams.pop(stream.id, None) is None:
@@ -617,6 +653,10 @@ class Loop:
         with contextlib.suppress(OSError):
             self._wake_w.close()
         self._sel.close()
+
+
+def _by_peer(exc: OSError) -> bool:
+    return exc.errno in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED)
 
 
 def wall_clock() -> float:

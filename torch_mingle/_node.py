@@ -168,6 +168,8 @@ class Board:
 
     def publish(self, diag: Diagnostics) -> None:
         with self._cond:
+            if self.fatal is not None:  # a failed loop stays failed, whatever is published late
+                diag = replace(diag, loop_alive=False, last_error=str(self.fatal))
             self._diag = diag
             self._cond.notify_all()
 
@@ -261,6 +263,7 @@ class Node:
         self._shutdown_deadline = 0.0
         self._store_ports: dict[Claim, list[int]] = {}
         self._last_leader_ip: str | None = None
+        self._pending_close: str | None = None
         self._term_tag = 0
         self._quiet_at: float | None = None
         self._now = 0.0
@@ -306,9 +309,9 @@ class Node:
             self.term.received(conn, frames, now)
         self._flush(now)
 
-    def on_closed(self, conn: int, reason: str, *, refused: bool, now: float) -> None:
+    def on_closed(self, conn: int, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
-            self.session.closed(reason, refused=refused, now=now)
+            self.session.closed(reason, refused=refused, by_peer=by_peer, now=now)
         elif self.term is not None:
             self.term.closed(conn, reason, now)
         self._flush(now)
@@ -355,16 +358,17 @@ class Node:
         """An unexpected error in this node's code: a leader resigns, a follower re-joins."""
         self.recoveries += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
-        if self.term is not None:
+        view = self.core.leader
+        if self.term is not None or self.core.role in (Role.CLAIMING, Role.LEADING):
             log.error("%s resigning as leader after an internal error: %s", self.label, self.last_error)
             self._unlead(f"the leader resigned after an internal error ({self.last_error})", now)
             self.core.abandon(now)
-        elif self.session is not None:
+        elif view is not None and not view.is_self:
+            # A fresh session with the same leader (it did nothing wrong); also when the error
+            # struck between finding the leader and connecting to it.
             log.error("%s joining the leader again after an internal error: %s", self.label, self.last_error)
             self._end_session()
-            view = self.core.leader
-            if view is not None and not view.is_self:
-                self._connect(view, now)  # a fresh session with the same leader: it did nothing wrong
+            self._connect(view, now)
         self._flush(now)
 
     # ------------------------------------------------------------ requests
@@ -388,20 +392,29 @@ class Node:
         self.board.extend(ticket, now + ticket.timeout_s)
         if self.term is not None and self.core.role is Role.LEADING:
             self.term.arrive_local(ticket.id, round_number, now)
-        elif self.session is not None:
-            self.session.arrive(ticket.id, round_number)
+        elif self.session is not None and self.in_round is not None:
+            self.session.arrive(ticket.id, round_number, self.in_round.epoch)
         else:
             self._arrivals.pop(ticket.id)
             self.board.resolve(ticket, result=False)
         self._flush(now)
 
     def request_close(self, why: str, now: float) -> None:
-        """``set_closed()``: no further rounds for anyone."""
-        if self.term is not None:
-            self.term.close_job(self.settings.node_id, why, now)
-        elif self.session is not None:
-            self.session.close_job(why)
+        """``set_closed()``: no further rounds for anyone (told to the next leader if there is none now)."""
+        self._pending_close = why
+        self._deliver_close(now)
         self._flush(now)
+
+    def _deliver_close(self, now: float) -> None:
+        why = self._pending_close
+        if why is None:
+            return
+        if self.term is not None and self.core.role is Role.LEADING:
+            self.term.close_job(self.settings.node_id, why, now)
+            self._pending_close = None
+        elif self.session is not None and self.session.ready:
+            self.session.close_job(why)
+            self._pending_close = None
 
     def request_shutdown(self, ticket: Ticket, close_timeout_s: float, why: str, now: float) -> None:
         """``shutdown()``: close the job and leave; a leader first waits for the others to leave."""
@@ -568,6 +581,7 @@ class Node:
         if view.is_self:
             if not view.closed:
                 self.saw_open = True
+            self._deliver_close(now)
             if self._join is not None and not self._join.done:
                 self._send_join(now)
             return
@@ -619,6 +633,7 @@ class Node:
                 self._job_closed_seen("the job was closed")
                 return
             self.saw_open = True
+            self._deliver_close(now)
         elif isinstance(ev, StatusChanged):
             if ev.status.closed:
                 self.job_closed = True
@@ -696,9 +711,10 @@ class Node:
             join.timeout_s if join.deadline is None else max(0.001, join.deadline - now - JOIN_GRACE_S)
         )
         if self.term is not None and self.core.role is Role.LEADING:
-            self.term.join_local(join.id, self.settings.advertised_ip, self.history, remaining, now)
+            ip = self.settings.advertised_ip
+            self.term.join_local(join.id, ip, self.history, join.timeout_s, remaining, now)
         elif self.session is not None:
-            self.session.join(join.id, self.session.own_ip, self.history, remaining)
+            self.session.join(join.id, self.session.own_ip, self.history, join.timeout_s, remaining)
 
     def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:
         self.board.extend(ticket, None if expires is None else expires + JOIN_GRACE_S)

@@ -27,14 +27,56 @@ follow in arrival order. Every node reads the same published order, so ranks agr
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_HOLD_DOUBLINGS = 5
+#: Bounds on what a peer may send: the fields of a history, round or status never exceed them.
+MAX_MEMBERS = 65536
+MAX_ROUND = 2**32 - 1
+MAX_EPOCH = 2**62
+MAX_IP_CHARS = 64
 
 
 def node_hex(node: int) -> str:
     return f"{node:016x}"
+
+
+def bounded_int(value: Any, high: int, low: int = 0) -> int:
+    """An integer from a peer's JSON, within ``low..high``; ``ValueError`` for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"not an integer in {low}..{high}: {str(value)[:40]!r}")
+    return value
+
+
+def node_id(value: Any) -> int:
+    """A node id from a peer's JSON: 1 to 16 hex digits, not zero."""
+    if not isinstance(value, str) or not 0 < len(value) <= 16:
+        raise ValueError(f"not a node id: {str(value)[:40]!r}")
+    node = int(value, 16)
+    if node == 0:
+        raise ValueError("node id 0")
+    return node
+
+
+def members_of(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > MAX_MEMBERS:
+        raise ValueError("members: not a list of at most 65536 ids")
+    return tuple(node_id(m) for m in value)
+
+
+def peer_ip(value: Any) -> str:
+    """An address a peer reported: an IP literal (with a short ``%scope``), else ``ValueError``."""
+    if not isinstance(value, str) or len(value) > MAX_IP_CHARS:
+        raise ValueError("not an address")
+    text, _, scope = value.partition("%")
+    ip = ipaddress.ip_address(text)
+    if scope and not (
+        len(scope) <= 16 and scope.replace("-", "").replace("_", "").replace(".", "").isalnum()
+    ):
+        raise ValueError("bad scope")
+    return f"{ip}%{scope}" if scope else str(ip)
 
 
 @dataclass(frozen=True)
@@ -52,9 +94,9 @@ class History:
     def from_json(cls, data: Any) -> History:
         """Parse a peer's history; raises ``ValueError`` (or ``KeyError``/``TypeError``) on garbage."""
         return cls(
-            epoch=int(data["epoch"]),
-            round=int(data["round"]),
-            members=tuple(int(m, 16) for m in data["members"]),
+            epoch=bounded_int(data["epoch"], MAX_EPOCH),
+            round=bounded_int(data["round"], MAX_ROUND),
+            members=members_of(data["members"]),
         )
 
 
@@ -99,13 +141,16 @@ class Round:
 
     @classmethod
     def from_json(cls, data: Any) -> Round:
+        ips = data.get("ips", [])
+        if not isinstance(ips, list) or len(ips) > MAX_MEMBERS:
+            raise ValueError("ips: not a list")
         return cls(
-            number=int(data["round"]),
-            epoch=int(data["epoch"]),
-            members=tuple(int(m, 16) for m in data["members"]),
-            store_ip=str(data["store_ip"]),
-            store_port=int(data["store_port"]),
-            ips=tuple(str(ip) for ip in data.get("ips", ())),
+            number=bounded_int(data["round"], MAX_ROUND),
+            epoch=bounded_int(data["epoch"], MAX_EPOCH),
+            members=members_of(data["members"]),
+            store_ip=peer_ip(data["store_ip"]),
+            store_port=bounded_int(data["store_port"], 65535, 1),
+            ips=tuple(str(ip)[:MAX_IP_CHARS] for ip in ips),
         )
 
 
@@ -128,14 +173,14 @@ class Status:
     @classmethod
     def from_json(cls, data: Any) -> Status:
         return cls(
-            epoch=int(data["epoch"]),
-            round=int(data["round"]),
-            size=int(data["size"]),
-            joined=int(data["joined"]),
-            waiting=int(data["waiting"]),
+            epoch=bounded_int(data["epoch"], MAX_EPOCH),
+            round=bounded_int(data["round"], MAX_ROUND),
+            size=bounded_int(data["size"], MAX_MEMBERS),
+            joined=bounded_int(data["joined"], MAX_MEMBERS),
+            waiting=bounded_int(data["waiting"], MAX_MEMBERS),
             stale=bool(data["stale"]),
             closed=bool(data["closed"]),
-            reason=str(data.get("reason", "")),
+            reason=str(data.get("reason", ""))[:4000],
         )
 
 
@@ -185,6 +230,8 @@ class RoundBook:
     def join(self, req: JoinRequest) -> None:
         self.pending[req.node] = req
         self.ips[req.node] = req.ip
+        if len(self.ips) > 2 * MAX_MEMBERS:
+            self._forget_strangers()
         self.dead.discard(req.node)
         self.left.discard(req.node)
         if req.history is not None:
@@ -336,6 +383,16 @@ class RoundBook:
         return not (self.tracked() - {self.leader})
 
     # ---------------------------------------------------------------- helpers
+
+    def _forget_strangers(self) -> None:
+        """Bound what the book remembers per node id: keep the round's members and the joiners."""
+        keep = set(self.pending) | set(self.current.members if self.current else ()) | {self.leader}
+        for table in (self.ips, self.drops, self.lost_why):
+            for node in [n for n in table if n not in keep]:
+                del table[node]
+        self.dead &= keep
+        self.left &= keep
+        self._returning &= keep
 
     def _wait(self, until: float | None, reason: str) -> Wait:
         self._reason = reason

@@ -337,7 +337,7 @@ class Simulation:
                 n.on_frames(d.end, reader.feed(d.data), now)
         elif d.kind == "closed":
             if net.readers.pop(d.end, None) is not None or d.refused:
-                n.on_closed(d.end, d.reason, refused=d.refused, now=now)
+                n.on_closed(d.end, d.reason, refused=d.refused, by_peer=not d.refused, now=now)
         elif d.kind == "call":
             d.src(now)  # type: ignore[operator]
         self._schedule_timer(node)

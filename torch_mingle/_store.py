@@ -228,15 +228,15 @@ def abort_connections_to(ip: str, ports: Sequence[int]) -> int:
             continue
         with sock:
             try:
-                if sock.type != socket.SOCK_STREAM:
-                    continue
+                if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue  # the loop's own wake-up pair is a Unix socket, and so may others be
                 peer = sock.getpeername()
-            except OSError:
-                continue
-            if peer[1] in wanted and _plain(str(peer[0])) == target:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                    done += 1
+                if peer[1] not in wanted or _plain(str(peer[0])) != target:
+                    continue
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except (OSError, ValueError, IndexError, TypeError):
+                continue  # closed meanwhile, or not a peer we can read: not ours to cut
     return done
 
 

@@ -431,11 +431,17 @@ def check(msg: dict[str, Any]) -> str | None:
     return str(kind)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")  # NaN and Infinity: not JSON, and not numbers we use
+
+
 class FrameReader:
     """Splits a byte stream into JSON objects; never raises: garbage gives ``Invalid``."""
 
-    def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_bytes: int = MAX_FRAME_BYTES, first_max_bytes: int | None = None) -> None:
+        """``first_max_bytes``: a tighter limit for the first frame (a hello is small)."""
         self.max_bytes = max_bytes
+        self._limit = first_max_bytes or max_bytes
         self._buf = bytearray()
 
     @property
@@ -448,7 +454,7 @@ class FrameReader:
         out: list[dict[str, Any]] = []
         while len(self._buf) >= FRAME_HEADER.size:
             (size,) = FRAME_HEADER.unpack_from(self._buf)
-            if size > self.max_bytes:
+            if size > self._limit:
                 return Invalid("frame_too_long")
             end = FRAME_HEADER.size + size
             if len(self._buf) < end:
@@ -456,10 +462,11 @@ class FrameReader:
             raw = bytes(self._buf[FRAME_HEADER.size : end])
             del self._buf[:end]
             try:
-                msg = json.loads(raw)
+                msg = json.loads(raw, parse_constant=_no_constant)
             except (ValueError, RecursionError):
                 return Invalid("bad_json")
             if not isinstance(msg, dict):
                 return Invalid("not_an_object")
+            self._limit = self.max_bytes
             out.append(msg)
         return out

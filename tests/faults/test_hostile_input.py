@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -118,3 +119,76 @@ def test_a_node_that_only_ever_sees_the_job_finished_fails_and_says_use_a_new_id
     late = make_handler(job, 2)  # the same --rdzv_id, reused by mistake
     with pytest.raises(MingleClosedError, match=r"already finished.*use a new --rdzv_id"):
         late.next_rendezvous()
+
+
+def _hello_then(leader: tuple[str, int], diag, node: str, *frames: bytes) -> bytes:
+    """Say hello with the right claim as ``node``, send ``frames``, return what came back (1 s)."""
+    hello = encode_frame("hello", node=node, epoch=diag.epoch, leader=diag.leader, ip="127.0.0.1")
+    with socket.create_connection(leader, timeout=5) as s:
+        s.sendall(hello + b"".join(frames))
+        s.settimeout(1.0)
+        got = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                got += chunk
+    return got
+
+
+def _raw_frame(text: str) -> bytes:
+    body = text.encode()
+    return len(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        _raw_frame(
+            '{"t":"join","id":1,"ip":"127.0.0.1","history":{"epoch":1e400,"round":1,"members":["a"]}}'
+        ),
+        _raw_frame(
+            '{"t":"join","id":1,"ip":"127.0.0.1","history":{"epoch":1,"round":'
+            + "9" * 4000
+            + ',"members":[]}}'
+        ),
+        _raw_frame('{"t":"join","id":1,"ip":"127.0.0.1","history":{"epoch":NaN,"round":1,"members":[]}}'),
+        _raw_frame('{"t":"join","id":1,"ip":"127.0.0.1%' + "x" * 100_000 + '","history":null}'),
+        _raw_frame('{"t":"join","id":1,"ip":"127.0.0.1","history":null,"timeout_s":1e-300}'),
+        _raw_frame(
+            '{"t":"join","id":1,"ip":"127.0.0.1","history":{"epoch":1,"round":1,"members":['
+            + '"ff",' * 99_999
+            + '"ff"]}}'
+        ),
+        _raw_frame('{"t":"arrive","id":1,"round":1,"epoch":"x"}'),
+        _raw_frame('{"t":"join","id":1,"ip":"127.0.0.1","x":' + "[" * 900 + "]" * 900 + "}"),
+    ],
+    ids=["infinite", "huge-round", "nan", "long-scope", "tiny-timeout", "many-members", "bad-epoch", "deep"],
+)
+def test_a_hostile_frame_on_the_control_port_costs_only_its_connection(make_handler, frame):
+    job = unique_job("evil")
+    real = [make_handler(job, 2) for _ in range(2)]
+    rendezvous_all(real)
+    diag = real[0].diagnostics()
+    assert diag.leader_ip is not None
+    _hello_then((diag.leader_ip, diag.leader_port), diag, "00000000000000ee", frame)
+    infos = rendezvous_all(real)  # a re-rendezvous: the leader neither resigned nor lost its way
+    assert sorted(i.rank for i in infos) == [0, 1]
+    leader = next(h for h in real if h.diagnostics().is_leader)
+    assert leader.diagnostics().recoveries == 0
+    assert leader.diagnostics().epoch == diag.epoch
+
+
+def test_someone_saying_hello_with_a_nodes_id_does_not_cut_it_off(make_handler):
+    job = unique_job("spoof")
+    real = [make_handler(job, 2) for _ in range(2)]
+    infos = rendezvous_all(real)
+    follower = next(h for h, i in zip(real, infos, strict=True) if i.rank == 1)
+    diag = follower.diagnostics()
+    assert diag.leader_ip is not None
+    _hello_then((diag.leader_ip, diag.leader_port), diag, diag.node_id)  # its id, from someone else
+    # It is told it was superseded and connects again; it never takes the leader for dead.
+    again = follower.wait_diagnostics(lambda d: d.status is not None and d.epoch == diag.epoch, 10)
+    assert again is not None and again.fence_epoch == 0, again
+    assert follower.num_nodes_waiting() in (0, 1)
+    infos = rendezvous_all(real)  # a worker restart later: the same two, the same leader
+    assert sorted(i.rank for i in infos) == [0, 1]
+    assert follower.diagnostics().epoch == diag.epoch

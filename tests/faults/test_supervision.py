@@ -33,10 +33,12 @@ def _recovered(handlers) -> list[object]:
     return [h for h in handlers if h.diagnostics().recoveries]
 
 
-@pytest.mark.parametrize("point", ["leader.decide", "worker.open_store"])
-def test_an_error_in_the_leaders_work_makes_it_resign_and_another_node_leads(make_handler, caplog, point):
+@pytest.mark.parametrize(("point", "times"), [("leader.decide", 1), ("worker.open_store", 3)])
+def test_an_error_in_the_leaders_work_makes_it_resign_and_another_node_leads(
+    make_handler, caplog, point, times
+):
     job = unique_job("resign")
-    _faults.arm(point, times=1)  # the first leader fails once, in its decisions or opening a store
+    _faults.arm(point, times=times)  # the first leader fails: in its decisions, or it cannot open stores
     handlers = [make_handler(job, 3) for _ in range(3)]
     with caplog.at_level(logging.ERROR, logger="torch_mingle"):
         infos = rendezvous_all(handlers)
@@ -48,6 +50,18 @@ def test_an_error_in_the_leaders_work_makes_it_resign_and_another_node_leads(mak
     )
     assert not failed.diagnostics().is_leader  # it resigned; another node leads
     assert any("resigning as leader after an internal error" in r.getMessage() for r in caplog.records)
+
+
+def test_a_store_that_fails_to_open_once_is_opened_again_without_resigning(make_handler, caplog):
+    job = unique_job("retry")
+    handlers = [make_handler(job, 2) for _ in range(2)]
+    assert handlers[0].wait_diagnostics(lambda d: d.leader is not None, 10) is not None
+    _faults.arm("worker.open_store", times=1)  # e.g. out of descriptors for a moment
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        infos = rendezvous_all(handlers)
+    assert sorted(i.rank for i in infos) == [0, 1]
+    assert not any(h.diagnostics().recoveries for h in handlers), "a passing failure made the leader resign"
+    assert any("cannot open a round store" in r.getMessage() for r in caplog.records)
 
 
 def test_an_error_in_a_followers_session_makes_it_join_again(make_handler, caplog):
