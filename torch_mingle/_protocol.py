@@ -15,8 +15,9 @@ run hundreds of nodes on a fake network in milliseconds.
   the existing leader in one round trip. A node that, before its first query, already heard
   a better candidate (one that knows at least its epoch) stays silent: when thousands start
   together only a handful speak, not all of them.
-* If no leader answers within ``election_window_s``, the nodes that heard each other's
-  queries pick the lowest node id among the candidates heard. That node claims
+* If no leader answers within ``election_window_s`` (or once every node the job can have,
+  ``expected_nodes``, has been heard: nobody is left to wait for), the nodes that heard each
+  other's queries pick the lowest node id among the candidates heard. That node claims
   leadership with ``epoch = highest epoch seen + 1``; the others wait ``claim_wait_s``
   for its announcement, then suspect it and decide again.
 * Claims are ordered by *standing*: an **established** claim (its leader formed a round in
@@ -229,6 +230,7 @@ class Discovery:
         addrs: tuple[str, ...] = (),
         wall_offset_s: float = 0.0,
         rng: random.Random | None = None,
+        expected_nodes: int = 0,
     ) -> None:
         if not 0 < node_id < 2**64:
             raise ValueError(f"node id must be a non-zero 64-bit integer, got {node_id}")
@@ -240,6 +242,8 @@ class Discovery:
         #: Wall clock minus ``now``: the shell refreshes it, so a clock step (NTP) is followed.
         self.wall_offset_s = wall_offset_s
         self._rng = rng or random.Random()
+        #: ``max_nodes``: once that many candidates are heard, the election window may end early.
+        self.expected_nodes = expected_nodes
         self.role = Role.IDLE
         self.leader: LeaderView | None = None
         #: When the leader we follow was last heard (announcement or, through the shell, heartbeat).
@@ -452,6 +456,15 @@ class Discovery:
                 return
             del self._candidates[worst]
         self._candidates[d.sender] = (now, d.body.epoch_seen)
+        if (
+            self.role is Role.DISCOVERING
+            and self.expected_nodes > 1
+            and len(self._candidates) + 1 >= self.expected_nodes
+            and now < self._election_deadline
+            and self._awaiting is None
+        ):
+            # Every node the job can have has spoken: nobody is left to wait for.
+            self._election_deadline = now
 
     def _query_while_leading(self, d: Datagram, addr: Dest, now: float) -> None:
         assert isinstance(d.body, Query)  # noqa: S101

@@ -148,6 +148,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             codec=Codec(derive_key(secret) if secret is not None else None),
             addrs=tuple(i.address for i in self._ifaces) if self._multi else (self._ip,),
             wall_offset_s=time.time() - time.monotonic(),
+            expected_nodes=config.max_nodes,
         )
         settings = NodeSettings(
             job=config.run_id,
