@@ -71,6 +71,9 @@ MAX_SUSPECTS = 256
 #: How far above everything it knows a node believes an epoch: far more leader changes
 #: than any job sees, far fewer than the 2**62 epochs there are.
 MAX_EPOCH_STEP = 2**20
+#: Jobs of at most this many nodes: every node queries once, so the election ends as soon as
+#: all have spoken; larger ones keep quiet when a better candidate already spoke (no storms).
+SPEAK_ALL_UP_TO = 64
 INVALID_LOG_INTERVAL_S = 60.0
 #: Drop reasons that are normal on a healthy network: counted, never warned about.
 QUIET_REASONS = frozenset({"duplicate"})
@@ -563,8 +566,15 @@ class Discovery:
 
     def _send_query(self, now: float) -> None:
         best = self._best_candidate(now)
-        if not self._queried and best != self.node_id and self._candidates[best][1] >= self.max_epoch_seen:
-            # A better candidate already speaks for us: stay silent, wait for its claim.
+        small = 0 < self.expected_nodes <= SPEAK_ALL_UP_TO
+        if (
+            not small
+            and not self._queried
+            and best != self.node_id
+            and self._candidates[best][1] >= self.max_epoch_seen
+        ):
+            # A better candidate already speaks for us: stay silent, wait for its claim. (In a
+            # small job everyone speaks once, so that the election can end once all have.)
             self._next_query = now + self.timing.query_retry_max_s
             return
         self._emit_query(now)

@@ -135,8 +135,10 @@ class Simulation:
         max_nodes: int | None = None,
         last_call_timeout_s: float = 1.0,
         rejoin_delay_s: float = 30.0,
+        expect_all: bool = False,
     ) -> None:
         self.rng = random.Random(seed)
+        self.expect_all = expect_all
         self.job = job
         self.timing = timing or Timing()
         self.key = key
@@ -173,6 +175,7 @@ class Simulation:
             codec=codec,
             rng=random.Random(node_id),
             wall_offset_s=1.7e9,
+            expected_nodes=self.max_nodes if self.expect_all else 0,
         )
         t = self.timing
         settings = NodeSettings(

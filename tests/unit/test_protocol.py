@@ -251,3 +251,13 @@ def test_a_leader_answers_probes_of_any_job_within_a_rate_limit():
     assert 1 <= len(answers) <= _protocol.PROBE_BURST
     decoded = Codec().decode(answers[0])
     assert isinstance(decoded, Datagram) and decoded.job == "job" and isinstance(decoded.body, Announce)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_when_every_node_of_the_job_has_spoken_the_election_does_not_wait_out_its_window(n):
+    sim = Simulation(n, seed=3, expect_all=True)  # max_nodes = n: the whole job starts together
+    converged_at = sim.run_until_converged(deadline=5.0)
+    assert converged_at is not None
+    assert converged_at < sim.timing.election_window_s
+    lowest = min(sim.nodes, key=lambda node: node.core.node_id)
+    assert sim.leaders() == [lowest]
