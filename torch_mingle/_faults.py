@@ -10,8 +10,9 @@ only that many seconds after the process started)::
 
 Points: ``loop.callback`` (any event handed to the node), ``leader.decide`` (the leader's
 round decisions), ``follower.frame`` (a frame from the leader), ``worker.open_store``
-(opening a round store fails as if out of descriptors), ``loop.iterate`` (the loop itself,
-outside the node's code: the node cannot recover, it must fail loudly).
+(opening a round store fails as if out of descriptors), ``store.connect`` (the agent's client
+of the round store times out, as behind a stalled resolver), ``loop.iterate`` (the loop
+itself, outside the node's code: the node cannot recover, it must fail loudly).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import threading
 import time
 
 ENV = "TORCH_MINGLE_FAILPOINTS"
-POINTS = ("loop.callback", "leader.decide", "follower.frame", "worker.open_store", "loop.iterate")
+POINTS = (
+    "loop.callback", "leader.decide", "follower.frame", "worker.open_store", "store.connect", "loop.iterate",
+)  # fmt: skip
 
 
 class FailpointError(RuntimeError):

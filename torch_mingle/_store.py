@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed import DistNetworkError, PrefixStore, Store, TCPStore
 
 from torch_mingle import _faults
 from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
@@ -114,6 +114,10 @@ def open_client(ip: str, port: int, connect_timeout_s: float) -> TCPStore:
     The connect is bounded by ``connect_timeout_s`` for a port that refuses, and by the node
     (``abort_connections_to``) for a server that accepted and froze.
     """
+    try:
+        _faults.hit("store.connect")
+    except _faults.FailpointError as exc:
+        raise DistNetworkError(f"{exc}: the client socket has timed out") from None
     store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=connect_timeout_s))
     store.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
     return store

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
-from torch.distributed import DistError
+from torch.distributed import DistError, TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 #: Set for the workers (to the discovery interface) unless the user set them.
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 MAX_CONNECT_TIMEOUT_S = 5.0
+#: Tries at the round's store while the leader still answers (see ``_connect_round_store``).
+STORE_CONNECT_ATTEMPTS = 3
 #: How much longer than the node's own deadline the agent's thread waits for an answer.
 ANSWER_GRACE_S = 10.0
 
@@ -240,7 +242,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             try:
                 info = self._round_info(outcome)
             except DistError as exc:
-                why = f"the round's store at {outcome.leader_ip}:{outcome.round.store_port} failed: {exc}"
+                where = outcome.leader_ip or "this node"
+                why = f"the round's store at {where}:{outcome.round.store_port} failed: {exc}"
                 log.warning("%s %s; joining again", self._label, why)
                 self._loop.call(functools.partial(self._node.report_unreachable, outcome.claim, why))
                 continue
@@ -348,8 +351,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 f"the leader {joined.leader_ip} answered there",
             )
             master_addr = connect_ip = joined.leader_ip  # the leader's address this node reached
-        timeout = min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout)
-        client = open_client(connect_ip, rnd.store_port, timeout)
+        client = self._connect_round_store(joined, connect_ip)
         store = AgentStore(client, on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number))
         self._round = rnd
         self._export_worker_env()
@@ -359,6 +361,37 @@ class MingleRendezvousHandler(RendezvousHandler):
             rnd.world_size,
             RendezvousStoreInfo(master_addr=master_addr, master_port=rnd.store_port),
         )
+
+    def _connect_round_store(self, joined: Joined, ip: str) -> TCPStore:
+        """A client of the round's store. A connect that fails while the leader still answers on
+        the control connection is load (a store busy with a burst of joins), not a lost leader:
+        it is tried again, up to STORE_CONNECT_ATTEMPTS times; the caller treats the last failure
+        as the leader being unreachable. Each attempt is bounded, and each retry waits longer:
+        torch's client resolves the store's address back to a name before it connects, and a
+        resolver that is slow or unreachable costs its own timeout (5 s by default) per try.
+        A frozen leader ends the first attempt at once (the node cuts its sockets, see
+        ``abort_connections_to``) and is then no longer the leader, so nothing is retried."""
+        base = min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout)
+        for attempt in range(1, STORE_CONNECT_ATTEMPTS + 1):
+            try:
+                return open_client(ip, joined.round.store_port, base * attempt)
+            except DistError as exc:
+                diag = self._board.diagnostics()
+                same_round = (
+                    diag.loop_alive
+                    and diag.trouble is None
+                    and diag.epoch == joined.claim.epoch
+                    and diag.round == joined.round.number
+                )
+                if not same_round or attempt == STORE_CONNECT_ATTEMPTS:
+                    raise
+                log.warning(
+                    "%s the round's store at %s:%d did not answer (attempt %d of %d: %s); "
+                    "the leader still does, trying again",
+                    self._label, ip, joined.round.store_port, attempt, STORE_CONNECT_ATTEMPTS,
+                    str(exc).splitlines()[0],
+                )  # fmt: skip
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _settle(self, iface: Interface, why: str) -> None:
         """Use ``iface`` for this node's address and its workers' traffic (several interfaces only)."""

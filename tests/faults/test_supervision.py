@@ -64,6 +64,23 @@ def test_a_store_that_fails_to_open_once_is_opened_again_without_resigning(make_
     assert any("cannot open a round store" in r.getMessage() for r in caplog.records)
 
 
+def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(make_handler, caplog):
+    """A slow resolver or a burst of joins is load, not a lost leader: no new election."""
+    job = unique_job("connect")
+    handlers = [make_handler(job, 3) for _ in range(3)]
+    leader = handlers[0].wait_diagnostics(lambda d: d.leader is not None, 10)
+    assert leader is not None
+    _faults.arm("store.connect", times=2)
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        infos = rendezvous_all(handlers)
+    assert sorted(i.rank for i in infos) == [0, 1, 2]
+    assert _faults.remaining("store.connect") == 0, "the failpoint was never reached"
+    after = [h.diagnostics() for h in handlers]
+    assert {(d.leader, d.epoch, d.round) for d in after} == {(leader.leader, leader.epoch, 1)}
+    assert sum("did not answer (attempt" in r.getMessage() for r in caplog.records) == 2
+    assert not any("lost leader" in r.getMessage() for r in caplog.records)
+
+
 def test_an_error_in_a_followers_session_makes_it_join_again(make_handler, caplog):
     job = unique_job("rejoin")
     handlers = [make_handler(job, 3) for _ in range(3)]
