@@ -262,6 +262,9 @@ class Discovery:
         self._candidates: dict[int, tuple[float, int]] = {}  # node -> (heard at, its epoch seen)
         self._queried = False
         self._suspects: dict[int, float] = {}  # candidates that did not claim, until when
+        # Claims heard announced (most recent last): only those can be resigned (a forged
+        # resignation of a claim nobody made yet must not fence it in advance).
+        self._heard_claims: OrderedDict[Claim, None] = OrderedDict()
         self._suspected_claims: OrderedDict[Claim, float] = OrderedDict()  # lost by silence, until
         self._awaiting: tuple[int, float] | None = None
         self._next_query = 0.0
@@ -291,7 +294,7 @@ class Discovery:
             self._count_invalid(dgram.reason, addr, now)
             return
         if dgram.sender == self.node_id:
-            return  # our own multicast, looped back
+            return  # our own multicast, looped back (or a forgery in our name)
         if isinstance(dgram.body, Probe):
             self._answer_probe(addr, now)
             return
@@ -531,6 +534,10 @@ class Discovery:
     def _resign_from_anyone(self, d: Datagram, addr: Dest, now: float) -> None:
         assert isinstance(d.body, Resign)  # noqa: S101
         claim = Claim(epoch=d.body.epoch, leader=d.sender)
+        self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
+        following = self.leader is not None and self.leader.claim == claim
+        if claim not in self._heard_claims and not following:
+            return  # never announced: nothing to fence (and a forgery cannot fence it in advance)
         self._raise_fence(claim)
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self._lose_leader(now, RESIGNED)
@@ -633,6 +640,10 @@ class Discovery:
         body = self._body_announce(d)
         claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
+        self._heard_claims[claim] = None
+        self._heard_claims.move_to_end(claim)
+        while len(self._heard_claims) > MAX_SUSPECTS:
+            self._heard_claims.popitem(last=False)
         if not claim.beats(self.fence) or self._suspected_claims.get(claim, float("-inf")) > now:
             self.stats.stale_claims += 1
             return None
