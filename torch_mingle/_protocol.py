@@ -44,6 +44,7 @@ import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from torch_mingle._wire import (
     EPOCH_MAX,
@@ -71,6 +72,8 @@ MAX_SUSPECTS = 256
 #: How far above everything it knows a node believes an epoch: far more leader changes
 #: than any job sees, far fewer than the 2**62 epochs there are.
 MAX_EPOCH_STEP = 2**20
+
+_V = TypeVar("_V")
 #: Jobs of at most this many nodes: every node queries once, so the election ends as soon as
 #: all have spoken; larger ones keep quiet when a better candidate already spoke (no storms).
 SPEAK_ALL_UP_TO = 64
@@ -640,10 +643,7 @@ class Discovery:
         body = self._body_announce(d)
         claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
-        self._heard_claims[claim] = None
-        self._heard_claims.move_to_end(claim)
-        while len(self._heard_claims) > MAX_SUSPECTS:
-            self._heard_claims.popitem(last=False)
+        _remember(self._heard_claims, claim, None)
         if not claim.beats(self.fence) or self._suspected_claims.get(claim, float("-inf")) > now:
             self.stats.stale_claims += 1
             return None
@@ -687,10 +687,7 @@ class Discovery:
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
 
     def _suspect_claim(self, claim: Claim, now: float) -> None:
-        self._suspected_claims[claim] = now + self.timing.suspect_ttl_s
-        self._suspected_claims.move_to_end(claim)
-        while len(self._suspected_claims) > MAX_SUSPECTS:
-            self._suspected_claims.popitem(last=False)
+        _remember(self._suspected_claims, claim, now + self.timing.suspect_ttl_s)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
 
     def _own_view(self, now: float) -> LeaderView:
@@ -770,6 +767,14 @@ class Discovery:
                 reason,
                 self.stats.dropped_total(),
             )
+
+
+def _remember(table: OrderedDict[Claim, _V], claim: Claim, value: _V) -> None:
+    """Put ``claim`` last in a table of recent claims capped at MAX_SUSPECTS (oldest dropped)."""
+    table[claim] = value
+    table.move_to_end(claim)
+    while len(table) > MAX_SUSPECTS:
+        table.popitem(last=False)
 
 
 def standing_of(claim: Claim | None) -> tuple[int, int, int]:

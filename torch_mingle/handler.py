@@ -372,7 +372,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         A frozen leader ends the first attempt at once (the node cuts its sockets, see
         ``abort_connections_to``) and is then no longer the leader, so nothing is retried."""
         base = min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout)
-        for attempt in range(1, STORE_CONNECT_ATTEMPTS + 1):
+        for attempt in range(1, STORE_CONNECT_ATTEMPTS):
             try:
                 return open_client(ip, joined.round.store_port, base * attempt)
             except DistError as exc:
@@ -383,7 +383,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                     and diag.epoch == joined.claim.epoch
                     and diag.round == joined.round.number
                 )
-                if not same_round or attempt == STORE_CONNECT_ATTEMPTS:
+                if not same_round:
                     raise
                 log.warning(
                     "%s the round's store at %s:%d did not answer (attempt %d of %d: %s); "
@@ -391,7 +391,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                     self._label, ip, joined.round.store_port, attempt, STORE_CONNECT_ATTEMPTS,
                     str(exc).splitlines()[0],
                 )  # fmt: skip
-        raise AssertionError("unreachable")  # pragma: no cover
+        return open_client(ip, joined.round.store_port, base * STORE_CONNECT_ATTEMPTS)
 
     def _settle(self, iface: Interface, why: str) -> None:
         """Use ``iface`` for this node's address and its workers' traffic (several interfaces only)."""

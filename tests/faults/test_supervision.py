@@ -64,12 +64,18 @@ def test_a_store_that_fails_to_open_once_is_opened_again_without_resigning(make_
     assert any("cannot open a round store" in r.getMessage() for r in caplog.records)
 
 
-def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(make_handler, caplog):
-    """A slow resolver or a burst of joins is load, not a lost leader: no new election."""
-    job = unique_job("connect")
+def _three_with_a_leader(make_handler, prefix: str):
+    """Three handlers of one job, once they know their leader (the failpoint then hits a follower)."""
+    job = unique_job(prefix)
     handlers = [make_handler(job, 3) for _ in range(3)]
     leader = handlers[0].wait_diagnostics(lambda d: d.leader is not None, 10)
     assert leader is not None
+    return handlers, leader
+
+
+def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(make_handler, caplog):
+    """A slow resolver or a burst of joins is load, not a lost leader: no new election."""
+    handlers, leader = _three_with_a_leader(make_handler, "connect")
     _faults.arm("store.connect", times=2)
     with caplog.at_level(logging.WARNING, logger="torch_mingle"):
         infos = rendezvous_all(handlers)
@@ -82,10 +88,7 @@ def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(
 
 
 def test_an_error_in_a_followers_session_makes_it_join_again(make_handler, caplog):
-    job = unique_job("rejoin")
-    handlers = [make_handler(job, 3) for _ in range(3)]
-    leader = handlers[0].wait_diagnostics(lambda d: d.leader is not None, 10)
-    assert leader is not None
+    handlers, _ = _three_with_a_leader(make_handler, "rejoin")
     _faults.arm("follower.frame", times=1)
     with caplog.at_level(logging.ERROR, logger="torch_mingle"):
         infos = rendezvous_all(handlers)
