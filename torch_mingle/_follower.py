@@ -124,10 +124,6 @@ class FollowerSession:
                 last=last,
             )
         )
-        # Requests go right behind the hello, without waiting for the welcome (one round trip
-        # less): the leader reads them in order, after the hello, and drops them with the
-        # connection if it rejects us (then they are asked again of the next leader).
-        self._release_queued()
 
     def closed(self, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
         """The connection ended: ``refused`` (nothing listened), ``by_peer`` (the other end closed it)."""
@@ -181,7 +177,7 @@ class FollowerSession:
     def join(
         self, ticket: int, ip: str, history: History | None, timeout_s: float, remaining_s: float
     ) -> None:
-        """Ask for a place in the next round (before the connection is up: sent with the hello).
+        """Ask for a place in the next round (before the welcome: sent with it, replacing an older ask).
 
         ``timeout_s`` is the agent's ``join_timeout`` (each new wait for a round gets all of it),
         ``remaining_s`` what is left of the current one.
@@ -195,9 +191,9 @@ class FollowerSession:
             timeout_s=timeout_s,
             remaining_s=remaining_s,
         )
-        if self.phase in ("hello", "ready"):
+        if self.phase == "ready":
             self._frames.append(frame)
-        elif self.phase == "connecting":
+        elif self.phase != "over":
             self._queued_join = frame
 
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
@@ -222,17 +218,10 @@ class FollowerSession:
     # ------------------------------------------------------------ helpers
 
     def _request(self, frame: bytes) -> None:
-        if self.phase in ("hello", "ready"):
+        if self.phase == "ready":
             self._frames.append(frame)
-        elif self.phase == "connecting":
-            self._queued.append(frame)  # sent right behind the hello
-
-    def _release_queued(self) -> None:
-        self._frames.extend(self._queued)
-        self._queued.clear()
-        if self._queued_join is not None:
-            self._frames.append(self._queued_join)
-            self._queued_join = None
+        elif self.phase != "over":
+            self._queued.append(frame)  # sent once the leader has welcomed us
 
     def _dispatch(self, msg: dict[str, Any], now: float) -> None:
         kind = check(msg)
@@ -258,6 +247,11 @@ class FollowerSession:
         self.phase = "ready"
         self._next_beat = now + self.interval_s
         self._events.append(Welcomed(self.status or Status()))
+        self._frames.extend(self._queued)
+        self._queued.clear()
+        if self._queued_join is not None:
+            self._frames.append(self._queued_join)
+            self._queued_join = None
 
     def _ready_frame(self, kind: str, msg: dict[str, Any]) -> None:
         if kind == "hb":
