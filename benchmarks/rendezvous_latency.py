@@ -659,7 +659,8 @@ def plot(points: list[Point], path: Path) -> None:
         ax.set_ylabel("ms (median, min-max)")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if rows:  # a partial run (--sections) leaves some panels empty
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -668,15 +669,21 @@ def plot(points: list[Point], path: Path) -> None:
 # -------------------------------------------------------------------------------- main
 
 
+SECTIONS = "handler,e2e,rerdzv,leader,sim"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N=2 only, one run per point (under 2 minutes)")
-    p.add_argument("--sections", default="handler,e2e,rerdzv,leader,sim")
+    p.add_argument("--sections", default=SECTIONS)
     p.add_argument(
         "--runs",
         type=int,
         default=None,
         help="runs per point (default: 5 handler and end to end up to N=4, else 3)",
+    )
+    p.add_argument(
+        "--nodes", default=None, help="comma-separated N for the handler and end-to-end sections (e.g. 8)"
     )
     p.add_argument("--out", type=Path, default=None, help="default: results/ (results/quick/ with --quick)")
     p.add_argument("--keep", type=Path, default=None, help="keep agents' logs and stamps in this folder")
@@ -697,6 +704,8 @@ def main() -> int:
             args.runs or 5,
             3,
         )
+    if args.nodes:
+        handler_nodes = e2e_nodes = [int(n) for n in args.nodes.split(",")]
     total = (
         ("handler" in sections) * len(handler_nodes) * (len(HANDLER_BACKENDS) + 1)
         + ("e2e" in sections) * len(e2e_nodes) * len(E2E_BACKENDS)
@@ -726,8 +735,9 @@ def main() -> int:
             points += bench_sim(sim_sizes, sim_runs, tick)
     if bar is not None:
         bar.close()
-    # A quick run never overwrites the full run's results (the README shows those).
-    args.out = args.out or (HERE / "results" / "quick" if args.quick else HERE / "results")
+    # A quick or partial run never overwrites the full run's results (the README shows those).
+    partial = args.quick or args.nodes or args.sections != SECTIONS
+    args.out = args.out or (HERE / "results" / "quick" if partial else HERE / "results")
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "machine": machine(),

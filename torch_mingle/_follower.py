@@ -18,6 +18,8 @@ keeps it for the leader's whole term (``_leader.py`` is the other end):
 * ``arrive`` tells the leader that this node's agent enters torch's exit barrier (the
   leader acknowledges before the agent touches the barrier); ``leave`` and ``close`` end the
   node's part and the job.
+* ``next`` names the store of the next round while a join waits: the node connects its
+  agent's client to it ahead of time.
 * ``evicted``: the leader declared this node dead (it was frozen or cut off); the session
   ends and the node connects again as a returning node.
 
@@ -32,7 +34,7 @@ from typing import Any
 
 from torch_mingle import _faults
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import History, Round, Status
+from torch_mingle._rounds import History, Round, Status, bounded_int
 from torch_mingle._wire import Invalid, check, encode_frame
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,8 @@ class FollowerSession:
     phase: str = "connecting"  # connecting, hello, ready, over
     status: Status | None = None
     last_heard: float = 0.0
+    #: The store the leader opened for its next round (``next``), if it named one.
+    next_store_port: int | None = None
     _next_beat: float = 0.0
     _queued: list[bytes] = field(default_factory=list)
     _queued_join: bytes | None = None
@@ -277,6 +281,8 @@ class FollowerSession:
             )
         elif kind == "ack":
             self._events.append(Answer("ack", int(msg["id"])))
+        elif kind == "next":
+            self.next_store_port = bounded_int(msg["port"], 65535, low=1)
         elif kind == "evicted":
             self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
         else:

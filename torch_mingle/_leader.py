@@ -95,7 +95,16 @@ class ReleaseStores:
     ports: tuple[int, ...]
 
 
-Job = OpenStore | OpenExitBarrier | ReleaseStores
+@dataclass(frozen=True)
+class OpenClient:
+    """Any role: open a client of the store at ``ip:port`` (None: this node's own stores) ahead
+    of the round that will use it; the result is the client (see ``Node._connect_ahead``)."""
+
+    ip: str | None
+    port: int
+
+
+Job = OpenStore | OpenExitBarrier | ReleaseStores | OpenClient
 
 
 # Answers for the leader's own node (it joins without a connection).
@@ -122,6 +131,7 @@ class _Member:
     parked: bool | None = None
     answered: int | None = None
     told: tuple[object, ...] | None = None  # the status this member was last sent
+    offered: int | None = None  # the spare store this member was last named
 
 
 @dataclass
@@ -162,6 +172,11 @@ class LeaderTerm:
     _store_retry_at: float | None = None
     _barrier_opened: int = 0
     _stopped: bool = False
+
+    @property
+    def spare_port(self) -> int | None:
+        """The store the next round will use, once it is open (this node's agent connects ahead)."""
+        return None if self._stopped else self._spare_port
 
     # ------------------------------------------------------------ lifecycle
 
@@ -241,6 +256,9 @@ class LeaderTerm:
                 return
             assert isinstance(result, int)  # noqa: S101 - OpenStore answers a port
             self._spare_port = result
+            for m in self._by_node.values():
+                if m.join_id is not None and not m.parked:
+                    self._offer_spare(m)
             self._decide(now)
         elif isinstance(job, OpenExitBarrier) and error is not None:
             log.warning("%s could not open the exit barrier of round %d: %s", self.label, job.round, error)
@@ -421,6 +439,7 @@ class LeaderTerm:
             self._answer(m, "closed", why=self.closed_why)
             return
         self.book.join(JoinRequest(node=node, ip=ip, history=history))
+        self._offer_spare(m)
         self._update_established()
 
     def _arrive(self, node: int, round_number: int) -> None:
@@ -644,6 +663,15 @@ class LeaderTerm:
         if kind == "round":
             fields["round"] = fields["round"].to_json()
         self._send(m, kind, id=ticket, **fields)
+
+    def _offer_spare(self, m: _Member) -> None:
+        """Name the next round's store to a node that waits for a round: it connects to it ahead
+        of time, so the round costs its agent no connect (followers only: the leader's own
+        agent reads ``spare_port``)."""
+        port = self._spare_port
+        if port is not None and m.conn is not None and m.offered != port:
+            m.offered = port
+            self._send(m, "next", port=port)
 
     def _send(self, m: _Member, kind: str, **fields: Any) -> None:
         if m.conn is not None:

@@ -36,12 +36,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch.distributed import TCPStore
+
 from torch_mingle import _faults
 from torch_mingle._interfaces import Interface
-from torch_mingle._leader import Job
+from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node
 from torch_mingle._protocol import Dest
-from torch_mingle._store import StoreKeeper, abort_connections_to, ip_family, sockaddr
+from torch_mingle._store import StoreKeeper, abort_connections_to, ip_family, open_client, sockaddr
 from torch_mingle._transport import McastTransport
 from torch_mingle._wire import FrameReader
 from torch_mingle.errors import MingleStateError
@@ -156,6 +158,7 @@ class Loop:
         keeper: StoreKeeper,
         peers: tuple[str, ...] = (),
         write_timeout_s: float = 15.0,
+        connect_timeout_s: float = 5.0,
         label: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -163,6 +166,7 @@ class Loop:
         self.keeper = keeper
         self.peer_hosts = peers
         self.write_timeout_s = write_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.label = label
         self.clock = clock
         self.node: Node | None = None
@@ -187,6 +191,9 @@ class Loop:
         self.worker = Worker(self.keeper.run, self.call, label, on_exit=self.keeper.close)
         # Names resolve on a thread of their own: a slow resolver never delays a round's store.
         self.resolver = Worker(self._resolve, self.call, label, name="resolver")
+        # Clients opened ahead of a round too: a connect to a leader that froze waits out its
+        # timeout there, never in front of this node's own stores.
+        self.connector = Worker(self._open_client, self.call, label, name="connector")
 
     # ------------------------------------------------------------ other threads
 
@@ -208,6 +215,7 @@ class Loop:
             raise
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self.worker.start()
+        self.connector.start()
         if self.peer_hosts:
             self.resolver.start()
             self._resolve_peers_now()
@@ -229,7 +237,7 @@ class Loop:
             self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.error("%s the loop did not stop within %gs", self.label, timeout_s)
-        for worker in (self.worker, self.resolver):
+        for worker in (self.worker, self.connector, self.resolver):
             if not worker.stop(timeout_s):
                 log.error("%s a background thread did not stop within %gs", self.label, timeout_s)
 
@@ -324,7 +332,10 @@ class Loop:
                     "a background result", lambda: node.on_work_done(job, tag, result, error, now), now
                 )
 
-        self.worker.submit(job, done)
+        (self.connector if isinstance(job, OpenClient) else self.worker).submit(job, done)
+
+    def _open_client(self, job: OpenClient) -> TCPStore:
+        return open_client(job.ip or self.keeper.connect_ip, job.port, self.connect_timeout_s)
 
     def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None:
         count = abort_connections_to(ip, ports)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from torch_mingle._follower import Answer, FollowerSession, SessionEvent, SessionOver, StatusChanged, Welcomed
-from torch_mingle._leader import Job, LeaderTerm, ReleaseStores
+from torch_mingle._leader import Job, LeaderTerm, OpenClient, ReleaseStores
 from torch_mingle._protocol import (
     RESIGNED,
     BecomeLeader,
@@ -98,6 +98,8 @@ class Joined:
     claim: Claim
     #: The leader's address as this node reached it; None when this node leads.
     leader_ip: str | None
+    #: A client of the round's store, connected while the join waited (None: connect now).
+    client: object = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,11 @@ class Node:
         self._shutdown: Ticket | None = None
         self._shutdown_deadline = 0.0
         self._store_ports: dict[Claim, list[int]] = {}
+        #: The next round's store that a client is being opened to (claim, ip or None, port),
+        #: and that client once it is open; see ``_connect_ahead``.
+        self._ahead: tuple[Claim, str | None, int] | None = None
+        self._ahead_client: object = None
+        self._ahead_seq = 0
         self._last_leader_ip: str | None = None
         self._pending_close: str | None = None
         self._term_tag = 0
@@ -317,7 +324,10 @@ class Node:
         self._flush(now)
 
     def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
-        if self.term is not None and tag == self._term_tag:
+        if isinstance(job, OpenClient):
+            if tag == self._ahead_seq and self._ahead is not None and error is None:
+                self._ahead_client = result  # else dropped: the round it was for is gone
+        elif self.term is not None and tag == self._term_tag:
             self.term.job_done(job, result, error, now)
         elif isinstance(result, int) and error is None and not isinstance(job, ReleaseStores):
             self.net.submit(ReleaseStores(ports=(result,)), tag)  # a store for a term that ended
@@ -470,7 +480,36 @@ class Node:
                 self._finish_leader_shutdown(now)
             if not busy:
                 break
+        self._connect_ahead()
         self._publish(now)
+
+    def _connect_ahead(self) -> None:
+        """While the agent's join waits, open its client of the store the next round will use.
+
+        The leader names that store as soon as it is open (``spare_port``, ``next``), so when
+        the round forms, every agent returns at once instead of N agents connecting then.
+        The client is used only if the round is formed on that very store by that claim;
+        otherwise it is dropped, and a connect to a lost leader is cut (``_leader_lost``).
+        """
+        target: tuple[Claim, str | None, int] | None = None
+        join, term, session = self._join, self.term, self.session
+        if join is not None and not join.done and not self.parked:
+            if term is not None and self.core.role is Role.LEADING and term.spare_port is not None:
+                target = (term.claim, None, term.spare_port)
+            elif session is not None and session.ready and session.next_store_port is not None:
+                target = (session.claim, session.ip, session.next_store_port)
+        if target == self._ahead:
+            return
+        self._ahead, self._ahead_client = target, None
+        self._ahead_seq += 1
+        if target is not None:
+            self.net.submit(OpenClient(target[1], target[2]), self._ahead_seq)
+
+    def _client_ahead(self, claim: Claim, port: int) -> object:
+        ahead = self._ahead
+        if ahead is None or (ahead[0], ahead[2]) != (claim, port):
+            return None
+        return self._ahead_client
 
     def _flush_term(self, term: LeaderTerm, now: float) -> bool:
         busy = False
@@ -622,6 +661,8 @@ class Node:
                 # The agent may sit in a TCPStore call on that leader's store; a frozen store
                 # never answers, and TCPStore's own timeouts do not cover it: cut it loose.
                 self.net.abort_connections_to(self._last_leader_ip, ports)
+        if self._ahead is not None and self._ahead[0] == claim and self._ahead[1] is not None:
+            self.net.abort_connections_to(self._ahead[1], [self._ahead[2]])  # a connect ahead
         if self._join is not None and not self._join.done and self._join.deadline is None:
             self._set_deadline(self._join, now + self._join.timeout_s)  # no longer parked
 
@@ -683,7 +724,9 @@ class Node:
                 ports.append(rnd.store_port)
                 if len(self._store_ports) > 4:
                     self._store_ports.pop(next(iter(self._store_ports)))
-            self.board.resolve(join, result=Joined(rnd, claim, session.ip if session is not None else None))
+            leader_ip = session.ip if session is not None else None
+            client = self._client_ahead(claim, rnd.store_port)
+            self.board.resolve(join, result=Joined(rnd, claim, leader_ip, client))
         elif kind == "retry":
             log.info("%s asked to join again: %s", self.label, text)
             self._send_join(now)

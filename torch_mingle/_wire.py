@@ -391,7 +391,7 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 
 #: Every control message type and the fields it must carry, with their JSON types.
 #: Node to leader: hello, join, arrive, leave, close, hb. Leader to node: welcome, reject,
-#: round, wait, retry, timeout, closed, status, ack, hb, evicted.
+#: round, wait, retry, timeout, closed, status, ack, hb, evicted, next (the next round's store).
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "hello": {"node": str, "epoch": int, "leader": str, "ip": str},
     "join": {"id": int, "ip": str},
@@ -409,6 +409,7 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "status": {"status": dict},
     "ack": {"id": int},
     "evicted": {"why": str},
+    "next": {"port": int},
 }
 
 

@@ -177,6 +177,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             keeper=StoreKeeper(bind_ip, self._connect_ip),
             peers=config.peer_hosts(),
             write_timeout_s=config.keep_alive_timeout,
+            connect_timeout_s=settings.connect_timeout_s,
             label=self._label,
         )
         self._node = Node(settings, core, self._loop)
@@ -351,7 +352,11 @@ class MingleRendezvousHandler(RendezvousHandler):
                 f"the leader {joined.leader_ip} answered there",
             )
             master_addr = connect_ip = joined.leader_ip  # the leader's address this node reached
-        client = self._connect_round_store(joined, connect_ip)
+        client = joined.client if isinstance(joined.client, TCPStore) else None
+        if client is None:
+            client = self._connect_round_store(joined, connect_ip)
+        else:
+            log.debug("%s round %d: the store client was connected ahead", self._label, rnd.number)
         store = AgentStore(client, on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number))
         self._round = rnd
         self._export_worker_env()
