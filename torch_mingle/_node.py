@@ -158,6 +158,8 @@ class Diagnostics:
     max_epoch_seen: int = 0
     remembered_nonces: int = 0
     loop_alive: bool = True
+    #: The agent's client of the next round's store is open, waiting for that round.
+    store_ahead: bool = False
 
 
 class Board:
@@ -874,6 +876,7 @@ class Node:
             self.trouble,
             self.term is not None,
             self.recoveries,
+            self._ahead_client is not None,
         )
         if key == self._published and now - self._published_at < DIAG_REFRESH_S:
             return
@@ -906,5 +909,6 @@ class Node:
                 fence_epoch=self.core.fence.epoch if self.core.fence else 0,
                 max_epoch_seen=self.core.max_epoch_seen,
                 remembered_nonces=self.core.codec.remembered,
+                store_ahead=self._ahead_client is not None,
             )
         )
