@@ -141,7 +141,14 @@ def main() -> int:
             t_first = time.time()
             if args.report is not None:  # at once: this round may be restarted before its end
                 args.report.mkdir(parents=True, exist_ok=True)
-                first = {"rank": rank, "world_size": world, "t_start": t_start, "t_first_step": t_first}
+                first = {
+                    "rank": rank,
+                    "world_size": world,
+                    "t_start": t_start,
+                    "t_group": t_group,
+                    "t_ddp": t_ddp,
+                    "t_first_step": t_first,
+                }
                 (args.report / f"first-rank{rank}-pid{os.getpid()}.json").write_text(json.dumps(first))
         if rank == 0 and args.checkpoint is not None:
             save_checkpoint(args.checkpoint, model, opt, step + 1)

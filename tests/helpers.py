@@ -263,6 +263,27 @@ def resume_delay(report_dir: Path, since: float) -> float | None:
     return float(min(resumed) - since) if resumed else None
 
 
+def resume_phases(report_dir: Path, since: float) -> dict[str, float] | None:
+    """Where the time to train again went, for the first round started after ``since``.
+
+    Seconds from ``since`` to: ``started`` (the first worker has imported torch), ``group``
+    (every worker of the round is in its process group: it can train), ``ddp`` (every worker
+    has built DistributedDataParallel, whose first use imports torch._dynamo) and ``trained``
+    (the first step is done).
+    """
+    starts = [json.loads(p.read_text()) for p in report_dir.glob("first-*.json")]
+    later = [s for s in starts if s["t_start"] > since]
+    if not later:
+        return None
+    first_round = [s for s in later if s["t_start"] < min(s["t_first_step"] for s in later)]
+    return {
+        "started": min(s["t_start"] for s in first_round) - since,
+        "group": max(s["t_group"] for s in first_round) - since,
+        "ddp": max(s["t_ddp"] for s in first_round) - since,
+        "trained": min(s["t_first_step"] for s in first_round) - since,
+    }
+
+
 def dump(agents: Sequence[Agent]) -> str:
     return "\n".join(
         f"===== {a.name} (pid {a.pid}, rc {a.proc.poll()}) =====\n{a.output()[-6000:]}" for a in agents

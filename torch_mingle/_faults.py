@@ -11,7 +11,8 @@ only that many seconds after the process started)::
 Points: ``loop.callback`` (any event handed to the node), ``leader.decide`` (the leader's
 round decisions), ``follower.frame`` (a frame from the leader), ``worker.open_store``
 (opening a round store fails as if out of descriptors), ``store.connect`` (the agent's client
-of the round store times out, as behind a stalled resolver), ``loop.iterate`` (the loop
+of the round store times out, as behind a stalled resolver), ``store.connect_ahead`` (the
+same for the client a waiting node opens ahead of the round), ``loop.iterate`` (the loop
 itself, outside the node's code: the node cannot recover, it must fail loudly).
 """
 
@@ -24,7 +25,8 @@ import time
 
 ENV = "TORCH_MINGLE_FAILPOINTS"
 POINTS = (
-    "loop.callback", "leader.decide", "follower.frame", "worker.open_store", "store.connect", "loop.iterate",
+    "loop.callback", "leader.decide", "follower.frame", "worker.open_store", "store.connect",
+    "store.connect_ahead", "loop.iterate",
 )  # fmt: skip
 
 

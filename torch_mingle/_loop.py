@@ -335,7 +335,7 @@ class Loop:
         (self.connector if isinstance(job, OpenClient) else self.worker).submit(job, done)
 
     def _open_client(self, job: OpenClient) -> TCPStore:
-        return open_client(job.ip or self.keeper.connect_ip, job.port, self.connect_timeout_s)
+        return open_client(job.ip or self.keeper.connect_ip, job.port, self.connect_timeout_s, ahead=True)
 
     def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None:
         count = abort_connections_to(ip, ports)

@@ -108,14 +108,15 @@ def _server_on_own_listener(ip: str, connect_ip: str | None, *, use_libuv: bool)
     return store
 
 
-def open_client(ip: str, port: int, connect_timeout_s: float) -> TCPStore:
+def open_client(ip: str, port: int, connect_timeout_s: float, *, ahead: bool = False) -> TCPStore:
     """A client of the round store at ``ip:port``; raises torch's ``DistError`` if it cannot connect.
 
     The connect is bounded by ``connect_timeout_s`` for a port that refuses, and by the node
-    (``abort_connections_to``) for a server that accepted and froze.
+    (``abort_connections_to``) for a server that accepted and froze. ``ahead``: opened while
+    the join waits (its own failpoint).
     """
     try:
-        _faults.hit("store.connect")
+        _faults.hit("store.connect_ahead" if ahead else "store.connect")
     except _faults.FailpointError as exc:
         raise DistNetworkError(f"{exc}: the client socket has timed out") from None
     store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=connect_timeout_s))

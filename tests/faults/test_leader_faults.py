@@ -19,7 +19,7 @@ from tests.helpers import (
     finish_all,
     leader_of,
     logged_at,
-    resume_delay,
+    resume_phases,
     start_agent,
     torchrun_cmd,
     unique_job,
@@ -108,13 +108,18 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
     joined = [logged_at(a, "joined round 2 as rank", after=lost_at) for a in survivors]
     assert None not in joined, dump(agents)
     rendezvous = max(j for j in joined if j is not None) - lost_at
-    # Training again: plus starting the new round's workers (on 2 cores about 4 s for three:
-    # Python, torch, and the torch._dynamo import that DistributedDataParallel does).
-    delay = resume_delay(tmp_path / "report", lost_at)
-    assert delay is not None, "no round started after the leader was lost"
-    print(f"{fault} of the leader: new round after {rendezvous:.2f}s, training again after {delay:.2f}s")
+    # Training again: the new round's workers start (Python and torch), join their process
+    # group, and build DistributedDataParallel, whose first use imports torch._dynamo (about
+    # 1.8 s per fresh worker on 2 cores): that is the training script's cost, not mingle's.
+    phases = resume_phases(tmp_path / "report", lost_at)
+    assert phases is not None, "no round started after the leader was lost"
+    print(
+        f"{fault} of the leader: new round after {rendezvous:.2f}s; workers started "
+        f"{phases['started']:.2f}s, all in their process group {phases['group']:.2f}s, DDP built "
+        f"{phases['ddp']:.2f}s, first step {phases['trained']:.2f}s"
+    )
     assert rendezvous <= DETECT_S + 3.0, dump(agents)
-    assert delay <= DETECT_S + 8.0, dump(agents)
+    assert phases["trained"] <= DETECT_S + 8.0, dump(agents)  # a sanity bound; timings: README
 
 
 def test_a_flapping_follower_never_deposes_the_healthy_leader(segment, tmp_path):

@@ -76,6 +76,7 @@ def _three_with_a_leader(make_handler, prefix: str):
 def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(make_handler, caplog):
     """A slow resolver or a burst of joins is load, not a lost leader: no new election."""
     handlers, leader = _three_with_a_leader(make_handler, "connect")
+    _faults.arm("store.connect_ahead", times=1000)  # every agent connects when the round forms
     _faults.arm("store.connect", times=2)
     with caplog.at_level(logging.WARNING, logger="torch_mingle"):
         infos = rendezvous_all(handlers)
@@ -85,6 +86,21 @@ def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(
     assert {(d.leader, d.epoch, d.round) for d in after} == {(leader.leader, leader.epoch, 1)}
     assert sum("did not answer (attempt" in r.getMessage() for r in caplog.records) == 2
     assert not any("lost leader" in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_that_cannot_connect_ahead_costs_nothing_but_the_connect(make_handler, caplog):
+    """The connector thread's failure is the job's result: the agent connects itself, no re-election."""
+    handlers, leader = _three_with_a_leader(make_handler, "ahead")
+    _faults.arm("store.connect_ahead", times=1000)
+    with caplog.at_level(logging.DEBUG, logger="torch_mingle"):
+        infos = rendezvous_all(handlers)
+    assert sorted(i.rank for i in infos) == [0, 1, 2]
+    assert _faults.remaining("store.connect_ahead") < 1000, "no client was opened ahead"
+    assert {(h.diagnostics().leader, h.diagnostics().round) for h in handlers} == {(leader.leader, 1)}
+    assert not any("was connected ahead" in r.getMessage() for r in caplog.records)
+    assert all(h.diagnostics().loop_alive and h.diagnostics().recoveries == 0 for h in handlers)
+    infos[2].store.set("k", "v")
+    assert [i.store.get("k") for i in infos] == [b"v"] * 3
 
 
 def test_an_error_in_a_followers_session_makes_it_join_again(make_handler, caplog):
