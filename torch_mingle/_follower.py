@@ -126,6 +126,7 @@ class FollowerSession:
                 leader=f"{self.claim.leader:016x}",
                 ip=self.own_ip,
                 last=last,
+                ahead=True,  # send ``next``: this node connects to the next round's store ahead
             )
         )
 
@@ -267,8 +268,10 @@ class FollowerSession:
                 self._events.append(StatusChanged(status))
         elif kind == "round":
             rnd = Round.from_json(msg["round"])
+            self.next_store_port = None  # used by this round, or not by any: named again if due
             self._events.append(Answer("round", int(msg["id"]), round=rnd))
         elif kind in ("retry", "timeout"):
+            self.next_store_port = None
             self._events.append(Answer(kind, int(msg["id"]), text=str(msg["why"])))
         elif kind == "wait":
             self._events.append(

@@ -132,6 +132,7 @@ class _Member:
     answered: int | None = None
     told: tuple[object, ...] | None = None  # the status this member was last sent
     offered: int | None = None  # the spare store this member was last named
+    connects_ahead: bool = False  # its hello said it reads ``next`` frames (older nodes do not)
 
 
 @dataclass
@@ -404,6 +405,7 @@ class LeaderTerm:
             self._close(old, "superseded by a new connection of the same node")
             self.book.withdraw(node)  # its join, if any, comes again on the new connection
         m.node = node
+        m.connects_ahead = msg.get("ahead") is True
         m.last = _last(msg.get("last"))
         self._by_node[node] = m
         self.book.ips[node] = _ip(msg["ip"])
@@ -439,7 +441,8 @@ class LeaderTerm:
             self._answer(m, "closed", why=self.closed_why)
             return
         self.book.join(JoinRequest(node=node, ip=ip, history=history))
-        self._offer_spare(m)
+        if not self.book.parked(node):
+            self._offer_spare(m)
         self._update_established()
 
     def _arrive(self, node: int, round_number: int) -> None:
@@ -522,6 +525,8 @@ class LeaderTerm:
                 self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
             self._answer(m, "wait", parked=parked, reason=self.book.explain())
+            if not parked:
+                self._offer_spare(m)
 
     def _check_joins(self, now: float) -> None:
         due = []
@@ -669,7 +674,7 @@ class LeaderTerm:
         of time, so the round costs its agent no connect (followers only: the leader's own
         agent reads ``spare_port``)."""
         port = self._spare_port
-        if port is not None and m.conn is not None and m.offered != port:
+        if port is not None and m.conn is not None and m.connects_ahead and m.offered != port:
             m.offered = port
             self._send(m, "next", port=port)
 

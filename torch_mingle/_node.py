@@ -271,6 +271,8 @@ class Node:
         self._ahead: tuple[Claim, str | None, int] | None = None
         self._ahead_client: object = None
         self._ahead_seq = 0
+        #: Connects ahead not finished yet, by tag: cut when their leader is lost, current or not.
+        self._ahead_pending: dict[int, tuple[Claim, str | None, int]] = {}
         self._last_leader_ip: str | None = None
         self._pending_close: str | None = None
         self._term_tag = 0
@@ -327,6 +329,7 @@ class Node:
 
     def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenClient):
+            self._ahead_pending.pop(tag, None)
             if tag == self._ahead_seq and self._ahead is not None and error is None:
                 self._ahead_client = result  # else dropped: the round it was for is gone
         elif self.term is not None and tag == self._term_tag:
@@ -505,6 +508,7 @@ class Node:
         self._ahead, self._ahead_client = target, None
         self._ahead_seq += 1
         if target is not None:
+            self._ahead_pending[self._ahead_seq] = target
             self.net.submit(OpenClient(target[1], target[2]), self._ahead_seq)
 
     def _client_ahead(self, claim: Claim, port: int) -> object:
@@ -663,8 +667,11 @@ class Node:
                 # The agent may sit in a TCPStore call on that leader's store; a frozen store
                 # never answers, and TCPStore's own timeouts do not cover it: cut it loose.
                 self.net.abort_connections_to(self._last_leader_ip, ports)
+        ahead = [(ip, port) for c, ip, port in self._ahead_pending.values() if c == claim and ip]
         if self._ahead is not None and self._ahead[0] == claim and self._ahead[1] is not None:
-            self.net.abort_connections_to(self._ahead[1], [self._ahead[2]])  # a connect ahead
+            ahead.append((self._ahead[1], self._ahead[2]))  # open, waiting for the round
+        for ip, port in set(ahead):
+            self.net.abort_connections_to(ip, [port])  # a connect ahead to the lost leader
         if self._join is not None and not self._join.done and self._join.deadline is None:
             self._set_deadline(self._join, now + self._join.timeout_s)  # no longer parked
 

@@ -1,0 +1,88 @@
+"""The leader's term, sans I/O: which waiting nodes are told the next round's store (``next``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch_mingle._leader import LeaderTerm, OpenStore
+from torch_mingle._protocol import Claim
+from torch_mingle._rounds import RoundBook
+from torch_mingle._wire import FrameReader
+
+LEADER = 0x1
+
+
+def _term(min_nodes: int, max_nodes: int) -> LeaderTerm:
+    book = RoundBook(leader=LEADER, epoch=1, min_nodes=min_nodes, max_nodes=max_nodes, last_call_timeout=1.0)
+    term = LeaderTerm(
+        claim=Claim(1, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0, label=""
+    )
+    term.start(0.0)
+    assert term.jobs() == [OpenStore()]
+    return term
+
+
+def _store_opened(term: LeaderTerm, port: int, now: float) -> None:
+    term.job_done(OpenStore(), port, None, now)
+
+
+def _connect(term: LeaderTerm, conn: int, node: int, now: float, *, ahead: bool = True) -> None:
+    term.accepted(conn, now)
+    hello: dict[str, Any] = {"t": "hello", "node": f"{node:016x}", "epoch": 1, "leader": f"{LEADER:016x}"}
+    hello["ip"] = f"198.18.0.{node}"
+    if ahead:
+        hello["ahead"] = True
+    term.received(conn, [hello], now)
+
+
+def _join(term: LeaderTerm, conn: int, ticket: int, now: float) -> None:
+    term.received(conn, [{"t": "join", "id": ticket, "ip": "x", "timeout": 60, "remaining": 60}], now)
+
+
+def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for conn, frame in term.frames():
+        frames = FrameReader().feed(frame)
+        assert isinstance(frames, list)
+        out.setdefault(conn, []).extend(frames)
+    return out
+
+
+def _nexts(sent: dict[int, list[dict[str, Any]]], conn: int) -> list[int]:
+    return [f["port"] for f in sent.get(conn, []) if f["t"] == "next"]
+
+
+def test_a_waiting_join_is_told_the_spare_store_once_it_is_open_and_only_once():
+    term = _term(3, 3)
+    _connect(term, 10, 2, 0.1)
+    _join(term, 10, 7, 0.2)
+    assert _nexts(_sent(term), 10) == []  # no store open yet
+    _store_opened(term, 5001, 0.3)
+    assert _nexts(_sent(term), 10) == [5001]
+    _join(term, 10, 8, 0.4)  # a newer join of the same node: the same store, not said again
+    assert _nexts(_sent(term), 10) == []
+
+
+def test_an_older_node_that_did_not_ask_for_it_never_gets_a_next_frame():
+    term = _term(3, 3)
+    _store_opened(term, 5001, 0.1)
+    _connect(term, 10, 2, 0.2, ahead=False)
+    _join(term, 10, 7, 0.3)
+    assert _nexts(_sent(term), 10) == []
+
+
+def test_a_spare_parked_behind_a_running_round_is_not_told_until_it_is_admitted():
+    term = _term(2, 2)
+    _store_opened(term, 5001, 0.1)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    _join(term, 10, 7, 0.3)
+    sent = _sent(term)
+    assert _nexts(sent, 10) == [5001]
+    assert any(f["t"] == "round" for f in sent[10])  # round 1 on store 5001
+    _store_opened(term, 5002, 0.4)  # the spare for round 2
+    _connect(term, 11, 3, 0.5)
+    _join(term, 11, 9, 0.6)  # a third node: the round of two runs, it is parked
+    sent = _sent(term)
+    assert [f["parked"] for f in sent[11] if f["t"] == "wait"] == [True]
+    assert _nexts(sent, 11) == []
