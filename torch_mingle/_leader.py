@@ -158,6 +158,7 @@ class LeaderTerm:
     _local: list[LocalAnswer] = field(default_factory=list)
     _spare_port: int | None = None
     _store_requested: bool = False
+    _offer_after_decide: list[_Member] = field(default_factory=list)
     _round_ports: list[int] = field(default_factory=list)
     _wanted_form: Form | None = None
     _wait_until: float | None = None
@@ -410,6 +411,8 @@ class LeaderTerm:
         self._by_node[node] = m
         self.book.ips[node] = _ip(msg["ip"])
         self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
+        if not self.book.parked(node):
+            self._offer_spare(m)  # its agent's first join is likely on its way
         self._mark_status(now)
         self._update_established()
 
@@ -441,8 +444,7 @@ class LeaderTerm:
             self._answer(m, "closed", why=self.closed_why)
             return
         self.book.join(JoinRequest(node=node, ip=ip, history=history))
-        if not self.book.parked(node):
-            self._offer_spare(m)
+        self._offer_after_decide.append(m)
         self._update_established()
 
     def _arrive(self, node: int, round_number: int) -> None:
@@ -474,6 +476,11 @@ class LeaderTerm:
             break
         self._update_parking(now)
         self._mark_status(now)
+        # A join that formed a round needs no store ahead; one that still waits does.
+        for m in self._offer_after_decide:
+            if m.join_id is not None and not m.parked:
+                self._offer_spare(m)
+        self._offer_after_decide.clear()
 
     def _form(self, form: Form, port: int, now: float) -> None:
         rnd = Round(

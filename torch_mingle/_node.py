@@ -489,7 +489,8 @@ class Node:
         self._publish(now)
 
     def _connect_ahead(self) -> None:
-        """While the agent's join waits, open its client of the store the next round will use.
+        """While the agent's join waits (or before its first), open its client of the store the
+        next round will use.
 
         The leader names that store as soon as it is open (``spare_port``, ``next``), so when
         the round forms, every agent returns at once instead of N agents connecting then.
@@ -498,7 +499,8 @@ class Node:
         """
         target: tuple[Claim, str | None, int] | None = None
         join, term, session = self._join, self.term, self.session
-        if join is not None and not join.done and not self.parked:
+        # A join that waits, or none yet: the agent's first join is likely on its way.
+        if (join is None or not join.done) and not self.parked:
             if term is not None and self.core.role is Role.LEADING and term.spare_port is not None:
                 target = (term.claim, None, term.spare_port)
             elif session is not None and session.ready and session.next_store_port is not None:

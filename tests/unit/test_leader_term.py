@@ -63,6 +63,26 @@ def test_a_waiting_join_is_told_the_spare_store_once_it_is_open_and_only_once():
     assert _nexts(_sent(term), 10) == []
 
 
+def test_a_node_welcomed_when_the_store_is_open_is_told_before_it_joins():
+    term = _term(3, 3)
+    _store_opened(term, 5001, 0.1)
+    _connect(term, 10, 2, 0.2)
+    sent = _sent(term)
+    assert [f["t"] for f in sent[10]] == ["welcome", "next"]
+    assert _nexts(sent, 10) == [5001]
+
+
+def test_the_join_that_completes_a_round_is_not_told_a_store_it_will_not_wait_for():
+    term = _term(2, 2)
+    _store_opened(term, 5001, 0.1)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2, ahead=True)
+    _sent(term)
+    _join(term, 10, 7, 0.3)  # round 1 forms on 5001 at once; the next spare is not open yet
+    sent = _sent(term)
+    assert [f["t"] for f in sent[10] if f["t"] in ("round", "next")] == ["round"]
+
+
 def test_an_older_node_that_did_not_ask_for_it_never_gets_a_next_frame():
     term = _term(3, 3)
     _store_opened(term, 5001, 0.1)
