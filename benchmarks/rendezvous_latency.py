@@ -315,7 +315,7 @@ def _launch(
         "BENCH_STAMPS": str(stamps),
         "OMP_NUM_THREADS": "1",
         "LOGLEVEL": "INFO",
-        "TORCH_MINGLE_LOG": "info",
+        "TORCH_MINGLE_LOG": os.environ.get("TORCH_MINGLE_LOG", "info"),
     }
     logs = [workdir / f"{job}-{i}.log" for i in range(n)]
     t_launch = time.time()
