@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults bench bench-quick bench-flood stress clean
+.PHONY: demo test lint unit integration netns faults bench bench-quick bench-flood bench-scale stress clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/rendezvous_latency.py --quick
+
+bench-scale: $(STAMP)
+	$(BIN)/python benchmarks/scale_rendezvous.py
 
 bench-flood: $(STAMP)
 	$(BIN)/python benchmarks/flood_latency.py

@@ -97,10 +97,12 @@ class Worker:
         *,
         name: str = "worker",
         on_exit: Callable[[], None] | None = None,
+        failure_level: int = logging.WARNING,
     ):
         self._execute = execute
         self._post = post
         self._on_exit = on_exit
+        self._failure_level = failure_level
         self._jobs: deque[tuple[Any, Callable[[Any, str | None, float], None]] | None] = deque()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"mingle-{name}{label}", daemon=True)
@@ -143,7 +145,13 @@ class Worker:
             try:
                 result, error = self._execute(job), None
             except Exception as exc:  # every job's failure is its result, for the node to judge
-                log.warning("%s background job %s failed: %s", self.label, type(job).__name__, exc)
+                log.log(
+                    self._failure_level,
+                    "%s background job %s failed: %s",
+                    self.label,
+                    type(job).__name__,
+                    exc,
+                )
                 result, error = None, f"{type(exc).__name__}: {exc}"
             self._post(functools.partial(_deliver, done, result, error))
 
@@ -193,7 +201,10 @@ class Loop:
         self.resolver = Worker(self._resolve, self.call, label, name="resolver")
         # Clients opened ahead of a round too: a connect to a leader that froze waits out its
         # timeout there, never in front of this node's own stores.
-        self.connector = Worker(self._open_client, self.call, label, name="connector")
+        # Its failures cost nothing but the agent's own connect later: logged at DEBUG.
+        self.connector = Worker(
+            self._open_client, self.call, label, name="connector", failure_level=logging.DEBUG
+        )
 
     # ------------------------------------------------------------ other threads
 
