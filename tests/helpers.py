@@ -258,9 +258,8 @@ def resume_delay(report_dir: Path, since: float) -> float | None:
     Read from the record each rank writes at its first step, so a round that trained and was
     later restarted (before it could write its final report) counts too.
     """
-    starts = [json.loads(p.read_text()) for p in report_dir.glob("first-*.json")]
-    resumed = [s["t_first_step"] for s in starts if s["t_start"] > since]
-    return float(min(resumed) - since) if resumed else None
+    phases = resume_phases(report_dir, since)
+    return phases["trained"] if phases is not None else None
 
 
 def resume_phases(report_dir: Path, since: float) -> dict[str, float] | None:

@@ -178,7 +178,7 @@ class LeaderTerm:
     @property
     def spare_port(self) -> int | None:
         """The store the next round will use, once it is open (this node's agent connects ahead)."""
-        return None if self._stopped else self._spare_port
+        return self._spare_port  # None once the term stood down (``release_stores``)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -258,9 +258,7 @@ class LeaderTerm:
                 return
             assert isinstance(result, int)  # noqa: S101 - OpenStore answers a port
             self._spare_port = result
-            for m in self._by_node.values():
-                if m.join_id is not None and not m.parked:
-                    self._offer_spare(m)
+            self._offer_after_decide.extend(m for m in self._by_node.values() if m.join_id is not None)
             self._decide(now)
         elif isinstance(job, OpenExitBarrier) and error is not None:
             log.warning("%s could not open the exit barrier of round %d: %s", self.label, job.round, error)
@@ -476,7 +474,8 @@ class LeaderTerm:
             break
         self._update_parking(now)
         self._mark_status(now)
-        # A join that formed a round needs no store ahead; one that still waits does.
+        # A join that formed a round needs no store ahead; one that still waits does (joins
+        # seen in this batch, and every waiting join when a new spare store opened).
         for m in self._offer_after_decide:
             if m.join_id is not None and not m.parked:
                 self._offer_spare(m)

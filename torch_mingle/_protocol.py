@@ -72,8 +72,6 @@ MAX_SUSPECTS = 256
 #: How far above everything it knows a node believes an epoch: far more leader changes
 #: than any job sees, far fewer than the 2**62 epochs there are.
 MAX_EPOCH_STEP = 2**20
-
-_V = TypeVar("_V")
 #: Jobs of at most this many nodes: every node queries once, so the election ends as soon as
 #: all have spoken; larger ones keep quiet when a better candidate already spoke (no storms).
 SPEAK_ALL_UP_TO = 64
@@ -767,6 +765,9 @@ class Discovery:
                 reason,
                 self.stats.dropped_total(),
             )
+
+
+_V = TypeVar("_V")
 
 
 def _remember(table: OrderedDict[Claim, _V], claim: Claim, value: _V) -> None:
