@@ -1,27 +1,43 @@
-"""Rendezvous at scale: many real mingle nodes per process, up to a thousand and more.
+"""Rendezvous at scale: 64 to 1,024 real nodes, many per process, mingle and c10d side by side.
 
-A first cut of issue 11's harness. Every node is a real ``MingleRendezvousHandler`` made
-through torch's public registry (real multicast on 127.0.0.1, the real leader with its
-TCPStores and heartbeats), ``--per-process`` of them in each of several host processes; no
-torch workers. The host processes create their nodes, report ready, and are released at
-once; the figure is the time from the release until the last node's ``next_rendezvous()``
-returned (first round), with the spread of return times.
+Every node is a real rendezvous handler made through torch's public registry, ``--per-process``
+of them in each host process (threads), no torch workers. For mingle that is the whole
+control plane: real multicast on 127.0.0.1, the real leader with its TCPStores, its control
+connections and heartbeats. The leader (and, for the death phase, one victim) is a host
+process of its own, so its CPU, memory and descriptors are its own.
 
-    python benchmarks/scale_rendezvous.py --nodes 64,128,256     # make bench-scale
+Sections (``--sections``, all by default):
 
-Not yet measured here (issue 11): re-rendezvous after a death, leader loss, the leader's CPU,
-memory and descriptors, control operations per join, and c10d side by side.
+* ``mingle``  for each N: the leader starts first and is elected; the other N-1 nodes are
+  created, then every node calls ``next_rendezvous()`` at once. Measured:
+  - first round: the last node's call to the last node's return (and release to last return);
+  - re-rendezvous after a death: the victim host is SIGKILLed, the survivors call again;
+  - leader loss: the leader's host is frozen (SIGSTOP, as a host that loses power: no
+    connection is closed) and the survivors call again: freeze to the last new round;
+  - on the leader: CPU seconds and peak memory over the first round, open descriptors,
+    control frames per join (counted by the leader), datagrams sent and received per node.
+* ``c10d``    the same first round with torch's c10d backend (one TCPStore endpoint hosted by a
+  host process of its own), within ``--c10d-budget`` seconds per point; larger N are
+  skipped once one does not finish.
+* ``dns``     why the hosts get a resolver of their own: N TCPStore clients connecting at
+  once to a local store, with this machine's resolver and with one that answers at once.
+
+Output: a table, ``scale.json`` and ``scale.png`` in ``--out`` (``results/``; a partial
+run writes ``results/quick/``), and the issue's targets checked (``bench_targets.py``).
+
+    python benchmarks/scale_rendezvous.py                    # make bench-scale
+    python benchmarks/scale_rendezvous.py --nodes 64 --sections mingle --out /tmp/x
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
-import os
+import signal
 import statistics
-import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -29,123 +45,382 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-READY_TIMEOUT_S = 120.0
+sys.path.insert(0, str(HERE))
+
+import bench_report  # noqa: E402
+import bench_targets  # noqa: E402
+from bench_pool import Host, HostError, Hosts, isolated_resolver, serve, usage  # noqa: E402
+
+SECTIONS = "mingle,c10d,dns"
+KEEP_ALIVE_S, KEEP_ALIVE_MAX = 1.0, 3
+READY_TIMEOUT_S = 240.0
+PHASE_TIMEOUT_S = 120.0
+DNS_BURSTS = (1, 16, 32, 128)
 
 
-def host(job: str, port: int, count: int, total: int, join_timeout: float) -> int:
-    """One host process: ``count`` nodes of a ``total``-node job; stdin says go, then stop."""
+# ------------------------------------------------------------------------------ host side
+
+
+def host_main(spec: dict[str, Any]) -> int:
+    """A host process: ``spec["count"]`` nodes of one job; answers the driver's commands."""
+    import logging
+
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
 
     import torch_mingle  # noqa: F401 - registers the backend as the entry point would
 
+    logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+    logging.getLogger("torch_mingle").setLevel(logging.ERROR)  # a thousand nodes' warnings are noise here
+    count = spec["count"]
+
     def make(_: int) -> Any:
-        params = RendezvousParameters(
-            "mingle", "", job, total, total, interface="127.0.0.1", port=str(port),
-            join_timeout=str(join_timeout), last_call_timeout="1",
-        )  # fmt: skip
+        if spec["backend"] == "mingle":
+            params = RendezvousParameters(
+                "mingle", "", spec["job"], spec["min"], spec["max"], interface="127.0.0.1",
+                port=str(spec["port"]), join_timeout=str(PHASE_TIMEOUT_S), last_call_timeout="30",
+                keep_alive_interval=str(KEEP_ALIVE_S), keep_alive_max_attempt=str(KEEP_ALIVE_MAX),
+            )  # fmt: skip
+        else:
+            params = RendezvousParameters(
+                "c10d", f"127.0.0.1:{spec['port']}", spec["job"], spec["min"], spec["max"],
+                is_host=str(spec["role"] == "leader"), join_timeout=str(int(spec["budget"])),
+                last_call_timeout="30",
+            )  # fmt: skip
         return rendezvous_handler_registry.create_handler(params)
 
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        handlers = list(pool.map(make, range(count)))
-        print("ready", flush=True)
-        if sys.stdin.readline().strip() != "go":
-            return 1
+    pool = ThreadPoolExecutor(max_workers=count)
+    handlers: list[Any] = []
 
-        def join(h: Any) -> dict[str, Any]:
-            try:
-                info = h.next_rendezvous()
-                return {"t": time.time(), "rank": info.rank, "leader": h.diagnostics().is_leader}
-            except Exception as exc:
-                return {"t": time.time(), "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    def join(h: Any) -> dict[str, Any]:
+        t_call = time.time()
+        try:
+            info = h.next_rendezvous()
+            return {"t_call": t_call, "t": time.time(), "rank": info.rank, "world": info.world_size}
+        except Exception as exc:
+            return {"t_call": t_call, "t": time.time(), "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
-        results = list(pool.map(join, handlers))
-        print(json.dumps({"results": results}), flush=True)
-        sys.stdin.readline()  # stop
-        list(pool.map(lambda h: h.shutdown(), handlers))
-    return 0
+    def counters() -> dict[str, Any]:
+        if spec["backend"] != "mingle":
+            return {}
+        diags = [h.diagnostics() for h in handlers]
+        out: dict[str, Any] = {
+            "sent": sum(d.stats.sent for d in diags),
+            "received": sum(d.stats.received for d in diags),
+            "leaders": sum(d.is_leader for d in diags),
+        }
+        lead = next((d for d in diags if d.is_leader), None)
+        if lead is not None:
+            c = lead.control
+            out["control"] = dataclasses.asdict(c)
+        return out
+
+    def handle(cmd: dict[str, Any]) -> dict[str, Any]:
+        if cmd["cmd"] == "create":
+            handlers.extend(pool.map(make, range(count)))
+            leads = spec["role"] == "leader" and spec["backend"] == "mingle"
+            if leads and handlers[0].wait_diagnostics(lambda d: d.is_leader, 30.0) is None:
+                raise RuntimeError(f"the first node was not elected in 30 s: {handlers[0].diagnostics()}")
+            return {"usage": usage()}
+        if cmd["cmd"] == "join":
+            results = list(pool.map(join, handlers))
+            time.sleep(0.2)  # the leader's diagnostics refresh every 0.1 s
+            return {"results": results, "usage": usage(), "counters": counters()}
+        if cmd["cmd"] == "stop":
+            list(pool.map(lambda h: h.shutdown(), handlers))
+            return {"stopped": True}
+        raise ValueError(f"unknown command {cmd!r}")
+
+    return serve(handle)
 
 
-def run_point(nodes: int, per_process: int, join_timeout: float) -> dict[str, Any]:
-    job, port = f"scale-{uuid.uuid4().hex[:8]}", 30000 + int(uuid.uuid4().int % 20000)
-    counts = [per_process] * (nodes // per_process) + ([nodes % per_process] if nodes % per_process else [])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--host", job, str(port), str(c), str(nodes), str(join_timeout)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for c in counts
-    ]
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for p in procs:
-            assert p.stdout is not None
-            line = p.stdout.readline().strip()  # a host that dies reads "" here, not a hang
-            if line != "ready" or time.monotonic() > deadline:
-                raise RuntimeError(f"a host process did not get ready: {line!r}")
-        released = time.time()
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        results: list[dict[str, Any]] = []
-        for p in procs:
-            assert p.stdout is not None
-            results += json.loads(p.stdout.readline())["results"]
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("stop\n")
-            p.stdin.flush()
-        for p in procs:
-            p.wait(timeout=60)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    errors = [r["error"] for r in results if "error" in r]
-    returned = sorted(r["t"] - released for r in results if "error" not in r)
+def dns_host(n: int) -> dict[str, Any]:
+    """N TCPStore clients connecting at once to a store in this process: connect times."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    took: list[float] = []
+    go = threading.Event()
+    lock = threading.Lock()
+
+    def one() -> None:
+        go.wait()
+        t = time.monotonic()
+        TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60))
+        with lock:
+            took.append(time.monotonic() - t)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(timeout=90)
     return {
-        "nodes": nodes,
-        "processes": len(procs),
-        "first_round_s": returned[-1] if returned and not errors else None,
-        "first_return_s": returned[0] if returned else None,
-        "median_return_s": statistics.median(returned) if returned else None,
-        "ranks_ok": sorted(r["rank"] for r in results if "rank" in r) == list(range(nodes)),
-        "leaders": sum(bool(r.get("leader")) for r in results),
+        "n": n,
+        "median_s": statistics.median(took),
+        "max_s": max(took),
+        "over_1s": sum(x > 1 for x in took),
+    }
+
+
+# ---------------------------------------------------------------------------- driver side
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(hosts: Hosts, name: str, spec: dict[str, Any]) -> Host:
+    return hosts.start(name, Path(__file__), ["--host", json.dumps(spec)])
+
+
+def _crowd(hosts: Hosts, spec: dict[str, Any], nodes: int, per_process: int) -> list[Host]:
+    out = []
+    for i, first in enumerate(range(0, nodes, per_process)):
+        out.append(
+            _start(hosts, f"crowd{i}", {**spec, "role": "crowd", "count": min(per_process, nodes - first)})
+        )
+    return out
+
+
+def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    """One rendezvous step over every node's result: times, ranks, errors."""
+    results = [r for a in answers for r in a["results"]]
+    errors = [r["error"] for r in results if "error" in r]
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return {"ok": False, "errors": errors[:3], "nodes": len(results)}
+    last_call, last_return = max(r["t_call"] for r in results), max(r["t"] for r in ok)
+    ranks = sorted(r["rank"] for r in ok)
+    return {
+        "ok": not errors and ranks == list(range(len(results))),
+        "nodes": len(results),
+        "after_last_call_s": last_return - last_call,
+        "release_to_last_s": last_return - started,
+        "median_return_s": statistics.median(r["t"] - started for r in ok),
         "errors": errors[:3],
     }
+
+
+def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
+    spec = {
+        "backend": "mingle",
+        "job": f"scale-{uuid.uuid4().hex[:8]}",
+        "port": _free_port(),
+        "min": max(2, n // 2),
+        "max": n,
+    }
+    point: dict[str, Any] = {"backend": "mingle", "nodes": n}
+    with Hosts(prefix) as hosts:
+        leader = _start(hosts, "leader", {**spec, "role": "leader", "count": 1})
+        Hosts.send([leader], {"cmd": "create"})
+        ready = Hosts.expect([leader], READY_TIMEOUT_S)[0]["usage"]
+        victim = _start(hosts, "victim", {**spec, "role": "victim", "count": 1})
+        crowd = _crowd(hosts, spec, n - 2, per_process)
+        Hosts.send([victim, *crowd], {"cmd": "create"})
+        Hosts.expect([victim, *crowd], READY_TIMEOUT_S)
+        everyone = [leader, victim, *crowd]
+        # First round: everyone at once.
+        started = time.time()
+        Hosts.send(everyone, {"cmd": "join"})
+        answers = Hosts.expect(everyone, PHASE_TIMEOUT_S)
+        point["first"] = _phase(answers, started)
+        lead = answers[0]
+        point["leader"] = {
+            **lead["usage"],
+            "round_cpu_s": lead["usage"]["cpu_s"] - ready["cpu_s"],
+            **lead["counters"].get("control", {}),
+        }
+        point["leader_ok"] = lead["counters"].get("leaders") == 1
+        sent = sum(a["counters"]["sent"] for a in answers)
+        received = sum(a["counters"]["received"] for a in answers)
+        point["datagrams_per_node"] = {"sent": sent / n, "received": received / n}
+        # A node dies (its process is killed: its connections close), the survivors call again.
+        victim.signal(signal.SIGKILL)
+        victim.proc.wait(timeout=30)
+        survivors = [leader, *crowd]
+        started = time.time()
+        Hosts.send(survivors, {"cmd": "join"})
+        point["rerdzv"] = _phase(Hosts.expect(survivors, PHASE_TIMEOUT_S), started)
+        # The leader's host freezes: nothing is closed, only heartbeats stop.
+        leader.signal(signal.SIGSTOP)
+        started = time.time()
+        try:
+            Hosts.send(crowd, {"cmd": "join"})
+            point["leader_loss"] = _phase(Hosts.expect(crowd, PHASE_TIMEOUT_S), started)
+        finally:
+            leader.kill()
+        Hosts.send(crowd, {"cmd": "stop"})
+        Hosts.expect(crowd, 60)
+    return point
+
+
+def run_c10d(n: int, per_process: int, prefix: list[str], budget: float) -> dict[str, Any]:
+    spec = {
+        "backend": "c10d",
+        "job": f"scale-{uuid.uuid4().hex[:8]}",
+        "port": _free_port(),
+        "min": n,
+        "max": n,
+        "budget": budget,
+    }
+    point: dict[str, Any] = {"backend": "c10d", "nodes": n}
+    with Hosts(prefix) as hosts:
+        leader = _start(hosts, "c10d-host", {**spec, "role": "leader", "count": 1})
+        Hosts.send([leader], {"cmd": "create"})
+        Hosts.expect([leader], READY_TIMEOUT_S)
+        crowd = _crowd(hosts, spec, n - 1, per_process)
+        Hosts.send(crowd, {"cmd": "create"})
+        Hosts.expect(crowd, READY_TIMEOUT_S)
+        everyone = [leader, *crowd]
+        started = time.time()
+        Hosts.send(everyone, {"cmd": "join"})
+        try:
+            answers = Hosts.expect(everyone, budget + 15)
+        except HostError as exc:
+            point["first"] = {"ok": False, "errors": [f"not done in {budget:g} s ({exc})"], "nodes": n}
+            for h in hosts.all:
+                h.kill()
+            return point
+        point["first"] = _phase(answers, started)
+        point["leader"] = answers[0]["usage"]
+        Hosts.send(everyone, {"cmd": "stop"})
+        Hosts.expect(everyone, 120)
+    return point
+
+
+def run_dns(prefix_isolated: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for resolver, prefix in (("machine", []), ("isolated", prefix_isolated)):
+        if resolver == "isolated" and not prefix:
+            continue
+        with Hosts(prefix) as hosts:
+            h = hosts.start(f"dns-{resolver}", Path(__file__), ["--dns", ",".join(map(str, DNS_BURSTS))])
+            for _ in DNS_BURSTS:
+                rows.append({"resolver": resolver, **h.expect(time.monotonic() + 120)})
+    return rows
+
+
+# ------------------------------------------------------------------------------------ main
+
+
+def table(report: dict[str, Any]) -> str:
+    out = []
+    pts = {(p["backend"], p["nodes"]): p for p in report["points"]}
+    sizes = sorted({p["nodes"] for p in report["points"]})
+    out.append(
+        f"{'N':>5} | {'first round (s)':>15} {'c10d (s)':>9} {'ratio':>6} | {'re-rdzv (s)':>11} | "
+        f"{'leader loss (s)':>15} | {'leader CPU (s)':>14} {'peak MiB':>8} {'fds':>5} {'frames/join':>11} | "
+        f"{'dgrams/node':>11}"
+    )
+    for n in sizes:
+        m, c = pts.get(("mingle", n)), pts.get(("c10d", n))
+
+        def sec(phase: dict[str, Any] | None, key: str = "after_last_call_s") -> str:
+            if not phase:
+                return "-"
+            return f"{phase[key]:.2f}" if phase.get("ok") and key in phase else "failed"
+
+        first = sec(m and m.get("first"))
+        c10d = sec(c and c.get("first"))
+        ratio = "-"
+        if m and c and m["first"].get("ok") and c["first"].get("ok"):
+            ratio = f"{c['first']['after_last_call_s'] / max(m['first']['after_last_call_s'], 1e-6):.0f}x"
+        lead = (m or {}).get("leader", {})
+        fpj = bench_targets.control_frames(lead) / max(1, lead.get("joins", 0))
+        dg = (m or {}).get("datagrams_per_node", {})
+        out.append(
+            f"{n:>5} | {first:>15} {c10d:>9} {ratio:>6} | {sec(m and m.get('rerdzv')):>11} | "
+            f"{sec(m and m.get('leader_loss'), 'release_to_last_s'):>15} | "
+            f"{lead.get('round_cpu_s', 0):>14.2f} {lead.get('peak_rss_mib', 0):>8.0f} "
+            f"{lead.get('fds', 0):>5} {fpj:>11.1f} | "
+            f"{dg.get('sent', 0):>5.1f}/{dg.get('received', 0):<5.0f}"
+        )
+    for p in report["points"]:
+        for phase in ("first", "rerdzv", "leader_loss"):
+            if p.get(phase) and p[phase].get("errors"):
+                out.append(f"  {p['backend']} N={p['nodes']} {phase}: {'; '.join(p[phase]['errors'])}")
+    if report.get("dns"):
+        out.append("\nTCPStore clients connecting at once (torch asks DNS for each peer's name):")
+        for row in report["dns"]:
+            out.append(
+                f"  resolver {row['resolver']:>8}  N={row['n']:>4}: median {row['median_s']:.3f} s, "
+                f"max {row['max_s']:.3f} s, {row['over_1s']} over 1 s"
+            )
+    return "\n".join(out)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", default="64,128,256,512,1024")
     p.add_argument("--per-process", type=int, default=64)
-    p.add_argument("--join-timeout", type=float, default=120.0)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "scale.json")
-    p.add_argument("--host", nargs=5, metavar=("JOB", "PORT", "COUNT", "TOTAL", "JOIN_TIMEOUT"))
+    p.add_argument("--sections", default=SECTIONS)
+    p.add_argument("--c10d-budget", type=float, default=60.0, help="seconds a c10d point may take")
+    p.add_argument("--resolver", choices=("isolated", "machine"), default="isolated")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--host", help=argparse.SUPPRESS)
+    p.add_argument("--dns", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.host:
-        job, port, count, total, timeout = args.host
-        return host(job, int(port), int(count), int(total), float(timeout))
-    points = []
-    print(f"{'N':>6} {'procs':>6} {'first round (s)':>16} {'median return (s)':>18} {'ranks':>6}  errors")
-    for n in (int(x) for x in args.nodes.split(",")):
-        pt = run_point(n, args.per_process, args.join_timeout)
-        points.append(pt)
-        first = "failed" if pt["first_round_s"] is None else f"{pt['first_round_s']:.2f}"
-        med = "-" if pt["median_return_s"] is None else f"{pt['median_return_s']:.2f}"
-        ok = "ok" if pt["ranks_ok"] and pt["leaders"] == 1 else "BAD"
-        print(f"{n:>6} {pt['processes']:>6} {first:>16} {med:>18} {ok:>6}  {'; '.join(pt['errors']) or '-'}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"points": points, "per_process": args.per_process}, indent=1))
-    print(f"wrote {args.out}")
-    return 0 if all(math.isfinite(pt["first_round_s"] or math.nan) for pt in points) else 1
+        return host_main(json.loads(args.host))
+    if args.dns:
+        for n in args.dns.split(","):
+            print(json.dumps(dns_host(int(n))), flush=True)
+        return 0
+    sections = set(args.sections.split(","))
+    sizes = [int(x) for x in args.nodes.split(",")]
+    resolver = isolated_resolver(args.resolver == "isolated")
+    started = time.time()
+    report: dict[str, Any] = {
+        "machine": bench_report.machine(),
+        "per_process": args.per_process,
+        "resolver": "isolated" if resolver.prefix else f"machine ({resolver.why_not})",
+        "points": [],
+    }
+    c10d_failed_at: int | None = None
+    try:
+        for n in sizes:
+            if "mingle" in sections:
+                print(f"mingle N={n} ...", file=sys.stderr, flush=True)
+                try:
+                    report["points"].append(run_mingle(n, args.per_process, resolver.prefix))
+                except HostError as exc:
+                    report["points"].append(
+                        {"backend": "mingle", "nodes": n, "first": {"ok": False, "errors": [str(exc)]}}
+                    )
+            if "c10d" in sections and c10d_failed_at is None:
+                print(f"c10d N={n} ...", file=sys.stderr, flush=True)
+                pt = run_c10d(n, args.per_process, resolver.prefix, args.c10d_budget)
+                report["points"].append(pt)
+                if not pt["first"].get("ok"):
+                    c10d_failed_at = n
+        if "dns" in sections:
+            report["dns"] = run_dns(resolver.prefix)
+    finally:
+        resolver.close()
+    report["seconds"] = round(time.time() - started, 1)
+    report["targets"] = bench_targets.check(bench_targets.SCALE, bench_targets.scale_values(report))
+    partial = args.sections != SECTIONS or args.nodes != p.get_default("nodes")
+    out = args.out or (HERE / "results" / "quick" if partial else HERE / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.json").write_text(json.dumps(report, indent=1))
+    bench_report.plot_scale(report, out / "scale.png")
+    print(bench_report.machine_line(report["machine"]))
+    print(f"resolver: {report['resolver']}; {args.per_process} nodes per host process")
+    print(table(report))
+    print("\ntargets:")
+    print("\n".join(f"  {line}" for line in report["targets"]))
+    print(f"\n{report['seconds']:.0f}s; wrote {out / 'scale.json'} and {out / 'scale.png'}")
+    return (
+        0 if all(pt.get("first", {}).get("ok") for pt in report["points"] if pt["backend"] == "mingle") else 1
+    )
 
 
 if __name__ == "__main__":

@@ -118,6 +118,18 @@ class LocalAnswer:
 
 
 @dataclass
+class ControlCounters:
+    """What a leader's term has handled: frames in and out, joins, jobs for the worker thread."""
+
+    frames_in: int = 0
+    frames_out: int = 0
+    beats_in: int = 0  # heartbeats, also counted in frames_in and frames_out
+    beats_out: int = 0
+    joins: int = 0
+    jobs: int = 0
+
+
+@dataclass
 class _Member:
     conn: ConnId | None  # None: the leader's own node
     opened: float
@@ -174,6 +186,8 @@ class LeaderTerm:
     _store_retry_at: float | None = None
     _barrier_opened: int = 0
     _stopped: bool = False
+    #: What this term has done, for diagnostics and the scale benchmark's cost per join.
+    counters: ControlCounters = field(default_factory=ControlCounters)
 
     @property
     def spare_port(self) -> int | None:
@@ -233,6 +247,7 @@ class LeaderTerm:
         if isinstance(frames, Invalid):
             self._drop(member, f"protocol error from the node: {frames.reason}", now)
             return
+        self.counters.frames_in += len(frames)
         for msg in frames:
             if self.conns.get(conn) is not member:
                 return  # dropped by an earlier frame
@@ -326,6 +341,7 @@ class LeaderTerm:
     def frames(self) -> list[tuple[ConnId, bytes]]:
         self._flush_status()
         out, self._frames = self._frames, []
+        self.counters.frames_out += len(out)
         return out
 
     def closes(self) -> list[tuple[ConnId, str]]:
@@ -334,6 +350,7 @@ class LeaderTerm:
 
     def jobs(self) -> list[Job]:
         out, self._jobs = self._jobs, []
+        self.counters.jobs += len(out)
         return out
 
     def local(self) -> list[LocalAnswer]:
@@ -364,6 +381,7 @@ class LeaderTerm:
                 self._drop(m, f"protocol error: {kind} before hello", now)
             return
         if kind == "hb":
+            self.counters.beats_in += 1
             return
         if kind == "join":
             history = History.from_json(msg["history"]) if msg.get("history") is not None else None
@@ -432,6 +450,7 @@ class LeaderTerm:
         if m.join_id is not None:
             self._answer(m, "retry", why="superseded by a newer join of the same node")
         self._joins_seen += 1
+        self.counters.joins += 1
         m.join_id = ticket
         m.join_timeout_s = timeout_s
         self._set_deadline(m, now + remaining_s if remaining_s > 0 else None)
@@ -589,6 +608,7 @@ class LeaderTerm:
                 self._drop(m, why, now)
                 continue
             self._send(m, "hb")
+            self.counters.beats_out += 1
 
     def _drop(self, m: _Member, why: str, now: float) -> None:
         self._close(m, why)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from torch_mingle._follower import Answer, FollowerSession, SessionEvent, SessionOver, StatusChanged, Welcomed
-from torch_mingle._leader import Job, LeaderTerm, OpenClient, ReleaseStores
+from torch_mingle._leader import ControlCounters, Job, LeaderTerm, OpenClient, ReleaseStores
 from torch_mingle._protocol import (
     RESIGNED,
     BecomeLeader,
@@ -160,6 +160,8 @@ class Diagnostics:
     loop_alive: bool = True
     #: The agent's client of the next round's store is open, waiting for that round.
     store_ahead: bool = False
+    #: The leader's control plane in this term (zeros on a follower).
+    control: ControlCounters = field(default_factory=ControlCounters)
 
 
 class Board:
@@ -919,5 +921,6 @@ class Node:
                 max_epoch_seen=self.core.max_epoch_seen,
                 remembered_nonces=self.core.codec.remembered,
                 store_ahead=self._ahead_client is not None,
+                control=replace(self.term.counters) if self.term is not None else ControlCounters(),
             )
         )
