@@ -56,6 +56,7 @@ KEEP_ALIVE_S, KEEP_ALIVE_MAX = 1.0, 3
 READY_TIMEOUT_S = 240.0
 PHASE_TIMEOUT_S = 120.0
 DNS_BURSTS = (1, 16, 32, 128)
+CREATE_THREADS = 4
 
 
 # ------------------------------------------------------------------------------ host side
@@ -117,11 +118,20 @@ def host_main(spec: dict[str, Any]) -> int:
 
     def handle(cmd: dict[str, Any]) -> dict[str, Any]:
         if cmd["cmd"] == "create":
-            handlers.extend(pool.map(make, range(count)))
-            leads = spec["role"] == "leader" and spec["backend"] == "mingle"
-            if leads and handlers[0].wait_diagnostics(lambda d: d.is_leader, 30.0) is None:
-                raise RuntimeError(f"the first node was not elected in 30 s: {handlers[0].diagnostics()}")
-            return {"usage": usage()}
+            # A few at a time: 64 handlers starting at once in one process starve each
+            # other's loop threads (one GIL) past the election window, as no real host would.
+            with ThreadPoolExecutor(max_workers=CREATE_THREADS) as creators:
+                handlers.extend(creators.map(make, range(count)))
+            if spec["backend"] != "mingle":
+                return {"usage": usage(), "leaders": []}
+            # Until every node here follows a leader (the driver checks it is the first node).
+            leads = spec["role"] == "leader"
+            deadline = time.monotonic() + READY_TIMEOUT_S / 2
+            for h in handlers:
+                left = max(0.0, deadline - time.monotonic())
+                if h.wait_diagnostics(lambda d: d.is_leader if leads else d.leader is not None, left) is None:
+                    raise RuntimeError(f"a node found no leader in time: {h.diagnostics()}")
+            return {"usage": usage(), "leaders": sorted({str(h.diagnostics().leader) for h in handlers})}
         if cmd["cmd"] == "join":
             results = list(pool.map(join, handlers))
             time.sleep(0.2)  # the leader's diagnostics refresh every 0.1 s
@@ -131,6 +141,7 @@ def host_main(spec: dict[str, Any]) -> int:
             return {"stopped": True}
         raise ValueError(f"unknown command {cmd!r}")
 
+    print(json.dumps({"loaded": True}), flush=True)  # torch is imported: the driver may go on
     return serve(handle)
 
 
@@ -190,6 +201,22 @@ def _crowd(hosts: Hosts, spec: dict[str, Any], nodes: int, per_process: int) -> 
     return out
 
 
+def _create(hosts: list[Host]) -> list[dict[str, Any]]:
+    """Create every host's nodes, one host after the other.
+
+    On one machine a thousand nodes starting at once share two cores; in the field each has
+    its own. One host at a time keeps the creation storm from starving the leader (which
+    would then be deposed before the measurement starts); every timed phase below starts
+    with every node created and following the leader.
+    """
+    Hosts.expect(hosts, READY_TIMEOUT_S)  # "loaded": torch is imported everywhere first
+    answers = []
+    for h in hosts:
+        h.send({"cmd": "create"})
+        answers.append(h.expect(time.monotonic() + READY_TIMEOUT_S))
+    return answers
+
+
 def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
     """One rendezvous step over every node's result: times, ranks, errors."""
     results = [r for a in answers for r in a["results"]]
@@ -220,13 +247,14 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
     point: dict[str, Any] = {"backend": "mingle", "nodes": n}
     with Hosts(prefix) as hosts:
         leader = _start(hosts, "leader", {**spec, "role": "leader", "count": 1})
-        Hosts.send([leader], {"cmd": "create"})
-        ready = Hosts.expect([leader], READY_TIMEOUT_S)[0]["usage"]
         victim = _start(hosts, "victim", {**spec, "role": "victim", "count": 1})
         crowd = _crowd(hosts, spec, n - 2, per_process)
-        Hosts.send([victim, *crowd], {"cmd": "create"})
-        Hosts.expect([victim, *crowd], READY_TIMEOUT_S)
         everyone = [leader, victim, *crowd]
+        created = _create(everyone)
+        ready = created[0]["usage"]
+        leaders = {x for a in created for x in a["leaders"]}
+        if leaders != set(created[0]["leaders"]):
+            raise HostError(f"the nodes follow {len(leaders)} leaders after creation, not the first node")
         # First round: everyone at once.
         started = time.time()
         Hosts.send(everyone, {"cmd": "join"})
@@ -274,12 +302,9 @@ def run_c10d(n: int, per_process: int, prefix: list[str], budget: float) -> dict
     point: dict[str, Any] = {"backend": "c10d", "nodes": n}
     with Hosts(prefix) as hosts:
         leader = _start(hosts, "c10d-host", {**spec, "role": "leader", "count": 1})
-        Hosts.send([leader], {"cmd": "create"})
-        Hosts.expect([leader], READY_TIMEOUT_S)
         crowd = _crowd(hosts, spec, n - 1, per_process)
-        Hosts.send(crowd, {"cmd": "create"})
-        Hosts.expect(crowd, READY_TIMEOUT_S)
         everyone = [leader, *crowd]
+        _create(everyone)
         started = time.time()
         Hosts.send(everyone, {"cmd": "join"})
         try:

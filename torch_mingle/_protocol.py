@@ -588,6 +588,10 @@ class Discovery:
         self._emit_query(now)
 
     def _emit_query(self, now: float) -> None:
+        if not self._queried:
+            # The window runs from our first query, not from our start: a node whose thread
+            # ran late must still give a leader one window to answer before it may claim.
+            self._election_deadline = max(self._election_deadline, now + self.timing.election_window_s)
         self._queried = True
         self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), None, now)
         if self._best_candidate(now) != self.node_id:

@@ -207,7 +207,8 @@ def test_a_missing_transition_names_the_state_and_the_event(monkeypatch):
 def test_leader_ready_is_refused_after_a_better_claim_arrived():
     core = Discovery("job", 50, timing=Timing(election_window_s=0.01))
     core.start(0.0)
-    core.handle_timer(0.02)
+    core.handle_timer(0.01)  # its query (the start-up jitter is at most 0.005 s)
+    core.handle_timer(0.02)  # one window after the query: nobody answered
     assert [type(e) for e in core.events()] == [BecomeLeader]
     better = Codec().encode(
         Datagram(job="job", sender=60, body=Announce(epoch=2, store_ip="10.0.0.6", store_port=7))
@@ -215,6 +216,22 @@ def test_leader_ready_is_refused_after_a_better_claim_arrived():
     core.receive_datagram(better, ("10.0.0.6", 1), 0.021)
     assert core.leader_ready(0.022, "10.0.0.5", 9) is False
     assert core.role is Role.FOLLOWING
+
+
+def test_a_node_whose_thread_ran_late_still_gives_the_leader_a_window_to_answer():
+    # Its first timer runs long after its window (a starved thread): it queries then, and a
+    # leader's answer that comes within one window of that query is followed, not out-claimed.
+    core = Discovery("job", 0x10, timing=Timing(election_window_s=0.02))
+    core.start(0.0)
+    core.handle_timer(0.5)
+    assert core.role is Role.DISCOVERING
+    assert [type(e) for e in core.events()] == []
+    answer = Codec().encode(
+        Datagram(job="job", sender=0x60, body=Announce(epoch=1, store_ip="10.0.0.6", store_port=7))
+    )
+    core.receive_datagram(answer, ("10.0.0.6", 1), 0.51)
+    assert core.role is Role.FOLLOWING
+    assert core.leader is not None and core.leader.claim.leader == 0x60
 
 
 def test_when_many_start_together_only_a_handful_speak():
