@@ -15,6 +15,7 @@ import ipaddress
 import itertools
 import logging
 import os
+import resource
 import secrets
 import socket
 import time
@@ -57,6 +58,10 @@ MAX_CONNECT_TIMEOUT_S = 5.0
 STORE_CONNECT_ATTEMPTS = 3
 #: How much longer than the node's own deadline the agent's thread waits for an answer.
 ANSWER_GRACE_S = 10.0
+#: Descriptors a leader needs per node: control connection, agent's store client, 8 workers'.
+DESCRIPTORS_PER_NODE = 10
+DESCRIPTOR_MARGIN = 256
+MAX_NODES_FOR_DESCRIPTORS = 65536
 
 
 def _log_to_stderr_if_asked() -> None:
@@ -88,6 +93,39 @@ def _warn_unauthenticated_once(config: MingleConfig) -> None:
         config.run_id,
         README_SECURITY,
     )
+
+
+def _raise_descriptor_limit(max_nodes: int, label: str) -> None:
+    """Raise this process's soft descriptor limit to what leading ``max_nodes`` nodes takes.
+
+    A leader holds, per node, its control connection and its agent's store client, and the
+    round store holds one client per worker (``DESCRIPTORS_PER_NODE`` counts 8 GPUs a node).
+    Many systems start processes with a soft limit of 1,024 and a far higher hard limit; the
+    soft one is raised up to the hard one, as far as needed. Past the hard limit only the
+    administrator can help: the warning says what to set.
+    """
+    need = min(max_nodes, MAX_NODES_FOR_DESCRIPTORS) * DESCRIPTORS_PER_NODE + DESCRIPTOR_MARGIN
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.debug("%s descriptor limit raised from %d to %d", label, soft, target)
+        except (OSError, ValueError) as exc:
+            log.debug("%s could not raise the descriptor limit: %s", label, exc)
+            target = soft
+    if target < need:
+        log.warning(
+            "%s leading up to %d nodes takes about %d open descriptors, but this process may open "
+            "only %d (hard limit %d): raise it where the agents start (`ulimit -n %d`, LimitNOFILE= "
+            "in systemd, a container's nofile ulimit); see README.md#scale",
+            label, max_nodes, need, target, hard, need,
+        )  # fmt: skip
 
 
 def _wildcard(family: int) -> str:
@@ -138,6 +176,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         )
         for warning in config.warnings():
             log.warning("%s %s", self._label, warning)
+        _raise_descriptor_limit(config.max_nodes, self._label)
         secret = config.load_secret()
         if secret is None:
             _warn_unauthenticated_once(config)

@@ -99,3 +99,34 @@ def test_nodes_with_thousands_of_open_descriptors_survive_a_frozen_member(tmp_pa
     assert_trained_together(final_reports(tmp_path / "report"), 2, 80, agents)
     for a in others:
         assert "ValueError" not in a.output() and "lost leader" not in a.output(), dump(agents)
+
+
+_LIMIT_PROBE = """
+import logging, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, int(sys.argv[1])))
+logging.basicConfig(level=logging.WARNING)
+from torch_mingle.config import MingleConfig
+from torch_mingle.handler import MingleRendezvousHandler
+h = MingleRendezvousHandler(MingleConfig(run_id="limits", min_nodes=1, max_nodes=1024, interface="127.0.0.1",
+                                          port=int(sys.argv[2])))
+print("soft", resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+h.shutdown()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("hard", "soft_after", "warned"), [(20000, 1024 * 10 + 256, False), (4096, 4096, True)]
+)
+def test_a_node_raises_its_descriptor_limit_to_what_leading_its_job_takes(hard, soft_after, warned):
+    import resource
+    import subprocess
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < hard:
+        pytest.skip(f"this machine's hard descriptor limit is below {hard}")
+    out = subprocess.run(  # a process of its own: the limit is per process
+        [sys.executable, "-c", _LIMIT_PROBE, str(hard), str(random_port())],
+        capture_output=True, text=True, timeout=90, cwd=ROOT, check=True,
+    )  # fmt: skip
+    assert f"soft {soft_after}\n" in out.stdout, out
+    assert ("ulimit -n 10496" in out.stderr and "README.md#scale" in out.stderr) is warned, out.stderr
