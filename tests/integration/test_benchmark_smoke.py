@@ -63,3 +63,35 @@ def test_flood_benchmark_reports_every_point(tmp_path):
     assert samples["newcomer/flood"][0]["replays"] > 0, "the flood replayed nothing"
     assert all(s["us_per_datagram"] > 0 for s in samples["cpu"])
     assert "rendezvous under a flood" in run.stdout and "of one core" in run.stdout
+
+
+@pytest.mark.timeout(420)
+def test_scale_benchmark_at_64_nodes_reports_every_field(tmp_path):
+    script = ROOT / "benchmarks" / "scale_rendezvous.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--nodes", "64", "--sections", "mingle,c10d", "--c10d-budget", "60",
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    report = json.loads((tmp_path / "scale.json").read_text())
+    assert (tmp_path / "scale.png").stat().st_size > 10_000
+    assert {"machine", "per_process", "resolver", "points", "targets", "seconds"} <= report.keys()
+    points = {(p["backend"], p["nodes"]): p for p in report["points"]}
+    assert set(points) == {("mingle", 64), ("c10d", 64)}
+    mingle = points[("mingle", 64)]
+    for phase in ("first", "rerdzv", "leader_loss"):
+        assert mingle[phase]["ok"], mingle[phase]
+        assert {"nodes", "after_last_call_s", "release_to_last_s", "median_return_s"} <= mingle[phase].keys()
+    assert (
+        mingle["first"]["nodes"] == 64
+        and mingle["rerdzv"]["nodes"] == 63
+        and mingle["leader_loss"]["nodes"] == 62
+    )
+    lead = mingle["leader"]
+    assert {"cpu_s", "round_cpu_s", "peak_rss_mib", "fds", "frames_in", "frames_out", "joins"} <= lead.keys()
+    assert lead["joins"] >= 64
+    assert {"sent", "received"} <= mingle["datagrams_per_node"].keys()
+    assert "first" in points[("c10d", 64)]
+    assert any(line.startswith(("PASS", "MISS")) for line in report["targets"])
+    assert "targets:" in run.stdout
