@@ -37,13 +37,10 @@ def machine_line(m: dict[str, Any]) -> str:
 
 
 def fmt_spread(values: list[float], scale: float = 1e3) -> str:
-    """``median (min-max)`` in milliseconds (``scale``), or the single value."""
+    """``median [min-max]``, in ms by default."""
     if not values:
         return "-"
-    med = statistics.median(values) * scale
-    if len(values) == 1:
-        return f"{med:.0f}"
-    return f"{med:.0f} ({min(values) * scale:.0f}-{max(values) * scale:.0f})"
+    return f"{statistics.median(values) * scale:.0f} [{min(values) * scale:.0f}-{max(values) * scale:.0f}]"
 
 
 def _pyplot() -> Any:

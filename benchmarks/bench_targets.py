@@ -53,6 +53,24 @@ SCALE = (
 )
 
 
+#: ``make bench`` (rendezvous_latency.py): the limits its ``targets()`` checks, by name.
+LATENCY = {
+    # The faults issue: no worse than before it, at N <= 8.
+    "rendezvous_phase_ms": 20.0,
+    "rendezvous_phase_vs_c10d": 20.0,
+    "rerendezvous_phase_ms": 10.0,
+    "rerendezvous_phase_vs_c10d": 10.0,
+    "phase_max_nodes": 8,
+    # End to end: faster than c10d, within this factor of static.
+    "e2e_vs_static": 1.10,
+    # Handler level, N <= 16: at least this many times c10d.
+    "handler_vs_c10d": 20.0,
+    "handler_max_nodes": 16,
+    # Leader loss with the default heartbeats (5 s x 3) + 2 s.
+    "leader_loss_s": 17.0,
+}
+
+
 def check(targets: tuple[Target, ...], values: dict[str, dict[int, float]]) -> list[str]:
     lines = []
     for t in targets:

@@ -38,7 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the flood and the port helper are shared with the tests
 
-from rendezvous_latency import fmt_spread  # noqa: E402
+from bench_report import fmt_spread  # noqa: E402
 
 from tests.flood import Flood  # noqa: E402
 from tests.helpers import random_port, rendezvous_all, unique_job, wait_until  # noqa: E402

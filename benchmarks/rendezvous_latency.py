@@ -29,7 +29,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -45,6 +44,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the process-tree helpers are shared with the tests
+
+from bench_report import fmt_spread, machine, machine_line  # noqa: E402
+from bench_targets import LATENCY  # noqa: E402
 
 from tests.helpers import kill_tree  # noqa: E402
 
@@ -499,31 +501,6 @@ def bench_sim(sizes: list[int], runs: int, tick: Any) -> list[Point]:
 # --------------------------------------------------------------------------- reporting
 
 
-def machine() -> dict[str, Any]:
-    import torch
-
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {
-        "cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem_gib, 1),
-        "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-    }  # fmt: skip
-
-
-def fmt_spread(values: list[float], scale: float = 1e3) -> str:
-    """``median [min-max]``, in ms by default."""
-    if not values:
-        return "-"
-    return f"{statistics.median(values) * scale:.0f} [{min(values) * scale:.0f}-{max(values) * scale:.0f}]"
-
-
 def _ratio(base: Point | None, point: Point, which: str = "samples") -> str:
     if base is None or point is base or not getattr(point, which) or not getattr(base, which):
         return ""
@@ -589,17 +566,25 @@ def _verdict(ok: bool) -> str:
 
 
 def targets(points: list[Point]) -> list[str]:
-    """The targets of the benchmark issue, checked against this run."""
+    """The targets of the issues (``bench_targets.LATENCY``), checked against this run."""
+    lim = LATENCY
 
     def get(section: str, backend: str, n: int) -> Point | None:
         return next((p for p in points if (p.section, p.backend, p.nodes) == (section, backend, n)), None)
 
     lines = []
-    # The faults issue: no worse than before it (rendezvous phase <= 20 ms at N <= 8, re- <= 10 ms).
-    phases = (("e2e", "rendezvous phase", 20, 20), ("rerdzv", "re-rendezvous phase", 10, 10))
+    phases = (
+        ("e2e", "rendezvous phase", lim["rendezvous_phase_ms"], lim["rendezvous_phase_vs_c10d"]),
+        ("rerdzv", "re-rendezvous phase", lim["rerendezvous_phase_ms"], lim["rerendezvous_phase_vs_c10d"]),
+    )
     for section, what, max_ms, min_ratio in phases:
         for p in [
-            p for p in points if p.section == section and p.backend == "mingle" and p.nodes <= 8 and p.phase
+            p
+            for p in points
+            if p.section == section
+            and p.backend == "mingle"
+            and p.nodes <= lim["phase_max_nodes"]
+            and p.phase
         ]:
             c10d = get(section, "c10d", p.nodes)
             ms = (p.median("phase") or 0) * 1e3
@@ -609,28 +594,35 @@ def targets(points: list[Point]) -> list[str]:
                 else float("nan")
             )
             ok = ms <= max_ms and ratio >= min_ratio
-            limits = f"{ms:.0f} ms (<= {max_ms}), {ratio:.0f}x c10d (>= {min_ratio})"
+            limits = f"{ms:.0f} ms (<= {max_ms:g}), {ratio:.0f}x c10d (>= {min_ratio:g})"
             lines.append(f"{_verdict(ok)} {what} N={p.nodes}: {limits}")
     for p in [p for p in points if p.section == "e2e" and p.backend == "mingle" and p.samples]:
         c10d, static = get("e2e", "c10d", p.nodes), get("e2e", "static", p.nodes)
         if c10d and static and c10d.samples and static.samples:
             ours, c, s = p.median() or 0, c10d.median() or 0, static.median() or 1
-            ok = ours < c and ours <= 1.10 * s
+            ok = ours < c and ours <= lim["e2e_vs_static"] * s
             lines.append(
                 f"{_verdict(ok)} end to end N={p.nodes}: {ours:.2f}s, c10d {c:.2f}s, static {s:.2f}s "
-                f"(faster than c10d, within 10% of static: {100 * (ours / s - 1):+.1f}%)"
+                f"(faster than c10d, within {100 * (lim['e2e_vs_static'] - 1):.0f}% of static: "
+                f"{100 * (ours / s - 1):+.1f}%)"
             )
-    for p in [p for p in points if p.section == "handler" and p.backend == "mingle" and p.nodes <= 16]:
+    for p in [
+        p
+        for p in points
+        if p.section == "handler" and p.backend == "mingle" and p.nodes <= lim["handler_max_nodes"]
+    ]:
         c10d = get("handler", "c10d", p.nodes)
         if c10d and c10d.samples and p.samples:
             ratio = (c10d.median() or 0) / (p.median() or 1)
             lines.append(
-                f"{'PASS' if ratio >= 20 else 'MISS'} handler level N={p.nodes}: {ratio:.0f}x c10d (>= 20)"
+                f"{_verdict(ratio >= lim['handler_vs_c10d'])} handler level N={p.nodes}: {ratio:.0f}x c10d "
+                f"(>= {lim['handler_vs_c10d']:g})"
             )
     for p in [p for p in points if p.section == "leader" and p.backend == "mingle" and p.samples]:
         worst = max(p.samples)
         lines.append(
-            f"{_verdict(worst <= 17)} leader loss: worst {worst:.2f}s (<= 15 s heartbeat timeout + 2 s)"
+            f"{_verdict(worst <= lim['leader_loss_s'])} leader loss: worst {worst:.2f}s "
+            f"(<= {lim['leader_loss_s']:g} s: 15 s heartbeat timeout + 2 s)"
         )
     return lines
 
@@ -748,11 +740,7 @@ def main() -> int:
     }
     (args.out / "latency.json").write_text(json.dumps(report, indent=2))
     plot(points, args.out / "latency.png")
-    m = report["machine"]
-    print(
-        f"machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, "
-        f"Python {m['python']}, torch {m['torch']}"
-    )
+    print(machine_line(report["machine"]))
     print(table(points))
     print("\ntargets:")
     print("\n".join(f"  {line}" for line in report["targets"]))
