@@ -178,7 +178,6 @@ class LeaderTerm:
     _status: Status | None = None
     _status_dirty: bool = False
     _now: float = 0.0
-    _joins_seen: int = 0
     _parking_state: tuple[object, ...] = ()
     _deadlines: list[tuple[float, int, _Member]] = field(default_factory=list)  # a heap of join deadlines
     _seq: int = 0
@@ -449,7 +448,6 @@ class LeaderTerm:
             return  # the same request again: it was (or will be) answered once
         if m.join_id is not None:
             self._answer(m, "retry", why="superseded by a newer join of the same node")
-        self._joins_seen += 1
         self.counters.joins += 1
         m.join_id = ticket
         m.join_timeout_s = timeout_s
@@ -534,7 +532,7 @@ class LeaderTerm:
 
     def _update_parking(self, now: float) -> None:
         # Parking depends on the round only (running, stale, closed) and on who joined since.
-        state = (self.book.current, self.book.stale, self.book.closed, self._joins_seen)
+        state = (self.book.current, self.book.stale, self.book.closed, self.counters.joins)
         if state == self._parking_state:
             return
         self._parking_state = state
