@@ -542,6 +542,7 @@ class Node:
                 min_nodes=self.settings.min_nodes,
                 max_nodes=self.settings.max_nodes,
                 established=term.established,
+                followers=term.connected_nodes(),
             )
         return busy
 

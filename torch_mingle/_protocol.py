@@ -22,10 +22,15 @@ run hundreds of nodes on a fake network in milliseconds.
   for its announcement, then suspect it and decide again.
 * Claims are ordered by *standing*: an **established** claim (its leader formed a round in
   its term, or a majority of the last round's members follow it) beats any claim that is
-  not; then the higher epoch wins; then the lower node id. A leader that hears a better
-  claim steps down; a follower switches to a better claim. So a late joiner that heard
-  nothing, or a node that was cut off and elected itself, never deposes a leader whose job
-  runs: its bare claim is not established, whatever its epoch.
+  not; then the higher epoch wins; then the claim more nodes follow (control connections,
+  rounded down to a power of two, carried in the announcement); then the lower node id.
+  A leader that hears a better claim steps down; a follower switches to a better claim.
+  So a late joiner that heard nothing, or a node that was cut off and elected itself,
+  never deposes a leader whose job runs: its bare claim is not established, whatever its
+  epoch; and before the first round (nothing is established yet) a newcomer whose answer
+  came late claims the same epoch as the running leader, which its followers outweigh. A
+  node that fenced a live leader still wins with its higher epoch, so a false fence never
+  strands it alone.
 * Losing a leader: hard evidence (its process is gone: the connection was refused or reset,
   it resigned, it said it is no longer leader) raises the *fence*: announcements at or below
   it are never followed again. Silence (a heartbeat timeout) only *suspects* the claim for
@@ -109,9 +114,10 @@ class Claim:
         return f"epoch {self.epoch} leader {self.leader:016x}"
 
 
-def standing(claim: Claim, established: bool) -> tuple[int, int, int]:
-    """The order of claims: established first, then the higher epoch, then the lower node id."""
-    return (int(established), claim.epoch, -claim.leader)
+def standing(claim: Claim, established: bool, followers: int = 0) -> tuple[int, int, int, int]:
+    """The order of claims: established first, then the higher epoch, then more followers,
+    then the lower node id."""
+    return (int(established), claim.epoch, followers, -claim.leader)
 
 
 @dataclass(frozen=True)
@@ -127,9 +133,10 @@ class LeaderView:
     members: int = 0
     closed: bool = False
     established: bool = False
+    followers: int = 0
 
-    def standing(self) -> tuple[int, int, int]:
-        return standing(self.claim, self.established)
+    def standing(self) -> tuple[int, int, int, int]:
+        return standing(self.claim, self.established, self.followers)
 
 
 @dataclass(frozen=True)
@@ -376,6 +383,7 @@ class Discovery:
         min_nodes: int,
         max_nodes: int,
         established: bool,
+        followers: int = 0,
     ) -> None:
         """The leader's job state, carried in its announcements; announces a change soon."""
         new = replace(
@@ -386,6 +394,8 @@ class Discovery:
             min_nodes=min_nodes,
             max_nodes=max_nodes,
             established=established,
+            # Rounded down to a power of two: announced again when it doubles, not per node.
+            followers=1 << (followers.bit_length() - 1) if followers > 0 else 0,
         )
         if new == self._status:
             return
@@ -490,7 +500,7 @@ class Discovery:
     def _announce_while_claiming(self, d: Datagram, addr: Dest, now: float) -> None:
         claim = self._checked_claim(d, now)
         own = self._own_claim
-        if claim is not None and standing(claim, self._body_announce(d).established) > standing_of(own):
+        if claim is not None and _standing_of_body(claim, self._body_announce(d)) > standing_of(own):
             self._own_claim = None  # the shell's leader_ready() will now be refused
             self._follow(d, claim, now, addr)
 
@@ -499,7 +509,7 @@ class Discovery:
         own = self._own_claim
         if claim is None or own is None:
             return
-        if standing(claim, self._body_announce(d).established) > standing(own, self._status.established):
+        if _standing_of_body(claim, self._body_announce(d)) > _standing_of_body(own, self._status):
             log.info("[%s %016x] stepping down: %s beats our %s", self.job, self.node_id, claim, own)
             self._events.append(SteppedDown(own=own, winner=claim))
             self._own_claim = None
@@ -522,14 +532,13 @@ class Discovery:
                 members=body.members,
                 closed=body.closed,
                 established=body.established,
+                followers=body.followers,
                 store_ip=announced_store_ip(body, addr),
                 store_port=body.store_port,
             )
             return
         checked = self._checked_claim(d, now)
-        if checked is not None and (
-            current is None or standing(checked, body.established) > current.standing()
-        ):
+        if checked is not None and (current is None or _standing_of_body(checked, body) > current.standing()):
             self._follow(d, checked, now, addr)
 
     def _resign_from_anyone(self, d: Datagram, addr: Dest, now: float) -> None:
@@ -672,6 +681,7 @@ class Discovery:
             members=body.members,
             closed=body.closed,
             established=body.established,
+            followers=body.followers,
         )
         self._events.append(LeaderFound(self.leader))
 
@@ -706,6 +716,7 @@ class Discovery:
             members=s.members,
             closed=s.closed,
             established=s.established,
+            followers=s.followers,
         )
 
     def _send_announce(self, dest: Dest, now: float) -> None:
@@ -782,9 +793,13 @@ def _remember(table: OrderedDict[Claim, _V], claim: Claim, value: _V) -> None:
         table.popitem(last=False)
 
 
-def standing_of(claim: Claim | None) -> tuple[int, int, int]:
-    """The standing of an own claim that has no round yet (nothing at all for None)."""
-    return standing(claim, False) if claim is not None else (-1, 0, 0)
+def standing_of(claim: Claim | None) -> tuple[int, int, int, int]:
+    """The standing of an own claim that has no term yet (nothing at all for None)."""
+    return standing(claim, False) if claim is not None else (-1, 0, 0, 0)
+
+
+def _standing_of_body(claim: Claim, body: Announce) -> tuple[int, int, int, int]:
+    return standing(claim, body.established, body.followers)
 
 
 def announced_store_ip(body: Announce, addr: Dest) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAGIC = b"MNGL"
-VERSION = 2
+VERSION = 3
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -52,7 +52,7 @@ EPOCH_MAX = 2**62
 _HEAD = struct.Struct("!4sBBBB")
 _IDS = struct.Struct("!QQQH")
 _QUERY = struct.Struct("!QB")
-_ANNOUNCE = struct.Struct("!QIHHHB")
+_ANNOUNCE = struct.Struct("!QIHHHHB")
 _RESIGN = struct.Struct("!Q")
 _PORT = struct.Struct("!H")
 ANNOUNCE_CLOSED = 0x01
@@ -92,6 +92,9 @@ class Announce:
 
     ``established``: the leader formed a round in its term, or a majority of the last
     round's members follow it. Only an established claim can replace an established leader.
+    ``followers``: how many nodes hold a control connection to this leader, rounded down to a
+    power of two (capped at 65,535): between claims of the same epoch, the one more nodes
+    follow wins.
     """
 
     epoch: int
@@ -103,6 +106,7 @@ class Announce:
     max_nodes: int = 0
     closed: bool = False
     established: bool = False
+    followers: int = 0
 
     type = MsgType.ANNOUNCE
 
@@ -215,6 +219,7 @@ def _encode_body(body: Body) -> bytes:
                 min(body.members, U16_MAX),
                 min(body.min_nodes, U16_MAX),
                 min(body.max_nodes, U16_MAX),
+                min(body.followers, U16_MAX),
                 flags,
             )
             + _encode_addr(body.store_ip)
@@ -245,7 +250,7 @@ def _decode_body(kind: int, buf: bytes) -> Body:
     if kind == MsgType.ANNOUNCE:
         if len(buf) < _ANNOUNCE.size:
             raise _Bad("truncated_body")
-        epoch, rnd, members, min_nodes, max_nodes, flags = _ANNOUNCE.unpack_from(buf)
+        epoch, rnd, members, min_nodes, max_nodes, followers, flags = _ANNOUNCE.unpack_from(buf)
         ip, pos = _decode_addr(buf, _ANNOUNCE.size)
         if pos + _PORT.size != len(buf):
             raise _Bad("body_length_mismatch")
@@ -266,6 +271,7 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             max_nodes=max_nodes,
             closed=bool(flags & ANNOUNCE_CLOSED),
             established=bool(flags & ANNOUNCE_ESTABLISHED),
+            followers=followers,
         )
     if kind == MsgType.RESIGN:
         if len(buf) != _RESIGN.size:

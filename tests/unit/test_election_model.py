@@ -35,6 +35,7 @@ bodies: st.SearchStrategy[Body] = st.one_of(
         members=st.integers(min_value=0, max_value=2**16 - 1),
         closed=st.booleans(),
         established=st.booleans(),
+        followers=st.integers(min_value=0, max_value=2**16 - 1),
     ),
     st.builds(Resign, epoch=epochs.filter(lambda e: e > 0)),
 )

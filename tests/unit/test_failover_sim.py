@@ -150,3 +150,36 @@ def test_late_joiners_whose_answers_are_slow_never_depose_the_running_leader(dro
     assert not any(isinstance(ev, SteppedDown) for _, ev in leader.events)
     assert sim.leaders() == [leader] and leader.core.leader is not None and leader.core.leader.claim == claim
     print(f"loss {drop:.0%}: {claimed} of 600 late joiners claimed before hearing the leader; none won")
+
+
+def test_before_the_first_round_a_late_joiner_never_deposes_a_followed_leader():
+    """Nothing is established before the first round: 200 late joiners hear the leader too late.
+
+    Each one claims epoch 1 (it heard no epoch) and half of them have a lower node id than
+    the leader; the leader's followers outweigh such a claim, so it stays the leader.
+    """
+    holder: dict[str, object] = {"late": None}
+
+    def slow_leader(src: object, dst: object, data: bytes, rng: random.Random) -> Route | None:
+        if src == holder.get("leader") and dst == holder["late"]:
+            return Route(delays=(rng.uniform(0.025, 0.1),))
+        return None
+
+    sim = Simulation(6, seed=11, timing=FAST, route_hook=slow_leader, min_nodes=4, max_nodes=300)
+    assert sim.run_until_converged(deadline=5.0) is not None
+    sim.run_until(sim.now + 0.5)  # the followers' control connections are up
+    (leader,) = sim.leaders()
+    claim = leader.core.leader.claim if leader.core.leader else None
+    assert claim is not None and claim.epoch == 1
+    holder["leader"] = leader.addr
+    claimed = lower = 0
+    for _ in range(200):
+        node = sim.add_node(sim.now + 0.001)
+        holder["late"] = node.addr
+        sim.run_until(node.start_at + 0.4)
+        claimed += any(isinstance(ev, BecomeLeader) for _, ev in node.events)
+        lower += node.core.node_id < claim.leader
+        assert node.core.leader is not None and node.core.leader.claim == claim, "a late one did not follow"
+    assert not any(isinstance(ev, SteppedDown) for _, ev in leader.events)
+    assert sim.leaders() == [leader]
+    assert claimed > 20 and lower > 20, (claimed, lower)  # the case happened, many times

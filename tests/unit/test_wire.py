@@ -30,7 +30,7 @@ BODIES = [
     Query(epoch_seen=3, addrs=("198.18.0.1", "fd00::5", "fe80::1")),
     Query(epoch_seen=EPOCH_MAX),
     Announce(epoch=7, store_ip="127.0.0.1", store_port=29500, round=4, members=3, min_nodes=2, max_nodes=4),
-    Announce(epoch=2**40, store_ip="2001:db8::1", store_port=1, closed=True, established=True),
+    Announce(epoch=2**40, store_ip="2001:db8::1", store_port=1, closed=True, established=True, followers=512),
     Resign(epoch=9),
     Probe(),
 ]
