@@ -3,8 +3,11 @@
 Every node is a real rendezvous handler made through torch's public registry, ``--per-process``
 of them in each host process (threads), no torch workers. For mingle that is the whole
 control plane: real multicast on 127.0.0.1, the real leader with its TCPStores, its control
-connections and heartbeats. The leader (and, for the death phase, one victim) is a host
-process of its own, so its CPU, memory and descriptors are its own.
+connections and heartbeats. The leader is a host process of its own, so its CPU, memory and
+descriptors are its own; so are the victim of the death phase and the *successor* (the node
+with the lowest id, which the survivors elect when the leader is lost): in the field each
+has a host of its own, and a new leader starved among 63 other nodes measures the harness.
+Heartbeats run at torch's defaults (5 s x 3, ``bench_targets.SCALE_KEEP_ALIVE``).
 
 Sections (``--sections``, all by default):
 
@@ -13,7 +16,8 @@ Sections (``--sections``, all by default):
   - first round: the last node's call to the last node's return (and release to last return);
   - re-rendezvous after a death: the victim host is SIGKILLed, the survivors call again;
   - leader loss: the leader's host is frozen (SIGSTOP, as a host that loses power: no
-    connection is closed) and the survivors call again: freeze to the last new round;
+    connection is closed) and the survivors call again: freeze to the last new round
+    (``successor_led``: the successor's process leads it);
   - on the leader: CPU seconds and peak memory over the first round, open descriptors,
     control frames per join (counted by the leader), datagrams sent and received per node.
 * ``c10d``    the same first round with torch's c10d backend (one TCPStore endpoint hosted by a
@@ -40,7 +44,7 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +56,10 @@ import bench_targets  # noqa: E402
 from bench_pool import Host, HostError, Hosts, isolated_resolver, serve, usage  # noqa: E402
 
 SECTIONS = "mingle,c10d,dns"
-KEEP_ALIVE_S, KEEP_ALIVE_MAX = 1.0, 3
+KEEP_ALIVE_S, KEEP_ALIVE_MAX = bench_targets.SCALE_KEEP_ALIVE
 READY_TIMEOUT_S = 240.0
 PHASE_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 60.0
 DNS_BURSTS = (1, 16, 32, 128)
 CREATE_THREADS = 4
 #: A thousand nodes' threads on two cores answer late; the default 0.02 s window lets a node
@@ -73,6 +78,8 @@ def host_main(spec: dict[str, Any]) -> int:
     from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
 
     import torch_mingle  # noqa: F401 - registers the backend as the entry point would
+    from torch_mingle.config import MingleConfig
+    from torch_mingle.handler import MingleRendezvousHandler
 
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     logging.getLogger("torch_mingle").setLevel(logging.ERROR)  # a thousand nodes' warnings are noise here
@@ -92,6 +99,10 @@ def host_main(spec: dict[str, Any]) -> int:
                 is_host=str(spec["role"] == "leader"), join_timeout=str(int(spec["budget"])),
                 last_call_timeout="30",
             )  # fmt: skip
+        if spec["role"] == "successor":
+            # The lowest node id: the node the survivors elect when the leader is lost. In the
+            # field it has a host of its own; here it gets a process of its own, as the leader.
+            return MingleRendezvousHandler(MingleConfig.from_params(params), node_id=1)
         return rendezvous_handler_registry.create_handler(params)
 
     pool = ThreadPoolExecutor(max_workers=count)
@@ -104,6 +115,14 @@ def host_main(spec: dict[str, Any]) -> int:
             return {"t_call": t_call, "t": time.time(), "rank": info.rank, "world": info.world_size}
         except Exception as exc:
             return {"t_call": t_call, "t": time.time(), "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+    def leaders() -> list[str]:
+        return sorted({f"{d.leader} (epoch {d.epoch})" for d in (h.diagnostics() for h in handlers)})
+
+    def stuck(h: Any) -> dict[str, Any]:
+        d = h.diagnostics()
+        where = f"role {d.role}, leader {d.leader} (epoch {d.epoch}), round {d.round}, status {d.status}"
+        return {"t_call": 0.0, "t": time.time(), "error": f"still waiting: {where}"[:300]}
 
     def counters() -> dict[str, Any]:
         if spec["backend"] != "mingle":
@@ -135,9 +154,14 @@ def host_main(spec: dict[str, Any]) -> int:
                 left = max(0.0, deadline - time.monotonic())
                 if h.wait_diagnostics(lambda d: d.is_leader if leads else d.leader is not None, left) is None:
                     raise RuntimeError(f"a node found no leader in time: {h.diagnostics()}")
-            return {"usage": usage(), "leaders": sorted({str(h.diagnostics().leader) for h in handlers})}
+            return {"usage": usage(), "leaders": leaders()}
+        if cmd["cmd"] == "leaders":
+            return {"leaders": leaders()}
         if cmd["cmd"] == "join":
-            results = list(pool.map(join, handlers))
+            # Answer before the driver gives up, naming the state of every node still waiting.
+            futures = [pool.submit(join, h) for h in handlers]
+            wait(futures, timeout=PHASE_TIMEOUT_S - 10)
+            results = [f.result() if f.done() else stuck(h) for f, h in zip(futures, handlers, strict=True)]
             time.sleep(0.2)  # the leader's diagnostics refresh every 0.1 s
             return {"results": results, "usage": usage(), "counters": counters()}
         if cmd["cmd"] == "stop":
@@ -221,6 +245,25 @@ def _create(hosts: list[Host]) -> list[dict[str, Any]]:
     return answers
 
 
+def _settle(hosts: list[Host], leader: str) -> float:
+    """Wait until every node follows ``leader``; returns how long that took after the last creation.
+
+    A node created while its host's threads were starved may claim before it hears the
+    leader; its claim loses (see README, Scale) and its followers move, within seconds.
+    """
+    started = time.monotonic()
+    while True:
+        Hosts.send(hosts, {"cmd": "leaders"})
+        seen = {x for a in Hosts.expect(hosts, PHASE_TIMEOUT_S) for x in a["leaders"]}
+        if seen == {leader}:
+            return time.monotonic() - started
+        if time.monotonic() - started > SETTLE_TIMEOUT_S:
+            raise HostError(
+                f"{SETTLE_TIMEOUT_S:g} s after creation the nodes follow {sorted(seen)}, not {leader}"
+            )
+        time.sleep(0.5)
+
+
 def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
     """One rendezvous step over every node's result: times, ranks, errors."""
     results = [r for a in answers for r in a["results"]]
@@ -252,13 +295,13 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
     with Hosts(prefix) as hosts:
         leader = _start(hosts, "leader", {**spec, "role": "leader", "count": 1})
         victim = _start(hosts, "victim", {**spec, "role": "victim", "count": 1})
-        crowd = _crowd(hosts, spec, n - 2, per_process)
-        everyone = [leader, victim, *crowd]
+        successor = _start(hosts, "successor", {**spec, "role": "successor", "count": 1})
+        crowd = _crowd(hosts, spec, n - 3, per_process)
+        everyone = [leader, victim, successor, *crowd]
         created = _create(everyone)
         ready = created[0]["usage"]
-        leaders = {x for a in created for x in a["leaders"]}
-        if leaders != set(created[0]["leaders"]):
-            raise HostError(f"the nodes follow {len(leaders)} leaders after creation, not the first node")
+        (first,) = created[0]["leaders"]
+        point["settled_s"] = _settle(everyone, first)
         # First round: everyone at once.
         started = time.time()
         Hosts.send(everyone, {"cmd": "join"})
@@ -277,7 +320,7 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
         # A node dies (its process is killed: its connections close), the survivors call again.
         victim.signal(signal.SIGKILL)
         victim.proc.wait(timeout=30)
-        survivors = [leader, *crowd]
+        survivors = [leader, successor, *crowd]
         started = time.time()
         Hosts.send(survivors, {"cmd": "join"})
         point["rerdzv"] = _phase(Hosts.expect(survivors, PHASE_TIMEOUT_S), started)
@@ -285,12 +328,14 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
         leader.signal(signal.SIGSTOP)
         started = time.time()
         try:
-            Hosts.send(crowd, {"cmd": "join"})
-            point["leader_loss"] = _phase(Hosts.expect(crowd, PHASE_TIMEOUT_S), started)
+            Hosts.send([successor, *crowd], {"cmd": "join"})
+            answers = Hosts.expect([successor, *crowd], PHASE_TIMEOUT_S)
+            point["leader_loss"] = _phase(answers, started)
+            point["leader_loss"]["successor_led"] = answers[0]["counters"].get("leaders") == 1
         finally:
             leader.kill()
-        Hosts.send(crowd, {"cmd": "stop"})
-        Hosts.expect(crowd, 60)
+        Hosts.send([successor, *crowd], {"cmd": "stop"})
+        Hosts.expect([successor, *crowd], 60)
     return point
 
 

@@ -690,7 +690,11 @@ class LeaderTerm:
             self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
             return
         if kind == "round":
-            fields["round"] = fields["round"].to_json()
+            if m.conn is not None:
+                self._frames.append(
+                    (m.conn, encode_frame(kind, id=ticket, encoded={"round": fields["round"].encoded}))
+                )
+            return
         self._send(m, kind, id=ticket, **fields)
 
     def _offer_spare(self, m: _Member) -> None:

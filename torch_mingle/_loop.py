@@ -43,7 +43,14 @@ from torch_mingle._interfaces import Interface
 from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node
 from torch_mingle._protocol import Dest
-from torch_mingle._store import StoreKeeper, abort_connections_to, ip_family, open_client, sockaddr
+from torch_mingle._store import (
+    LISTEN_BACKLOG,
+    StoreKeeper,
+    abort_connections_to,
+    ip_family,
+    open_client,
+    sockaddr,
+)
 from torch_mingle._transport import McastTransport
 from torch_mingle._wire import FrameReader
 from torch_mingle.errors import MingleStateError
@@ -279,7 +286,7 @@ class Loop:
             # No SO_REUSEADDR: with it, Linux may hand out the port of a TCPStore listening on
             # the wildcard address, and TCPStore clients would reach us instead of the store.
             sock.bind(sockaddr(ip, 0))
-            sock.listen(1024)
+            sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
         except OSError:
             sock.close()

@@ -27,9 +27,12 @@ follow in arrival order. Every node reads the same published order, so ranks agr
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
+
+from torch_mingle._wire import dumps_compact
 
 MAX_HOLD_DOUBLINGS = 5
 #: Bounds on what a peer may send: the fields of a history, round or status never exceed them.
@@ -122,6 +125,11 @@ class Round:
     @property
     def world_size(self) -> int:
         return len(self.members)
+
+    @functools.cached_property
+    def encoded(self) -> str:
+        """``to_json()`` as JSON text, made once: every member gets the same (N members x N ids)."""
+        return dumps_compact(self.to_json())
 
     def rank_of(self, node: int) -> int | None:
         try:

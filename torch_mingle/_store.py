@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 
 AGENT_PREFIX = "mingle/agent/"
 CLIENT_TIMEOUT_S = 300.0
+#: The accept queue of the leader's listeners (control port, round stores). Every node, and
+#: then every worker, connects at the same moment; a queue shorter than that drops SYNs and
+#: the clients wait out SYN retries (1 s, 3 s, ...) past their connect timeout. The kernel
+#: caps it at ``net.core.somaxconn`` (see README.md#scale).
+LISTEN_BACKLOG = 65535
 
 
 def ip_family(ip: str) -> int:
@@ -94,7 +99,7 @@ def _server_on_own_listener(ip: str, connect_ip: str | None, *, use_libuv: bool)
     listener = socket.socket(ip_family(ip), socket.SOCK_STREAM)
     try:
         listener.bind(sockaddr(ip, 0))
-        listener.listen(1024)
+        listener.listen(LISTEN_BACKLOG)
         port = int(listener.getsockname()[1])
         store = TCPStore(
             connect_ip or ip, port, None, True, timeout=timedelta(seconds=CLIENT_TIMEOUT_S),

@@ -33,6 +33,7 @@ import json
 import socket
 import struct
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -419,10 +420,21 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 
-def encode_frame(kind: str, **fields: Any) -> bytes:
-    """One control message: its length, then the JSON object ``{"t": kind, **fields}``."""
-    body = json.dumps({"t": kind, **fields}, separators=(",", ":")).encode()
+def encode_frame(kind: str, *, encoded: Mapping[str, str] | None = None, **fields: Any) -> bytes:
+    """One control message: its length, then the JSON object ``{"t": kind, **fields}``.
+
+    ``encoded``: fields whose values are JSON text already (a round's member list, encoded
+    once for all its members instead of once per member).
+    """
+    text = dumps_compact({"t": kind, **fields})
+    if encoded:
+        text = text[:-1] + "".join(f",{json.dumps(k)}:{v}" for k, v in encoded.items()) + "}"
+    body = text.encode()
     return FRAME_HEADER.pack(len(body)) + body
+
+
+def dumps_compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def check(msg: dict[str, Any]) -> str | None:

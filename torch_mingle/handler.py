@@ -20,6 +20,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import NoReturn
 
 from torch.distributed import DistError, TCPStore
@@ -128,6 +129,36 @@ def _raise_descriptor_limit(max_nodes: int, label: str) -> None:
         )  # fmt: skip
 
 
+SOMAXCONN_PATH = Path("/proc/sys/net/core/somaxconn")
+_warned_backlog = False
+
+
+def _warn_if_accept_queue_short(max_nodes: int, label: str) -> None:
+    """Warn (once per process) when the kernel caps the leader's accept queue below the job.
+
+    Every node, then every worker (``DESCRIPTORS_PER_NODE`` counts 8 a node), connects to the
+    leader at once; a shorter queue drops connection attempts, which wait out SYN retries.
+    """
+    global _warned_backlog  # noqa: PLW0603 - once per process
+    if _warned_backlog:
+        return
+    try:
+        somaxconn = int(SOMAXCONN_PATH.read_text())
+    except (OSError, ValueError):
+        return
+    need = min(max_nodes, MAX_NODES_FOR_DESCRIPTORS) * DESCRIPTORS_PER_NODE
+    if somaxconn >= need:
+        return
+    _warned_backlog = True
+    log.warning(
+        "%s up to %d nodes and their workers connect to the leader at once (about %d connections), "
+        "but net.core.somaxconn caps its accept queue at %d: connection attempts beyond it wait for "
+        "SYN retries. Raise it on every host that may lead (`sysctl -w net.core.somaxconn=%d`); "
+        "see README.md#scale",
+        label, max_nodes, need, somaxconn, need,
+    )  # fmt: skip
+
+
 def _wildcard(family: int) -> str:
     return "::" if family == socket.AF_INET6 else "0.0.0.0"  # noqa: S104 - a leader on several networks
 
@@ -177,6 +208,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         for warning in config.warnings():
             log.warning("%s %s", self._label, warning)
         _raise_descriptor_limit(config.max_nodes, self._label)
+        _warn_if_accept_queue_short(config.max_nodes, self._label)
         secret = config.load_secret()
         if secret is None:
             _warn_unauthenticated_once(config)
