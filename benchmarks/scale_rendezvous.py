@@ -160,7 +160,7 @@ def host_main(spec: dict[str, Any]) -> int:
         if cmd["cmd"] == "join":
             # Answer before the driver gives up, naming the state of every node still waiting.
             futures = [pool.submit(join, h) for h in handlers]
-            wait(futures, timeout=PHASE_TIMEOUT_S - 10)
+            wait(futures, timeout=PHASE_TIMEOUT_S - 30)  # a starved host needs its margin
             results = [f.result() if f.done() else stuck(h) for f, h in zip(futures, handlers, strict=True)]
             time.sleep(0.2)  # the leader's diagnostics refresh every 0.1 s
             return {"results": results, "usage": usage(), "counters": counters()}
@@ -270,7 +270,7 @@ def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
     errors = [r["error"] for r in results if "error" in r]
     ok = [r for r in results if "error" not in r]
     if not ok:
-        return {"ok": False, "errors": errors[:3], "nodes": len(results)}
+        return {"ok": False, "errors": errors[:3], "failed": len(errors), "nodes": len(results)}
     last_call, last_return = max(r["t_call"] for r in results), max(r["t"] for r in ok)
     ranks = sorted(r["rank"] for r in ok)
     return {
@@ -280,10 +280,27 @@ def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
         "release_to_last_s": last_return - started,
         "median_return_s": statistics.median(r["t"] - started for r in ok),
         "errors": errors[:3],
+        "failed": len(errors),
     }
 
 
+#: The step of a mingle point that was under way -> the phase its failure is reported under.
+PHASE_OF_STEP = {"creation": "first", "settle": "first", "first round": "first",
+                 "re-rendezvous": "rerdzv", "leader loss": "leader_loss"}  # fmt: skip
+
+
 def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
+    """One N: every phase measured; a phase that fails keeps the ones measured before it."""
+    point: dict[str, Any] = {"backend": "mingle", "nodes": n}
+    step = ["creation"]
+    try:
+        _run_mingle(n, per_process, prefix, point, step)
+    except HostError as exc:
+        point[PHASE_OF_STEP[step[0]]] = {"ok": False, "errors": [f"{step[0]}: {exc}"], "nodes": n}
+    return point
+
+
+def _run_mingle(n: int, per_process: int, prefix: list[str], point: dict[str, Any], step: list[str]) -> None:
     spec = {
         "backend": "mingle",
         "job": f"scale-{uuid.uuid4().hex[:8]}",
@@ -291,7 +308,6 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
         "min": max(2, n // 2),
         "max": n,
     }
-    point: dict[str, Any] = {"backend": "mingle", "nodes": n}
     with Hosts(prefix) as hosts:
         leader = _start(hosts, "leader", {**spec, "role": "leader", "count": 1})
         victim = _start(hosts, "victim", {**spec, "role": "victim", "count": 1})
@@ -301,7 +317,9 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
         created = _create(everyone)
         ready = created[0]["usage"]
         (first,) = created[0]["leaders"]
+        step[0] = "settle"
         point["settled_s"] = _settle(everyone, first)
+        step[0] = "first round"
         # First round: everyone at once.
         started = time.time()
         Hosts.send(everyone, {"cmd": "join"})
@@ -321,11 +339,13 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
         victim.signal(signal.SIGKILL)
         victim.proc.wait(timeout=30)
         survivors = [leader, successor, *crowd]
+        step[0] = "re-rendezvous"
         started = time.time()
         Hosts.send(survivors, {"cmd": "join"})
         point["rerdzv"] = _phase(Hosts.expect(survivors, PHASE_TIMEOUT_S), started)
         # The leader's host freezes: nothing is closed, only heartbeats stop.
         leader.signal(signal.SIGSTOP)
+        step[0] = "leader loss"
         started = time.time()
         try:
             Hosts.send([successor, *crowd], {"cmd": "join"})
@@ -336,7 +356,6 @@ def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
             leader.kill()
         Hosts.send([successor, *crowd], {"cmd": "stop"})
         Hosts.expect([successor, *crowd], 60)
-    return point
 
 
 def run_c10d(n: int, per_process: int, prefix: list[str], budget: float) -> dict[str, Any]:
@@ -463,12 +482,7 @@ def main() -> int:
         for n in sizes:
             if "mingle" in sections:
                 print(f"mingle N={n} ...", file=sys.stderr, flush=True)
-                try:
-                    report["points"].append(run_mingle(n, args.per_process, resolver.prefix))
-                except HostError as exc:
-                    report["points"].append(
-                        {"backend": "mingle", "nodes": n, "first": {"ok": False, "errors": [str(exc)]}}
-                    )
+                report["points"].append(run_mingle(n, args.per_process, resolver.prefix))
             if "c10d" in sections and c10d_failed_at is None:
                 print(f"c10d N={n} ...", file=sys.stderr, flush=True)
                 pt = run_c10d(n, args.per_process, resolver.prefix, args.c10d_budget)
