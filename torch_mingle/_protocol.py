@@ -138,6 +138,22 @@ class LeaderView:
     def standing(self) -> tuple[int, int, int, int]:
         return standing(self.claim, self.established, self.followers)
 
+    @classmethod
+    def of(cls, claim: Claim, body: Announce, store_ip: str, *, is_self: bool, now: float) -> LeaderView:
+        """The view an announcement (or, for ``is_self``, our own status) gives of its leader."""
+        return cls(
+            claim=claim,
+            store_ip=store_ip,
+            store_port=body.store_port,
+            is_self=is_self,
+            heard_at=now,
+            round=body.round,
+            members=body.members,
+            closed=body.closed,
+            established=body.established,
+            followers=body.followers,
+        )
+
 
 @dataclass(frozen=True)
 class BecomeLeader:
@@ -525,17 +541,7 @@ class Discovery:
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
         if current is not None and claim == current.claim:
             self.leader_heard_at = now
-            self.leader = replace(
-                current,
-                heard_at=now,
-                round=body.round,
-                members=body.members,
-                closed=body.closed,
-                established=body.established,
-                followers=body.followers,
-                store_ip=announced_store_ip(body, addr),
-                store_port=body.store_port,
-            )
+            self.leader = LeaderView.of(claim, body, announced_store_ip(body, addr), is_self=False, now=now)
             return
         checked = self._checked_claim(d, now)
         if checked is not None and (current is None or _standing_of_body(checked, body) > current.standing()):
@@ -671,18 +677,7 @@ class Discovery:
         self.role = Role.FOLLOWING
         self._own_claim = None
         self.leader_heard_at = now
-        self.leader = LeaderView(
-            claim=claim,
-            store_ip=announced_store_ip(body, addr),
-            store_port=body.store_port,
-            is_self=False,
-            heard_at=now,
-            round=body.round,
-            members=body.members,
-            closed=body.closed,
-            established=body.established,
-            followers=body.followers,
-        )
+        self.leader = LeaderView.of(claim, body, announced_store_ip(body, addr), is_self=False, now=now)
         self._events.append(LeaderFound(self.leader))
 
     def _lose_leader(self, now: float, reason: str) -> None:
@@ -705,19 +700,8 @@ class Discovery:
     def _own_view(self, now: float) -> LeaderView:
         if self._own_claim is None or self._store is None:
             raise MingleStateError("own leader view requested while not leading")
-        s = self._status
-        return LeaderView(
-            claim=self._own_claim,
-            store_ip=self._store[0],
-            store_port=self._store[1],
-            is_self=True,
-            heard_at=now,
-            round=s.round,
-            members=s.members,
-            closed=s.closed,
-            established=s.established,
-            followers=s.followers,
-        )
+        status = replace(self._status, store_port=self._store[1])
+        return LeaderView.of(self._own_claim, status, self._store[0], is_self=True, now=now)
 
     def _send_announce(self, dest: Dest, now: float) -> None:
         if self._own_claim is None or self._store is None:
