@@ -690,10 +690,7 @@ class LeaderTerm:
             self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
             return
         if kind == "round":
-            if m.conn is not None:
-                self._frames.append(
-                    (m.conn, encode_frame(kind, id=ticket, encoded={"round": fields["round"].encoded}))
-                )
+            self._send(m, kind, id=ticket, encoded={"round": fields["round"].encoded})
             return
         self._send(m, kind, id=ticket, **fields)
 
@@ -706,9 +703,9 @@ class LeaderTerm:
             m.offered = port
             self._send(m, "next", port=port)
 
-    def _send(self, m: _Member, kind: str, **fields: Any) -> None:
+    def _send(self, m: _Member, kind: str, *, encoded: dict[str, str] | None = None, **fields: Any) -> None:
         if m.conn is not None:
-            self._frames.append((m.conn, encode_frame(kind, **fields)))
+            self._frames.append((m.conn, encode_frame(kind, encoded=encoded, **fields)))
 
     def _close(self, m: _Member, why: str) -> None:
         if m.conn is not None and self.conns.pop(m.conn, None) is not None:

@@ -700,8 +700,8 @@ class Discovery:
     def _own_view(self, now: float) -> LeaderView:
         if self._own_claim is None or self._store is None:
             raise MingleStateError("own leader view requested while not leading")
-        status = replace(self._status, store_port=self._store[1])
-        return LeaderView.of(self._own_claim, status, self._store[0], is_self=True, now=now)
+        # leader_ready() put our store's port in the status we announce.
+        return LeaderView.of(self._own_claim, self._status, self._store[0], is_self=True, now=now)
 
     def _send_announce(self, dest: Dest, now: float) -> None:
         if self._own_claim is None or self._store is None:

@@ -96,6 +96,11 @@ def _warn_unauthenticated_once(config: MingleConfig) -> None:
     )
 
 
+def _connections_to_lead(max_nodes: int) -> int:
+    """Connections a leader of ``max_nodes`` nodes holds: ``DESCRIPTORS_PER_NODE`` each."""
+    return min(max_nodes, MAX_NODES_FOR_DESCRIPTORS) * DESCRIPTORS_PER_NODE
+
+
 def _raise_descriptor_limit(max_nodes: int, label: str) -> None:
     """Raise this process's soft descriptor limit to what leading ``max_nodes`` nodes takes.
 
@@ -105,7 +110,7 @@ def _raise_descriptor_limit(max_nodes: int, label: str) -> None:
     soft one is raised up to the hard one, as far as needed. Past the hard limit only the
     administrator can help: the warning says what to set.
     """
-    need = min(max_nodes, MAX_NODES_FOR_DESCRIPTORS) * DESCRIPTORS_PER_NODE + DESCRIPTOR_MARGIN
+    need = _connections_to_lead(max_nodes) + DESCRIPTOR_MARGIN
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
@@ -146,7 +151,7 @@ def _warn_if_accept_queue_short(max_nodes: int, label: str) -> None:
         somaxconn = int(SOMAXCONN_PATH.read_text())
     except (OSError, ValueError):
         return
-    need = min(max_nodes, MAX_NODES_FOR_DESCRIPTORS) * DESCRIPTORS_PER_NODE
+    need = _connections_to_lead(max_nodes)
     if somaxconn >= need:
         return
     _warned_backlog = True
