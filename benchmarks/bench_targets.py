@@ -64,6 +64,10 @@ LATENCY = {
     "rerendezvous_phase_ms": 10.0,
     "rerendezvous_phase_vs_c10d": 10.0,
     "phase_max_nodes": 8,
+    # The scale issue: rendezvous as the agent sees it (creating the handler included), N=4.
+    "agent_rendezvous_ms": 40.0,
+    "agent_rendezvous_vs_c10d": 25.0,
+    "agent_rendezvous_nodes": 4,
     # End to end: faster than c10d, within this factor of static.
     "e2e_vs_static": 1.10,
     # Handler level, N <= 16: at least this many times c10d.

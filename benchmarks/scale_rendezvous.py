@@ -36,7 +36,6 @@ run writes ``results/quick/``), and the issue's targets checked (``bench_targets
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import signal
 import statistics
@@ -78,6 +77,7 @@ def host_main(spec: dict[str, Any]) -> int:
     from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
 
     import torch_mingle  # noqa: F401 - registers the backend as the entry point would
+    from torch_mingle._record import field_names
     from torch_mingle.config import MingleConfig
     from torch_mingle.handler import MingleRendezvousHandler
 
@@ -136,7 +136,7 @@ def host_main(spec: dict[str, Any]) -> int:
         lead = next((d for d in diags if d.is_leader), None)
         if lead is not None:
             c = lead.control
-            out["control"] = dataclasses.asdict(c)
+            out["control"] = {name: getattr(c, name) for name in field_names(c)}
         return out
 
     def handle(cmd: dict[str, Any]) -> dict[str, Any]:

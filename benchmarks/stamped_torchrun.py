@@ -1,8 +1,10 @@
 """torchrun, with every agent's next_rendezvous() stamped (for the latency benchmark).
 
 Runs torch's own ``torch.distributed.run.main`` unchanged; the only addition is a wrapper
-around the handler's ``next_rendezvous`` that appends ``{"t_in", "t_out", "rank", "pid"}``
-as a JSON line to the file named by ``BENCH_STAMPS``. Works for every backend.
+around the handler's ``next_rendezvous`` that appends ``{"t_ask", "t_in", "t_out", "rank", "pid"}``
+as a JSON line to the file named by ``BENCH_STAMPS``; ``t_ask`` is when torchrun asked the
+registry for the handler (creating it: importing the backend's modules, starting its threads)
+and is written with the handler's first rendezvous only. Works for every backend.
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ def _install() -> None:
     create = registry.create_handler
 
     def create_stamped(params: RendezvousParameters) -> Any:
+        asked = [time.time()]
         handler = create(params)
         inner = handler.next_rendezvous
 
         def next_rendezvous() -> Any:
             t_in = time.time()
             info = inner()
-            _stamp(
-                {"kind": "rdzv", "t_in": t_in, "t_out": time.time(), "rank": info.rank, "pid": os.getpid()}
-            )
+            t_out, pid = time.time(), os.getpid()
+            record = {"kind": "rdzv", "t_in": t_in, "t_out": t_out, "rank": info.rank, "pid": pid}
+            if asked:
+                record["t_ask"] = asked.pop()
+            _stamp(record)
             return info
 
         handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]

@@ -29,23 +29,23 @@ Outputs: frames to send (``frames()``) and events for the node (``events()``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch_mingle import _faults
 from torch_mingle._protocol import Claim
+from torch_mingle._record import field, record
 from torch_mingle._rounds import History, Round, Status, bounded_int
 from torch_mingle._wire import Invalid, check, encode_frame
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@record
 class Welcomed:
     status: Status
 
 
-@dataclass(frozen=True)
+@record
 class Answer:
     """The leader's answer to a join (round, retry, timeout, closed, wait) or to an arrive (ack)."""
 
@@ -56,12 +56,12 @@ class Answer:
     parked: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class StatusChanged:
     status: Status
 
 
-@dataclass(frozen=True)
+@record
 class SessionOver:
     """The session ended: the leader is lost (``hard``: its process is gone), or it evicted us."""
 
@@ -73,7 +73,7 @@ class SessionOver:
 SessionEvent = Welcomed | Answer | StatusChanged | SessionOver
 
 
-@dataclass
+@record(frozen=False)
 class FollowerSession:
     """One node's connection to the leader of one claim."""
 

@@ -11,11 +11,11 @@ import logging
 import socket
 import struct
 import sys
-from dataclasses import dataclass
 
 import multicast_expert
 from multicast_expert import IfaceInfo
 
+from torch_mingle._record import record
 from torch_mingle.errors import README_NETWORKS, MingleConfigError
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ _IFF_RUNNING = 0x40
 _IFF_MULTICAST = 0x1000
 
 
-@dataclass(frozen=True)
+@record
 class Interface:
     """One interface as torch_mingle uses it: a name, its addresses of one family, its flags."""
 

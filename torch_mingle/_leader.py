@@ -38,11 +38,11 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch_mingle import _faults
 from torch_mingle._protocol import Claim
+from torch_mingle._record import field, record
 from torch_mingle._rounds import (
     MAX_EPOCH,
     MAX_MEMBERS,
@@ -75,12 +75,12 @@ ConnId = int
 
 
 # Jobs for the shell's worker thread (blocking TCPStore work), answered by ``job_done``.
-@dataclass(frozen=True)
+@record
 class OpenStore:
     """Open a fresh TCPStore server; the result is its port."""
 
 
-@dataclass(frozen=True)
+@record
 class OpenExitBarrier:
     """Mark torch's exit barrier of the round whose store listens on ``port`` as complete."""
 
@@ -88,14 +88,14 @@ class OpenExitBarrier:
     port: int
 
 
-@dataclass(frozen=True)
+@record
 class ReleaseStores:
     """Stop the round stores on these ports."""
 
     ports: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@record
 class OpenClient:
     """Any role: open a client of the store at ``ip:port`` (None: this node's own stores) ahead
     of the round that will use it; the result is the client (see ``Node._connect_ahead``)."""
@@ -108,7 +108,7 @@ Job = OpenStore | OpenExitBarrier | ReleaseStores | OpenClient
 
 
 # Answers for the leader's own node (it joins without a connection).
-@dataclass(frozen=True)
+@record
 class LocalAnswer:
     kind: str  # round | retry | timeout | closed | wait | ack
     ticket: int
@@ -117,7 +117,7 @@ class LocalAnswer:
     parked: bool = False
 
 
-@dataclass
+@record(frozen=False)
 class ControlCounters:
     """What a leader's term has handled: frames in and out, joins, jobs for the worker thread."""
 
@@ -129,7 +129,7 @@ class ControlCounters:
     jobs: int = 0
 
 
-@dataclass
+@record(frozen=False)
 class _Member:
     conn: ConnId | None  # None: the leader's own node
     opened: float
@@ -147,7 +147,7 @@ class _Member:
     connects_ahead: bool = False  # its hello said it reads ``next`` frames (older nodes do not)
 
 
-@dataclass
+@record(frozen=False)
 class LeaderTerm:
     """The leader's side of the control plane for one term (one epoch)."""
 

@@ -33,7 +33,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch.distributed import TCPStore
@@ -43,6 +42,7 @@ from torch_mingle._interfaces import Interface
 from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node
 from torch_mingle._protocol import Dest
+from torch_mingle._record import field, record
 from torch_mingle._store import (
     LISTEN_BACKLOG,
     StoreKeeper,
@@ -73,7 +73,7 @@ PEERS_REFRESH_S = 5.0
 STOP_JOIN_S = 5.0
 
 
-@dataclass
+@record(frozen=False)
 class _Stream:
     id: int
     sock: socket.socket
@@ -85,7 +85,7 @@ class _Stream:
     events: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class _Resolve:
     """Resolve the ``peers=`` names (on the worker thread)."""
 

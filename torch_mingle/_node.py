@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from torch_mingle._follower import Answer, FollowerSession, SessionEvent, SessionOver, StatusChanged, Welcomed
@@ -42,6 +41,7 @@ from torch_mingle._protocol import (
     Stats,
     SteppedDown,
 )
+from torch_mingle._record import field, record, replace
 from torch_mingle._rounds import History, Round, RoundBook, Status
 from torch_mingle._wire import Invalid
 from torch_mingle.errors import README_NETWORKS, MingleStateError
@@ -70,7 +70,7 @@ class Net(Protocol):
     def describe(self) -> str: ...
 
 
-@dataclass(frozen=True)
+@record
 class NodeSettings:
     job: str
     node_id: int
@@ -92,7 +92,7 @@ class NodeSettings:
 # ------------------------------------------------------------------ outcomes of a join
 
 
-@dataclass(frozen=True)
+@record
 class Joined:
     round: Round
     claim: Claim
@@ -102,12 +102,12 @@ class Joined:
     client: object = None
 
 
-@dataclass(frozen=True)
+@record
 class TimedOut:
     why: str
 
 
-@dataclass(frozen=True)
+@record
 class JobClosed:
     """The job is over; ``was_waiting``: this node saw it run and waited for a place (a spare)."""
 
@@ -115,7 +115,7 @@ class JobClosed:
     why: str
 
 
-@dataclass
+@record(frozen=False)
 class Ticket:
     """A request from the agent's thread; the node resolves it on the loop thread."""
 
@@ -129,7 +129,7 @@ class Ticket:
     error: BaseException | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Diagnostics:
     """A consistent snapshot of one node, for tests, benchmarks, logs and error messages."""
 

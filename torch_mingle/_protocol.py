@@ -48,9 +48,9 @@ import logging
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from torch_mingle._record import field, record, replace
 from torch_mingle._wire import (
     EPOCH_MAX,
     Announce,
@@ -97,7 +97,7 @@ class Role(enum.Enum):
     STOPPED = "stopped"
 
 
-@dataclass(frozen=True)
+@record
 class Claim:
     """A leadership claim: who leads, in which epoch. ``a.beats(b)``: (higher epoch, lower id)."""
 
@@ -120,7 +120,7 @@ def standing(claim: Claim, established: bool, followers: int = 0) -> tuple[int, 
     return (int(established), claim.epoch, followers, -claim.leader)
 
 
-@dataclass(frozen=True)
+@record
 class LeaderView:
     """What this node knows of the current leader."""
 
@@ -155,27 +155,27 @@ class LeaderView:
         )
 
 
-@dataclass(frozen=True)
+@record
 class BecomeLeader:
     """This node won the election: the shell must host the store, then call ``leader_ready``."""
 
     epoch: int
 
 
-@dataclass(frozen=True)
+@record
 class LeaderFound:
     """A (new) leader is known; ``leader.is_self`` when it is this node."""
 
     leader: LeaderView
 
 
-@dataclass(frozen=True)
+@record
 class LeaderLost:
     claim: Claim
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class SteppedDown:
     """This node led under ``own`` and yields to the better claim ``winner``."""
 
@@ -186,7 +186,7 @@ class SteppedDown:
 Event = BecomeLeader | LeaderFound | LeaderLost | SteppedDown
 
 
-@dataclass(frozen=True)
+@record
 class Timing:
     """Protocol timers in seconds."""
 
@@ -214,7 +214,7 @@ class Timing:
         )
 
 
-@dataclass(frozen=True)
+@record
 class PeerInfo:
     node: int
     addr: Dest
@@ -222,7 +222,7 @@ class PeerInfo:
     addrs: tuple[str, ...] = ()
 
 
-@dataclass
+@record(frozen=False)
 class Stats:
     """Counters a user can read (``doctor``, debug logs) to see what reached this node."""
 

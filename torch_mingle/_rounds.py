@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from dataclasses import dataclass, field
 from typing import Any
 
+from torch_mingle._record import field, record
 from torch_mingle._wire import dumps_compact
 
 MAX_HOLD_DOUBLINGS = 5
@@ -82,7 +82,7 @@ def peer_ip(value: Any) -> str:
     return f"{ip}%{scope}" if scope else str(ip)
 
 
-@dataclass(frozen=True)
+@record
 class History:
     """The last round a node took part in: lets a new leader recognize a re-rendezvous."""
 
@@ -103,14 +103,14 @@ class History:
         )
 
 
-@dataclass(frozen=True)
+@record
 class JoinRequest:
     node: int
     ip: str
     history: History | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Round:
     """A formed round as every member receives it."""
 
@@ -162,7 +162,7 @@ class Round:
         )
 
 
-@dataclass(frozen=True)
+@record
 class Status:
     """What the leader pushes to every node as it changes (``num_nodes_waiting``, ``is_closed``)."""
 
@@ -192,20 +192,20 @@ class Status:
         )
 
 
-@dataclass(frozen=True)
+@record
 class Form:
     members: tuple[int, ...]
     reason: str
     ips: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class Wait:
     until: float | None
     reason: str
 
 
-@dataclass
+@record(frozen=False)
 class RoundBook:
     """The leader's state of the job during its term."""
 

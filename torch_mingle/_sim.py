@@ -12,12 +12,12 @@ import heapq
 import itertools
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch_mingle._leader import Job, OpenStore
 from torch_mingle._node import Node, NodeSettings, Ticket
 from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
+from torch_mingle._record import field, record
 from torch_mingle._transport import Delivery, InMemoryNetwork, RouteHook
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
 
@@ -96,7 +96,7 @@ class SimNet:
         return f"simulated interface {self.owner.addr[0]}"
 
 
-@dataclass
+@record(frozen=False)
 class SimNode:
     index: int
     addr: tuple[str, int]

@@ -19,12 +19,12 @@ import logging
 import random
 import socket
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from multicast_expert import McastRxSocket, McastTxSocket, MulticastExpertError
 
 from torch_mingle._interfaces import Interface
 from torch_mingle._protocol import Dest
+from torch_mingle._record import record
 from torch_mingle.errors import README_NETWORKS, MingleNetworkError
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ def _broadcast_address(iface: Interface) -> str | None:
 # --------------------------------------------------------------------------- simulation
 
 
-@dataclass(frozen=True)
+@record
 class Route:
     """What the network does with one datagram: deliver after each delay (none: dropped)."""
 
@@ -193,7 +193,7 @@ class Route:
 RouteHook = Callable[[object, object, bytes, random.Random], Route | None]
 
 
-@dataclass(frozen=True)
+@record
 class Delivery:
     """Something the in-memory network hands to the node at ``dst`` (``Simulation`` dispatches it).
 
@@ -211,7 +211,7 @@ class Delivery:
     reason: str = ""
 
 
-@dataclass
+@record(frozen=False)
 class _End:
     owner: object
     peer: int

@@ -34,8 +34,9 @@ import socket
 import struct
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from torch_mingle._record import record
 
 MAGIC = b"MNGL"
 VERSION = 3
@@ -77,7 +78,7 @@ class MsgType(enum.IntEnum):
     PROBE = 4
 
 
-@dataclass(frozen=True)
+@record
 class Query:
     """ "Who leads this job?" from a node; also its candidacy during an election."""
 
@@ -87,7 +88,7 @@ class Query:
     type = MsgType.QUERY
 
 
-@dataclass(frozen=True)
+@record
 class Announce:
     """The leader's claim: epoch, where its control port listens, and the job's state.
 
@@ -112,7 +113,7 @@ class Announce:
     type = MsgType.ANNOUNCE
 
 
-@dataclass(frozen=True)
+@record
 class Resign:
     """The leader of ``epoch`` steps down (its job closed or it is shutting down)."""
 
@@ -121,7 +122,7 @@ class Resign:
     type = MsgType.RESIGN
 
 
-@dataclass(frozen=True)
+@record
 class Probe:
     """Asks which jobs are here (``python -m torch_mingle ls``): every leader answers, whatever its job."""
 
@@ -133,7 +134,7 @@ PROBE_JOB = "*"
 Body = Query | Announce | Resign | Probe
 
 
-@dataclass(frozen=True)
+@record
 class Datagram:
     job: str
     sender: int
@@ -142,7 +143,7 @@ class Datagram:
     nonce: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class Invalid:
     """Why a datagram was dropped; ``reason`` is a short stable token used as a counter key."""
 

@@ -20,10 +20,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, list_interfaces
 from torch_mingle._protocol import Dest, announced_store_ip
+from torch_mingle._record import field, record
 from torch_mingle._transport import McastTransport
 from torch_mingle._wire import PROBE_JOB, Announce, Codec, Datagram, Invalid, Probe, Query, derive_key
 from torch_mingle.config import DEFAULT_GROUP_V4, DEFAULT_PORT, MingleConfig
@@ -32,7 +32,7 @@ from torch_mingle.errors import README_NETWORKS, MingleConfigError, MingleNetwor
 ASK_EVERY_S = 0.5
 
 
-@dataclass
+@record(frozen=False)
 class JobSeen:
     job: str
     leader_ip: str = ""
@@ -45,7 +45,7 @@ class JobSeen:
     nodes_asking: set[int] = field(default_factory=set)
 
 
-@dataclass
+@record(frozen=False)
 class Heard:
     """Everything one listening session collected."""
 

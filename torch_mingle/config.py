@@ -13,10 +13,10 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torch_mingle._record import field, record
 from torch_mingle.errors import README_SECURITY, MingleConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ DEFAULT_PORT = 29477
 MAX_RUN_ID_BYTES = 200
 
 
-@dataclass(frozen=True)
+@record
 class MingleConfig:
     """Settings of one ``mingle`` rendezvous; see the README's table for each key."""
 

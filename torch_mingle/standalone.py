@@ -12,7 +12,6 @@ script, or anything that starts the same program N times without telling it an a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -20,10 +19,11 @@ from typing import Any
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
+from torch_mingle._record import field, record
 from torch_mingle.handler import MingleRendezvousHandler
 
 
-@dataclass
+@record(frozen=False)
 class Rendezvous:
     """One process's place in the job; ``close()`` (or leaving the ``with``) releases it."""
 

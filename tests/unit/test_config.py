@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from torch_mingle import config as config_module
+from torch_mingle._record import field_names
 from torch_mingle.config import KNOWN_KEYS, MingleConfig
 from torch_mingle.errors import MingleConfigError
 
@@ -48,7 +47,7 @@ def test_values_arrive_as_strings_from_torchrun():
 
 
 def test_every_known_key_is_a_field_of_the_same_name():
-    fields = {f.name for f in dataclasses.fields(MingleConfig)}
+    fields = set(field_names(MingleConfig))
     assert set(KNOWN_KEYS) <= fields
     assert set(KNOWN_KEYS) == set(config_module._PARSERS)
 
