@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import sys
@@ -83,6 +84,9 @@ def host_main(spec: dict[str, Any]) -> int:
 
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     logging.getLogger("torch_mingle").setLevel(logging.ERROR)  # a thousand nodes' warnings are noise here
+    if spec["role"] in os.environ.get("SCALE_LOG_ROLES", "").split(","):  # e.g. leader,victim
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("torch_mingle").setLevel(logging.INFO)
     count = spec["count"]
 
     def make(_: int) -> Any:
@@ -157,6 +161,8 @@ def host_main(spec: dict[str, Any]) -> int:
             return {"usage": usage(), "leaders": leaders()}
         if cmd["cmd"] == "leaders":
             return {"leaders": leaders()}
+        if cmd["cmd"] == "ahead":
+            return {"ahead": sum(h.diagnostics().store_ahead for h in handlers)}
         if cmd["cmd"] == "join":
             # Answer before the driver gives up, naming the state of every node still waiting.
             futures = [pool.submit(join, h) for h in handlers]
@@ -264,6 +270,19 @@ def _settle(hosts: list[Host], leader: str) -> float:
         time.sleep(0.5)
 
 
+def _connected_ahead(hosts: list[Host], nodes: int) -> float | None:
+    """Wait until every node holds its client of the next round's store, as it does a moment
+    after a round formed (a failure that strikes later finds them all connected); returns how
+    long that took, None if some still had none after ``SETTLE_TIMEOUT_S``."""
+    started = time.monotonic()
+    while time.monotonic() - started < SETTLE_TIMEOUT_S:
+        Hosts.send(hosts, {"cmd": "ahead"})
+        if sum(a["ahead"] for a in Hosts.expect(hosts, PHASE_TIMEOUT_S)) >= nodes:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    return None
+
+
 def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
     """One rendezvous step over every node's result: times, ranks, errors."""
     results = [r for a in answers for r in a["results"]]
@@ -281,12 +300,14 @@ def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
         "median_return_s": statistics.median(r["t"] - started for r in ok),
         "errors": errors[:3],
         "failed": len(errors),
+        "cpu_s_all": sum(a["usage"]["cpu_s"] for a in answers),  # every host, since it started
     }
 
 
 #: The step of a mingle point that was under way -> the phase its failure is reported under.
 PHASE_OF_STEP = {"creation": "first", "settle": "first", "first round": "first",
-                 "re-rendezvous": "rerdzv", "leader loss": "leader_loss"}  # fmt: skip
+                 "connect ahead": "rerdzv", "re-rendezvous": "rerdzv",
+                 "leader loss": "leader_loss"}  # fmt: skip
 
 
 def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
@@ -316,6 +337,7 @@ def _run_mingle(n: int, per_process: int, prefix: list[str], point: dict[str, An
         everyone = [leader, victim, successor, *crowd]
         created = _create(everyone)
         ready = created[0]["usage"]
+        point["cpu_s_created"] = sum(a["usage"]["cpu_s"] for a in created)
         (first,) = created[0]["leaders"]
         step[0] = "settle"
         point["settled_s"] = _settle(everyone, first)
@@ -335,6 +357,8 @@ def _run_mingle(n: int, per_process: int, prefix: list[str], point: dict[str, An
         sent = sum(a["counters"]["sent"] for a in answers)
         received = sum(a["counters"]["received"] for a in answers)
         point["datagrams_per_node"] = {"sent": sent / n, "received": received / n}
+        step[0] = "connect ahead"
+        point["ahead_s"] = _connected_ahead(everyone, n)
         # A node dies (its process is killed: its connections close), the survivors call again.
         victim.signal(signal.SIGKILL)
         victim.proc.wait(timeout=30)
@@ -343,6 +367,8 @@ def _run_mingle(n: int, per_process: int, prefix: list[str], point: dict[str, An
         started = time.time()
         Hosts.send(survivors, {"cmd": "join"})
         point["rerdzv"] = _phase(Hosts.expect(survivors, PHASE_TIMEOUT_S), started)
+        step[0] = "connect ahead"
+        point["ahead_again_s"] = _connected_ahead(survivors, n - 1)
         # The leader's host freezes: nothing is closed, only heartbeats stop.
         leader.signal(signal.SIGSTOP)
         step[0] = "leader loss"

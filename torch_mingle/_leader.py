@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from torch_mingle import _faults
@@ -172,6 +173,9 @@ class LeaderTerm:
     _store_requested: bool = False
     _offer_after_decide: list[_Member] = field(default_factory=list)
     _round_ports: list[int] = field(default_factory=list)
+    #: The status key of the last pass over every member, and who said hello since.
+    _status_key: tuple[object, ...] | None = None
+    _hello_since_status: set[int] = field(default_factory=set)
     _wanted_form: Form | None = None
     _wait_until: float | None = None
     _next_beat: float = 0.0
@@ -272,7 +276,7 @@ class LeaderTerm:
                 return
             assert isinstance(result, int)  # noqa: S101 - OpenStore answers a port
             self._spare_port = result
-            self._offer_after_decide.extend(m for m in self._by_node.values() if m.join_id is not None)
+            self._offer_after_decide.extend(m for m in self._by_node.values() if self._may_join_next(m))
             self._decide(now)
         elif isinstance(job, OpenExitBarrier) and error is not None:
             log.warning("%s could not open the exit barrier of round %d: %s", self.label, job.round, error)
@@ -424,6 +428,7 @@ class LeaderTerm:
         m.connects_ahead = msg.get("ahead") is True
         m.last = _last(msg.get("last"))
         self._by_node[node] = m
+        self._hello_since_status.add(node)
         self.book.ips[node] = _ip(msg["ip"])
         self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
         if not self.book.parked(node):
@@ -492,9 +497,10 @@ class LeaderTerm:
         self._update_parking(now)
         self._mark_status(now)
         # A join that formed a round needs no store ahead; one that still waits does (joins
-        # seen in this batch, and every waiting join when a new spare store opened).
+        # seen in this batch, and every waiting join and running member when a new spare
+        # store opened).
         for m in self._offer_after_decide:
-            if m.join_id is not None and not m.parked:
+            if self._may_join_next(m):
                 self._offer_spare(m)
         self._offer_after_decide.clear()
 
@@ -694,10 +700,18 @@ class LeaderTerm:
             return
         self._send(m, kind, id=ticket, **fields)
 
+    def _may_join_next(self, m: _Member) -> bool:
+        """A node whose agent will likely be in the next round: its join waits, unparked, or it
+        runs in the current round (which the next one replaces after a failure or a change)."""
+        if m.parked:
+            return False
+        current = self.book.current
+        return m.join_id is not None or (current is not None and m.node in current.members)
+
     def _offer_spare(self, m: _Member) -> None:
-        """Name the next round's store to a node that waits for a round: it connects to it ahead
-        of time, so the round costs its agent no connect (followers only: the leader's own
-        agent reads ``spare_port``)."""
+        """Name the next round's store to a node that waits for a round or runs in the current
+        one: it connects to it ahead of time, so the next round costs its agent no connect
+        (followers only: the leader's own agent reads ``spare_port``)."""
         port = self._spare_port
         if port is not None and m.conn is not None and m.connects_ahead and m.offered != port:
             m.offered = port
@@ -733,8 +747,14 @@ class LeaderTerm:
         if rnd is None:
             return
         key = (status.epoch, status.round, status.size, status.stale, status.closed, min(status.waiting, 1))
+        # Each join changes the status, rarely the key: then only members that connected since
+        # the last pass can be untold (a pass per join over every member is O(N**2) a round).
+        audience: Iterable[int] = (
+            rnd.members if key != self._status_key else self._hello_since_status & rnd.member_set
+        )
+        self._status_key, self._hello_since_status = key, set()
         frame = b""
-        for node in rnd.members:
+        for node in audience:
             m = self._by_node.get(node)
             if m is None or m.conn is None or m.told == key or node in self.book.pending:
                 continue

@@ -491,8 +491,9 @@ class Node:
         self._publish(now)
 
     def _connect_ahead(self) -> None:
-        """While the agent's join waits (or before its first), open its client of the store the
-        next round will use.
+        """Unless the leader parked this node, open the agent's client of the store the next
+        round will use: while its join waits, before its first, and while it runs in a round
+        (the next one follows a failure, and then every member joins at once).
 
         The leader names that store as soon as it is open (``spare_port``, ``next``), so when
         the round forms, every agent returns at once instead of N agents connecting then.
@@ -500,9 +501,8 @@ class Node:
         otherwise it is dropped, and a connect to a lost leader is cut (``_leader_lost``).
         """
         target: tuple[Claim, str | None, int] | None = None
-        join, term, session = self._join, self.term, self.session
-        # A join that waits, or none yet: the agent's first join is likely on its way.
-        if (join is None or not join.done) and not self.parked:
+        term, session = self.term, self.session
+        if not self.parked:
             if term is not None and self.core.role is Role.LEADING and term.spare_port is not None:
                 target = (term.claim, None, term.spare_port)
             elif session is not None and session.ready and session.next_store_port is not None:

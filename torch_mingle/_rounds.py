@@ -66,7 +66,16 @@ def node_id(value: Any) -> int:
 def members_of(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > MAX_MEMBERS:
         raise ValueError("members: not a list of at most 65536 ids")
-    return tuple(node_id(m) for m in value)
+    if not all(isinstance(m, str) for m in value):
+        raise ValueError("members: not a list of node ids")
+    return _parse_members(tuple(value))
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_members(ids: tuple[str, ...]) -> tuple[int, ...]:
+    """Every member of a round reports the same list when it re-joins (N joins of N ids each),
+    and the round frame repeats it: the leader parses it once, not N times per round."""
+    return tuple(node_id(m) for m in ids)
 
 
 def peer_ip(value: Any) -> str:
@@ -130,6 +139,10 @@ class Round:
     def encoded(self) -> str:
         """``to_json()`` as JSON text, made once: every member gets the same (N members x N ids)."""
         return dumps_compact(self.to_json())
+
+    @functools.cached_property
+    def member_set(self) -> frozenset[int]:
+        return frozenset(self.members)
 
     def rank_of(self, node: int) -> int | None:
         try:
@@ -303,26 +316,27 @@ class RoundBook:
         hold = self._next_hold_end(now)  # when a held-back node may restart the round: decide again
         if self.leader not in self.pending:
             return self._wait(hold, "waiting for the leader's own join")
-        ordered = self._rank_order()
-        admit = ordered[: self.max_nodes]
-        n = len(admit)
+        n = min(len(self.pending), self.max_nodes)  # the leader's own join is among them
         if n < self.min_nodes:
             self._min_reached_at = None
             return self._wait(hold, f"{n} of min_nodes={self.min_nodes} nodes joined")
         if self._min_reached_at is None:
             self._min_reached_at = now
         if n == self.max_nodes:
-            return self._form(admit, f"max_nodes={self.max_nodes} joined")
+            return self._form(f"max_nodes={self.max_nodes} joined")
         expected = self._expected()
         if expected is not None and expected <= self.pending.keys():
-            return self._form(admit, "every live node of the last round re-joined")
+            return self._form("every live node of the last round re-joined")
         deadline = self._min_reached_at + self.last_call_timeout
         if now >= deadline:
-            return self._form(admit, f"last call ({self.last_call_timeout:g}s) ended")
+            return self._form(f"last call ({self.last_call_timeout:g}s) ended")
         until = deadline if hold is None else min(deadline, hold)
         return self._wait(until, f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come")
 
-    def _form(self, admit: tuple[int, ...], reason: str) -> Form:
+    def _form(self, reason: str) -> Form:
+        """The round of the first ``max_nodes`` in rank order (sorted only now: a decision to
+        wait, made once per batch of joins, sorts nothing)."""
+        admit = self._rank_order()[: self.max_nodes]
         return Form(members=admit, reason=reason, ips=tuple(self.pending[m].ip for m in admit))
 
     def status(self, now: float) -> Status:
@@ -458,8 +472,8 @@ class RoundBook:
             return 0
         if self.current is None:
             return len(self.pending)
-        members = set(self.current.members)
-        rejoining = sum(1 for n in self.pending if n in members)
+        members = self.current.member_set
+        rejoining = len(self.pending.keys() & members)
         newcomers = len(self.pending.keys() - members - self._held(now))
         live_size = len(members - self.dead - self.left)
         room = max(0, self.max_nodes - live_size)

@@ -59,8 +59,9 @@ MAX_CONNECT_TIMEOUT_S = 5.0
 STORE_CONNECT_ATTEMPTS = 3
 #: How much longer than the node's own deadline the agent's thread waits for an answer.
 ANSWER_GRACE_S = 10.0
-#: Descriptors a leader needs per node: control connection, agent's store client, 8 workers'.
-DESCRIPTORS_PER_NODE = 10
+#: Descriptors a leader needs per node: control connection, agent's clients of the running
+#: round's store and of the next one's (opened ahead), 8 workers'.
+DESCRIPTORS_PER_NODE = 11
 DESCRIPTOR_MARGIN = 256
 MAX_NODES_FOR_DESCRIPTORS = 65536
 
@@ -104,8 +105,9 @@ def _connections_to_lead(max_nodes: int) -> int:
 def _raise_descriptor_limit(max_nodes: int, label: str) -> None:
     """Raise this process's soft descriptor limit to what leading ``max_nodes`` nodes takes.
 
-    A leader holds, per node, its control connection and its agent's store client, and the
-    round store holds one client per worker (``DESCRIPTORS_PER_NODE`` counts 8 GPUs a node).
+    A leader holds, per node, its control connection and its agent's clients of the running
+    round's store and of the next round's, and the round store holds one client per worker
+    (``DESCRIPTORS_PER_NODE`` counts 8 GPUs a node).
     Many systems start processes with a soft limit of 1,024 and a far higher hard limit; the
     soft one is raised up to the hard one, as far as needed. Past the hard limit only the
     administrator can help: the warning says what to set.

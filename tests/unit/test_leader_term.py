@@ -1,4 +1,4 @@
-"""The leader's term, sans I/O: which waiting nodes are told the next round's store (``next``)."""
+"""The leader's term, sans I/O: which nodes are told the next round's store (``next``)."""
 
 from __future__ import annotations
 
@@ -106,3 +106,43 @@ def test_a_spare_parked_behind_a_running_round_is_not_told_until_it_is_admitted(
     sent = _sent(term)
     assert [f["parked"] for f in sent[11] if f["t"] == "wait"] == [True]
     assert _nexts(sent, 11) == []
+
+
+def test_a_running_member_is_told_the_next_rounds_store_once_it_opens():
+    """After a failure every member re-joins at once: each has its client of that store already."""
+    term = _term(2, 2)
+    _store_opened(term, 5001, 0.1)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    _join(term, 10, 7, 0.3)  # round 1 forms on 5001
+    _sent(term)
+    _store_opened(term, 5002, 0.4)  # the spare for round 2, while round 1 runs
+    assert _nexts(_sent(term), 10) == [5002]
+    assert term.spare_port == 5002  # the leader's own agent reads it from the term
+    _join(term, 10, 8, 0.5)  # the re-join after a failure: the same store, not said again
+    assert _nexts(_sent(term), 10) == []
+
+
+def _statuses(sent: dict[int, list[dict[str, Any]]], conn: int) -> list[dict[str, Any]]:
+    return [f["status"] for f in sent.get(conn, []) if f["t"] == "status"]
+
+
+def test_running_members_hear_when_nodes_start_waiting_not_of_every_join():
+    term = _term(2, 5)
+    _store_opened(term, 5001, 0.1)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    for conn, node in ((10, 2), (11, 3)):
+        _connect(term, conn, node, 0.2)
+        _join(term, conn, node, 0.3)
+    term.handle_timer(1.5)  # the last call (1 s) ends: round 1 of three
+    sent = _sent(term)
+    assert [f["t"] for f in sent[10] if f["t"] == "round"] == ["round"]
+    _connect(term, 12, 4, 1.6)
+    _join(term, 12, 1, 1.6)  # a node waits for a place: the running members must restart
+    sent = _sent(term)
+    assert [s["waiting"] for s in _statuses(sent, 10)] == [1]
+    assert [s["waiting"] for s in _statuses(sent, 11)] == [1]
+    _connect(term, 13, 5, 1.7)
+    _join(term, 13, 1, 1.7)  # a second one changes nothing they act on
+    sent = _sent(term)
+    assert _statuses(sent, 10) == _statuses(sent, 11) == []
