@@ -36,6 +36,7 @@ run writes ``results/quick/``), and the issue's targets checked (``bench_targets
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -166,7 +167,10 @@ def host_main(spec: dict[str, Any]) -> int:
         if cmd["cmd"] == "join":
             # Answer before the driver gives up, naming the state of every node still waiting.
             futures = [pool.submit(join, h) for h in handlers]
+            # A phase this host cannot finish: every thread's stack on stderr, to see where.
+            faulthandler.dump_traceback_later(PHASE_TIMEOUT_S - 35)
             wait(futures, timeout=PHASE_TIMEOUT_S - 30)  # a starved host needs its margin
+            faulthandler.cancel_dump_traceback_later()
             results = [f.result() if f.done() else stuck(h) for f, h in zip(futures, handlers, strict=True)]
             time.sleep(0.2)  # the leader's diagnostics refresh every 0.1 s
             return {"results": results, "usage": usage(), "counters": counters()}

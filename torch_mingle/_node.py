@@ -515,11 +515,15 @@ class Node:
             self._ahead_pending[self._ahead_seq] = target
             self.net.submit(OpenClient(target[1], target[2]), self._ahead_seq)
 
-    def _client_ahead(self, claim: Claim, port: int) -> object:
+    def _take_client_ahead(self, claim: Claim, port: int) -> object:
+        """The client opened ahead for this round's store, handed over once (the target stays,
+        so the same store is not connected again; ``store_ahead`` is False until the next)."""
         ahead = self._ahead
         if ahead is None or (ahead[0], ahead[2]) != (claim, port):
             return None
-        return self._ahead_client
+        client, self._ahead_client = self._ahead_client, None
+        self._ahead_seq += 1  # a connect still under way for it is dropped when it ends
+        return client
 
     def _flush_term(self, term: LeaderTerm, now: float) -> bool:
         busy = False
@@ -739,7 +743,7 @@ class Node:
                 if len(self._store_ports) > 4:
                     self._store_ports.pop(next(iter(self._store_ports)))
             leader_ip = session.ip if session is not None else None
-            client = self._client_ahead(claim, rnd.store_port)
+            client = self._take_client_ahead(claim, rnd.store_port)
             self.board.resolve(join, result=Joined(rnd, claim, leader_ip, client))
         elif kind == "retry":
             log.info("%s asked to join again: %s", self.label, text)
