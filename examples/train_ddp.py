@@ -4,7 +4,10 @@ Nothing here knows an address: torchrun's agent sets MASTER_ADDR/MASTER_PORT, RA
 WORLD_SIZE from the mingle rendezvous, and ``init_process_group`` reads them (env://).
 
 With ``--checkpoint DIR`` rank 0 saves the model after every step and every restarted
-round resumes from the last checkpoint, as an elastic job should. ``--report DIR`` makes
+round resumes from the last checkpoint, as an elastic job should. Each checkpoint is tagged
+with the round that wrote it (``MINGLE_EPOCH``, ``MINGLE_ROUND``, set by mingle's agent), and
+a round never overwrites a checkpoint written under a newer epoch: its workers stop instead
+(exit code 3), since a newer leader's job has moved on without them (README#fencing). ``--report DIR`` makes
 every rank write what it saw (JSON), which the tests read. The ``--fail-*`` options
 inject failures for the fault-tolerance tests.
 """
@@ -73,11 +76,39 @@ def load_checkpoint(path: Path | None, model: nn.Module, opt: torch.optim.Optimi
     return int(state["step"])
 
 
+FENCED_EXIT_CODE = 3
+
+
+def this_round() -> tuple[int, int]:
+    """(epoch, round) of the rendezvous that started this worker; (0, 0) under other backends."""
+    return int(os.environ.get("MINGLE_EPOCH", "0")), int(os.environ.get("MINGLE_ROUND", "0"))
+
+
 def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """Save the model, tagged with this round, unless a newer epoch wrote the last one.
+
+    ``ckpt.json`` says who wrote ``ckpt.pt``. The check narrows, but cannot close, the window
+    in which two writers on a shared file system race; the quorum rule is what keeps two rounds
+    from training at once, this is the last line.
+    """
     path.mkdir(parents=True, exist_ok=True)
+    epoch, round_number = this_round()
+    meta = path / "ckpt.json"
+    if meta.exists():
+        written = json.loads(meta.read_text())
+        if written["epoch"] > epoch:
+            log(
+                f"fenced: the checkpoint was written under epoch {written['epoch']} round "
+                f"{written['round']}, newer than this round's epoch {epoch}; stopping"
+            )
+            os._exit(FENCED_EXIT_CODE)
+    tag = {"epoch": epoch, "round": round_number, "step": step}
     tmp = path / f"ckpt.pt.tmp{os.getpid()}"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), **tag}, tmp)
     tmp.replace(path / "ckpt.pt")
+    tmp_meta = path / f"ckpt.json.tmp{os.getpid()}"
+    tmp_meta.write_text(json.dumps(tag))
+    tmp_meta.replace(meta)
 
 
 def maybe_fail(args: argparse.Namespace, rank: int, step: int) -> None:
@@ -116,6 +147,8 @@ def main() -> int:
             "TORCHELASTIC_RESTART_COUNT",
             "GLOO_SOCKET_IFNAME",
             "NCCL_SOCKET_IFNAME",
+            "MINGLE_EPOCH",
+            "MINGLE_ROUND",
         )
     }
     if not args.quiet:

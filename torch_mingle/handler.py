@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 #: Set for the workers (to the discovery interface) unless the user set them.
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+#: Set for the workers of every round (README#fencing): the leader's term and the round. Both
+#: only grow within a job, so (epoch, round) orders the rounds, across failovers too.
+EPOCH_VAR, ROUND_VAR = "MINGLE_EPOCH", "MINGLE_ROUND"
 MAX_CONNECT_TIMEOUT_S = 5.0
 #: Tries at the round's store while the leader still answers (see ``_connect_round_store``).
 STORE_CONNECT_ATTEMPTS = 3
@@ -437,7 +440,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             log.debug("%s round %d: the store client was connected ahead", self._label, rnd.number)
         store = AgentStore(client, on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number))
         self._round = rnd
-        self._export_worker_env()
+        self._export_worker_env(rnd)
         return RendezvousInfo(
             store,
             rank,
@@ -498,10 +501,13 @@ class MingleRendezvousHandler(RendezvousHandler):
             chosen = next(i for i in self._ifaces if i.name == best)
             self._settle(chosen, f"{votes[best]} of the round's other members are on its subnet")
 
-    def _export_worker_env(self) -> None:
+    def _export_worker_env(self, rnd: Round) -> None:
+        """What the agent's workers inherit: the interface (unless the user set it) and the round."""
         for var in SOCKET_IFNAME_VARS:
             if self._user_env[var] is None:
                 os.environ[var] = self._iface.name
+        os.environ[EPOCH_VAR] = str(rnd.epoch)
+        os.environ[ROUND_VAR] = str(rnd.number)
 
     def _log_counters(self, round_number: int) -> None:
         stats = self._board.diagnostics().stats

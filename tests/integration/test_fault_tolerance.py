@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.helpers import (
@@ -46,6 +48,9 @@ def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
     assert_trained_together(reports, 3, 12)
     assert {r["start_step"] for r in reports} == {5}, "the new round did not resume from the checkpoint"
     assert all("joined round 2 as rank" in a.output() for a in agents), dump(agents)
+    # The workers of round 2 know it, and so does the checkpoint they wrote last.
+    assert {r["env"]["MINGLE_ROUND"] for r in reports} == {"2"}
+    assert json.loads((tmp_path / "ckpt" / "ckpt.json").read_text()) == {"epoch": 1, "round": 2, "step": 12}
 
 
 def test_a_new_node_is_admitted_at_the_next_round(tmp_path):
