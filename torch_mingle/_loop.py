@@ -27,6 +27,7 @@ import contextlib
 import errno
 import functools
 import logging
+import math
 import selectors
 import socket
 import threading
@@ -176,8 +177,11 @@ class Loop:
         connect_timeout_s: float = 5.0,
         label: str = "",
         clock: Callable[[], float] = time.monotonic,
+        membership_refresh_s: float = 60.0,
     ) -> None:
         self.transports = transports
+        self.membership_refresh_s = membership_refresh_s
+        self._renew_at = math.inf  # set when the thread starts
         self.keeper = keeper
         self.peer_hosts = peers
         self.write_timeout_s = write_timeout_s
@@ -238,6 +242,7 @@ class Loop:
             self.resolver.start()
             self._resolve_peers_now()
         now = self.clock()
+        self._renew_at = now + self.membership_refresh_s
         self._guard("start", lambda: node.start(now), now)
         self._thread.start()
 
@@ -386,6 +391,10 @@ class Loop:
         node = self.node
         assert node is not None  # noqa: S101 - start() sets it
         now = self.clock()
+        if now >= self._renew_at:  # a fresh membership report, for snooping switches
+            self._renew_at = now + self.membership_refresh_s
+            for transport in self.transports:
+                transport.renew_membership()
         self._run_calls(now)
         timeout = self._timeout(node, now)
         events = self._sel.select(timeout)
@@ -413,7 +422,7 @@ class Loop:
         self._run_deferred(now)
 
     def _timeout(self, node: Node, now: float) -> float:
-        times = [node.next_timer(), self._next_resolve, self._accept_paused_until]
+        times = [node.next_timer(), self._next_resolve, self._accept_paused_until, self._renew_at]
         times.extend(s.closing_by for s in self._streams.values() if s.closing_by is not None)
         times.extend(
             s.stalled_since + self.write_timeout_s

@@ -18,6 +18,7 @@ import ipaddress
 import logging
 import random
 import socket
+import struct
 from collections.abc import Callable, Iterable
 
 from multicast_expert import McastRxSocket, McastTxSocket, MulticastExpertError
@@ -164,6 +165,31 @@ class McastTransport:
                     "%s",
                     network_advice(exc, action="sending", iface=self.iface, group=self.group, port=self.port),
                 )
+
+    def renew_membership(self) -> None:
+        """Leave the group and join it again on every receive socket: the kernel then sends a
+        fresh IGMP (IPv4) or MLD (IPv6) report at once, so a switch that snoops without a
+        querier keeps forwarding the group to this port. Datagrams that arrive between the
+        two calls (microseconds) may be missed; the protocol repeats what matters."""
+        if self._rx is None:
+            return
+        if self.iface.family == socket.AF_INET:
+            level, leave, join = socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, socket.IP_ADD_MEMBERSHIP
+            # struct ip_mreqn: group, no local address (4 zero bytes), the interface by index
+            mreq = socket.inet_aton(self.group) + bytes(4) + struct.pack("@i", self.iface.index)
+        else:
+            level, leave, join = socket.IPPROTO_IPV6, socket.IPV6_LEAVE_GROUP, socket.IPV6_JOIN_GROUP
+            mreq = socket.inet_pton(socket.AF_INET6, self.group) + struct.pack("@I", self.iface.index)
+        for sock in self._rx.sockets:
+            with contextlib.suppress(OSError):  # not a member (any more): joining is what counts
+                sock.setsockopt(level, leave, mreq)
+            try:
+                sock.setsockopt(level, join, mreq)
+            except OSError as exc:
+                log.warning(
+                    "%s", network_advice(exc, action="joining the group again", iface=self.iface,
+                                         group=self.group, port=self.port),
+                )  # fmt: skip
 
     def close(self) -> None:
         for sock in (self._rx, self._tx):

@@ -68,6 +68,9 @@ class MingleConfig:
     #: Seconds a healthy round runs before a node that was dropped from the job (frozen, cut off)
     #: may restart it to come back; doubled each time the same node is dropped again.
     rejoin_delay: float = 30.0
+    #: Seconds between fresh IGMP/MLD membership reports for the discovery group (a switch that
+    #: snoops IGMP without a querier stops forwarding a group some 260 s after the last report).
+    membership_refresh: float = 60.0
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
     #: Keys the user set explicitly, for logging.
@@ -288,6 +291,7 @@ _PARSERS: dict[str, Any] = {
     "peers": _parse_str,
     "discovery_warning": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="10"),
     "rejoin_delay": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
+    "membership_refresh": lambda k, v: _parse_float(k, v, minimum=0.1, maximum=DAY_S, example="60"),
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

@@ -260,6 +260,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             write_timeout_s=config.keep_alive_timeout,
             connect_timeout_s=settings.connect_timeout_s,
             label=self._label,
+            membership_refresh_s=config.membership_refresh,
         )
         self._node = Node(settings, core, self._loop)
         self._board: Board = self._node.board
