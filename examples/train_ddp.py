@@ -87,22 +87,24 @@ def this_round() -> tuple[int, int]:
 def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
     """Save the model, tagged with this round, unless a newer epoch wrote the last one.
 
-    ``ckpt.json`` says who wrote ``ckpt.pt``. The check narrows, but cannot close, the window
-    in which two writers on a shared file system race; the quorum rule is what keeps two rounds
-    from training at once, this is the last line.
+    ``ckpt.json`` says who wrote ``ckpt.pt``: the job (``--rdzv_id``), epoch, round and step;
+    epochs are compared within one job only (a new job starts at epoch 1). The check narrows,
+    but cannot close, the window in which two writers on a shared file system race; the
+    rendezvous is what keeps two rounds of one job from training at once, this is the last line.
     """
     path.mkdir(parents=True, exist_ok=True)
     epoch, round_number = this_round()
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "")  # epochs count within one job (--rdzv_id)
     meta = path / "ckpt.json"
     if meta.exists():
         written = json.loads(meta.read_text())
-        if written["epoch"] > epoch:
+        if written.get("job") == job and written["epoch"] > epoch:
             log(
                 f"fenced: the checkpoint was written under epoch {written['epoch']} round "
                 f"{written['round']}, newer than this round's epoch {epoch}; stopping"
             )
             os._exit(FENCED_EXIT_CODE)
-    tag = {"epoch": epoch, "round": round_number, "step": step}
+    tag = {"job": job, "epoch": epoch, "round": round_number, "step": step}
     tmp = path / f"ckpt.pt.tmp{os.getpid()}"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), **tag}, tmp)
     tmp.replace(path / "ckpt.pt")

@@ -705,8 +705,16 @@ class LeaderTerm:
         runs in the current round (which the next one replaces after a failure or a change)."""
         if m.parked:
             return False
-        current = self.book.current
-        return m.join_id is not None or (current is not None and m.node in current.members)
+        if m.join_id is not None:
+            return True
+        book, node = self.book, m.node
+        return (
+            book.current is not None
+            and node in book.current.member_set
+            and node not in book.left
+            and node not in book.dead
+            and node not in book.arrived  # in torch's exit barrier: its job is done
+        )
 
     def _offer_spare(self, m: _Member) -> None:
         """Name the next round's store to a node that waits for a round or runs in the current

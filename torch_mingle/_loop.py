@@ -52,7 +52,7 @@ from torch_mingle._store import (
     open_client,
     sockaddr,
 )
-from torch_mingle._transport import McastTransport
+from torch_mingle._transport import RENEW_RETRY_S, McastTransport
 from torch_mingle._wire import FrameReader
 from torch_mingle.errors import MingleStateError
 
@@ -392,9 +392,7 @@ class Loop:
         assert node is not None  # noqa: S101 - start() sets it
         now = self.clock()
         if now >= self._renew_at:  # a fresh membership report, for snooping switches
-            self._renew_at = now + self.membership_refresh_s
-            for transport in self.transports:
-                transport.renew_membership()
+            self._guard("renewing the group membership", lambda: self._renew_membership(now), now)
         self._run_calls(now)
         timeout = self._timeout(node, now)
         events = self._sel.select(timeout)
@@ -435,6 +433,11 @@ class Loop:
         if not present:
             return IDLE_WAKE_S
         return max(0.0, min(IDLE_WAKE_S, min(present) - now))
+
+    def _renew_membership(self, now: float) -> None:
+        self._renew_at = now + self.membership_refresh_s  # first: a failure must not retry at once
+        if not all([t.renew_membership() for t in self.transports]):
+            self._renew_at = now + RENEW_RETRY_S
 
     def _run_calls(self, now: float) -> None:
         while True:

@@ -736,6 +736,7 @@ class Node:
                 raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
             self.history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
             self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
+            self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
             if session is not None:
                 self._last_leader_ip = session.ip
                 ports = self._store_ports.setdefault(claim, [])

@@ -19,6 +19,7 @@ import logging
 import random
 import socket
 import struct
+import sys
 from collections.abc import Callable, Iterable
 
 from multicast_expert import McastRxSocket, McastTxSocket, MulticastExpertError
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 RCVBUF_BYTES = 4 * 1024 * 1024
 MAX_DATAGRAM_READ = 2048
 MAX_READS_PER_WAKE = 512
+#: After a failed re-join of the group: try again this soon (the socket is out of the group).
+RENEW_RETRY_S = 1.0
 
 
 def network_advice(
@@ -166,30 +169,42 @@ class McastTransport:
                     network_advice(exc, action="sending", iface=self.iface, group=self.group, port=self.port),
                 )
 
-    def renew_membership(self) -> None:
+    def renew_membership(self) -> bool:
         """Leave the group and join it again on every receive socket: the kernel then sends a
         fresh IGMP (IPv4) or MLD (IPv6) report at once, so a switch that snoops without a
         querier keeps forwarding the group to this port. Datagrams that arrive between the
-        two calls (microseconds) may be missed; the protocol repeats what matters."""
-        if self._rx is None:
-            return
+        two calls (microseconds) may be missed; the protocol repeats what matters.
+
+        Linux only (the request layouts are Linux's). Returns False if a join failed: the
+        caller tries again soon. When another socket on this host holds the same group on the
+        same interface, the kernel's membership does not change and no report is sent; that
+        socket's owner renews it or not (README#networks).
+        """
+        if self._rx is None or not sys.platform.startswith("linux"):
+            return True
+        group = ipaddress.ip_address(self.group.partition("%")[0]).packed  # a scoped IPv6 group too
         if self.iface.family == socket.AF_INET:
             level, leave, join = socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, socket.IP_ADD_MEMBERSHIP
             # struct ip_mreqn: group, no local address (4 zero bytes), the interface by index
-            mreq = socket.inet_aton(self.group) + bytes(4) + struct.pack("@i", self.iface.index)
+            mreq = group + bytes(4) + struct.pack("@i", self.iface.index)
         else:
             level, leave, join = socket.IPPROTO_IPV6, socket.IPV6_LEAVE_GROUP, socket.IPV6_JOIN_GROUP
-            mreq = socket.inet_pton(socket.AF_INET6, self.group) + struct.pack("@I", self.iface.index)
+            mreq = group + struct.pack("@I", self.iface.index)
+        ok = True
         for sock in self._rx.sockets:
             with contextlib.suppress(OSError):  # not a member (any more): joining is what counts
                 sock.setsockopt(level, leave, mreq)
             try:
                 sock.setsockopt(level, join, mreq)
             except OSError as exc:
-                log.warning(
-                    "%s", network_advice(exc, action="joining the group again", iface=self.iface,
-                                         group=self.group, port=self.port),
+                ok = False
+                log.error(  # noqa: TRY400 - the advice matters, the traceback does not
+                    "%s; trying again in %gs",
+                    network_advice(exc, action="joining the group again", iface=self.iface,
+                                   group=self.group, port=self.port),
+                    RENEW_RETRY_S,
                 )  # fmt: skip
+        return ok
 
     def close(self) -> None:
         for sock in (self._rx, self._tx):

@@ -291,7 +291,7 @@ _PARSERS: dict[str, Any] = {
     "peers": _parse_str,
     "discovery_warning": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="10"),
     "rejoin_delay": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
-    "membership_refresh": lambda k, v: _parse_float(k, v, minimum=0.1, maximum=DAY_S, example="60"),
+    "membership_refresh": lambda k, v: _parse_float(k, v, minimum=1.0, maximum=DAY_S, example="60"),
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

@@ -50,7 +50,8 @@ def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
     assert all("joined round 2 as rank" in a.output() for a in agents), dump(agents)
     # The workers of round 2 know it, and so does the checkpoint they wrote last.
     assert {r["env"]["MINGLE_ROUND"] for r in reports} == {"2"}
-    assert json.loads((tmp_path / "ckpt" / "ckpt.json").read_text()) == {"epoch": 1, "round": 2, "step": 12}
+    written = json.loads((tmp_path / "ckpt" / "ckpt.json").read_text())
+    assert written == {"job": job, "epoch": 1, "round": 2, "step": 12}
 
 
 def test_a_new_node_is_admitted_at_the_next_round(tmp_path):
