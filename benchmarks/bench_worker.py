@@ -46,8 +46,13 @@ def main() -> int:
             dist.all_reduce(x)  # fails (or is stopped by the agent) once rank 1 is gone
     if args.mode == "loop":
         end = time.time() + args.seconds
-        while time.time() < end:
-            dist.all_reduce(x)
+        go = torch.ones(1)
+        while go.item() > 0:
+            # The ranks stop together: each says whether its time is up, the minimum decides. A
+            # rank that stopped on its own clock would leave another in one more all_reduce,
+            # which fails that worker after the job is done and restarts its node alone.
+            go.fill_(1.0 if time.time() < end else 0.0)
+            dist.all_reduce(go, op=dist.ReduceOp.MIN)
             stamp("allreduce", attempt=attempt, world=dist.get_world_size(), master=os.environ["MASTER_ADDR"])
             time.sleep(0.02)
     dist.destroy_process_group()

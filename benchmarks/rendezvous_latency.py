@@ -266,10 +266,19 @@ class Launch:
         """All-reduces after wall time ``t`` in rounds of ``world`` workers."""
         return [r for r in self.records() if r["kind"] == "allreduce" and r["t"] > t and r["world"] == world]
 
-    def wait(self, timeout: float) -> list[int | None]:
+    def tails(self, lines: int = 40) -> str:
+        """The last lines of every agent's log (the folder is gone once the run fails)."""
+        return "\n".join(
+            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+            for log in self.logs
+            if log.exists()
+        )
+
+    def wait(self, timeout: float, procs: list[subprocess.Popen[bytes]] | None = None) -> list[int | None]:
+        """Exit codes of ``procs`` (default: every agent); None for one still running at the deadline."""
         deadline = time.monotonic() + timeout
         codes: list[int | None] = []
-        for proc in self.procs:
+        for proc in self.procs if procs is None else procs:
             try:
                 codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
@@ -441,12 +450,12 @@ def bench_leader(runs: int, workdir: Path, tick: Any) -> list[Point]:
             killed = time.time()
             kill_tree(leader_pid)
             survivors = [p for p in launch.procs if p.pid != leader_pid]
-            codes = [p.wait(timeout=RUN_TIMEOUT_S) for p in survivors]
+            codes = launch.wait(RUN_TIMEOUT_S, survivors)
         finally:
             launch.cleanup()
         after = launch.allreduces_after(killed, n - 1)
         if codes != [0] * (n - 1) or not after:
-            raise RuntimeError(f"leader-loss run failed: {codes}; see {launch.logs}")
+            raise RuntimeError(f"leader-loss run failed (exit codes {codes}):\n{launch.tails()}")
         first: dict[int, float] = {}
         for r in sorted(after, key=lambda r: r["t"]):
             first.setdefault(r["rank"], r["t"])
