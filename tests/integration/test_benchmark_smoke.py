@@ -36,7 +36,7 @@ def test_quick_benchmark_reports_every_backend_and_field(tmp_path):
     assert report["targets"], "no target was evaluated"
     found: dict[str, set[str]] = {}
     for point in report["points"]:
-        assert {"section", "backend", "nodes", "samples", "phase", "note"} <= point.keys()
+        assert {"section", "backend", "nodes", "samples", "phase", "agent", "note"} <= point.keys()
         assert point["samples"] or point["note"], (
             f"{point['section']}/{point['backend']} has neither data nor a note"
         )
@@ -44,6 +44,9 @@ def test_quick_benchmark_reports_every_backend_and_field(tmp_path):
     assert found == SECTIONS
     assert {p["nodes"] for p in report["points"] if p["section"] in ("handler", "e2e")} == {2}
     assert "handler level" in run.stdout and "targets:" in run.stdout
+    # Rendezvous as the agent sees it (asking for the handler included), for every e2e backend.
+    assert all(p["agent"] for p in report["points"] if p["section"] == "e2e")
+    assert "rendezvous as the agent sees it" in run.stdout
 
 
 @pytest.mark.timeout(180)
