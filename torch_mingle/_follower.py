@@ -271,7 +271,7 @@ class FollowerSession:
             self.next_store_port = None  # used by this round, or not by any: named again if due
             self._events.append(Answer("round", int(msg["id"]), round=rnd))
         elif kind in ("retry", "timeout"):
-            self.next_store_port = None
+            # The store named stays the next round's (the leader names each store once per node).
             self._events.append(Answer(kind, int(msg["id"]), text=str(msg["why"])))
         elif kind == "wait":
             self._events.append(
