@@ -75,8 +75,9 @@ def _three_with_a_leader(make_handler, prefix: str):
 
 def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(make_handler, caplog):
     """A slow resolver or a burst of joins is load, not a lost leader: no new election."""
-    handlers, leader = _three_with_a_leader(make_handler, "connect")
+    # Armed before the nodes start: they connect ahead as soon as the leader names its store.
     _faults.arm("store.connect_ahead", times=1000)  # every agent connects when the round forms
+    handlers, leader = _three_with_a_leader(make_handler, "connect")
     _faults.arm("store.connect", times=2)
     with caplog.at_level(logging.WARNING, logger="torch_mingle"):
         infos = rendezvous_all(handlers)
@@ -90,8 +91,9 @@ def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(
 
 def test_a_client_that_cannot_connect_ahead_costs_nothing_but_the_connect(make_handler, caplog):
     """The connector thread's failure is the job's result: the agent connects itself, no re-election."""
-    handlers, leader = _three_with_a_leader(make_handler, "ahead")
+    # Armed before the nodes start: they connect ahead as soon as the leader names its store.
     _faults.arm("store.connect_ahead", times=1000)
+    handlers, leader = _three_with_a_leader(make_handler, "ahead")
     with caplog.at_level(logging.DEBUG, logger="torch_mingle"):
         infos = rendezvous_all(handlers)
     assert sorted(i.rank for i in infos) == [0, 1, 2]
