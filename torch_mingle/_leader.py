@@ -623,7 +623,7 @@ class LeaderTerm:
     def _node_lost(self, node: int, why: str, now: float) -> None:
         if node in self.book.left:
             return
-        in_round = self.book.current is not None and node in self.book.current.members
+        in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
             log.warning("%s node %s is gone: %s", self.label, node_hex(node), why)
         self.book.died(node, why)

@@ -260,7 +260,7 @@ class RoundBook:
         was_member = req.history is not None and req.node in req.history.members
         if (
             self.current is not None
-            and req.node not in self.current.members
+            and req.node not in self.current.member_set
             and (was_member or req.node in self.drops)
         ):
             self._returning.add(req.node)
@@ -285,7 +285,7 @@ class RoundBook:
         self.lost_why[node] = why
         self.drops[node] = self.drops.get(node, 0) + 1
         dropped = self.pending.pop(node, None)
-        if self.current is not None and node in self.current.members and node not in self.arrived:
+        if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self.stale = True  # (a member that finished and is in the exit barrier stalls no one)
         return dropped is not None
 
@@ -358,7 +358,7 @@ class RoundBook:
             self.current is not None
             and not self.stale
             and not self.closed
-            and node not in self.current.members
+            and node not in self.current.member_set
         )
 
     def explain(self) -> str:
@@ -386,7 +386,7 @@ class RoundBook:
 
     def departed(self) -> set[int]:
         """Members of the current round that left or died."""
-        return set(self.current.members) & (self.dead | self.left) if self.current else set()
+        return set(self.current.member_set & (self.dead | self.left)) if self.current else set()
 
     def barrier_to_open(self) -> bool:
         """True when torch's exit barrier of the current round must be opened by the leader.
@@ -398,7 +398,7 @@ class RoundBook:
         if self.current is None or not self.arrived:
             return False
         gone = self.departed() - self.arrived
-        return bool(gone) and set(self.current.members) <= (self.arrived | gone)
+        return bool(gone) and self.current.member_set <= (self.arrived | gone)
 
     def all_gone(self) -> bool:
         """True once every node except the leader has left or died (the leader may then stop)."""
