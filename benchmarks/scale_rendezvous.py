@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -255,36 +256,46 @@ def _create(hosts: list[Host]) -> list[dict[str, Any]]:
     return answers
 
 
+def _poll(
+    hosts: list[Host], cmd: str, done: Callable[[list[dict[str, Any]]], bool], interval_s: float
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """Ask every host ``cmd`` until ``done(answers)``, for at most ``SETTLE_TIMEOUT_S``; returns how
+    long that took (None: it never was) and the last answers."""
+    started = time.monotonic()
+    while True:
+        Hosts.send(hosts, {"cmd": cmd})
+        answers = Hosts.expect(hosts, PHASE_TIMEOUT_S)
+        if done(answers):
+            return time.monotonic() - started, answers
+        if time.monotonic() - started > SETTLE_TIMEOUT_S:
+            return None, answers
+        time.sleep(interval_s)
+
+
 def _settle(hosts: list[Host], leader: str) -> float:
     """Wait until every node follows ``leader``; returns how long that took after the last creation.
 
     A node created while its host's threads were starved may claim before it hears the
     leader; its claim loses (see README, Scale) and its followers move, within seconds.
     """
-    started = time.monotonic()
-    while True:
-        Hosts.send(hosts, {"cmd": "leaders"})
-        seen = {x for a in Hosts.expect(hosts, PHASE_TIMEOUT_S) for x in a["leaders"]}
-        if seen == {leader}:
-            return time.monotonic() - started
-        if time.monotonic() - started > SETTLE_TIMEOUT_S:
-            raise HostError(
-                f"{SETTLE_TIMEOUT_S:g} s after creation the nodes follow {sorted(seen)}, not {leader}"
-            )
-        time.sleep(0.5)
+
+    def seen(answers: list[dict[str, Any]]) -> set[str]:
+        return {x for a in answers for x in a["leaders"]}
+
+    took, answers = _poll(hosts, "leaders", lambda answers: seen(answers) == {leader}, 0.5)
+    if took is None:
+        raise HostError(
+            f"{SETTLE_TIMEOUT_S:g} s after creation the nodes follow {sorted(seen(answers))}, not {leader}"
+        )
+    return took
 
 
 def _connected_ahead(hosts: list[Host], nodes: int) -> float | None:
     """Wait until every node holds its client of the next round's store, as it does a moment
     after a round formed (a failure that strikes later finds them all connected); returns how
     long that took, None if some still had none after ``SETTLE_TIMEOUT_S``."""
-    started = time.monotonic()
-    while time.monotonic() - started < SETTLE_TIMEOUT_S:
-        Hosts.send(hosts, {"cmd": "ahead"})
-        if sum(a["ahead"] for a in Hosts.expect(hosts, PHASE_TIMEOUT_S)) >= nodes:
-            return time.monotonic() - started
-        time.sleep(0.1)
-    return None
+    took, _ = _poll(hosts, "ahead", lambda answers: sum(a["ahead"] for a in answers) >= nodes, 0.1)
+    return took
 
 
 def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
