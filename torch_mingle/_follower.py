@@ -68,6 +68,9 @@ class SessionOver:
     reason: str
     hard: bool
     evicted: bool = False
+    #: The leader's process is gone: its host closed or reset the connection, and the leader
+    #: did not say ``bye`` first (as one that steps down alive does). It no longer votes.
+    gone: bool = False
 
 
 SessionEvent = Welcomed | Answer | StatusChanged | SessionOver
@@ -94,6 +97,8 @@ class FollowerSession:
     last_heard: float = 0.0
     #: The store the leader opened for its next round (``next``), if it named one.
     next_store_port: int | None = None
+    #: The leader said ``bye``: it closes our connection alive (it stepped down).
+    leader_said_bye: bool = False
     _next_beat: float = 0.0
     _queued: list[bytes] = field(default_factory=list)
     _queued_join: bytes | None = None
@@ -138,7 +143,8 @@ class FollowerSession:
         # term. A connect that timed out, found no route, or that we gave up on ourselves (the
         # leader stopped reading) says nothing of the leader's process.
         hard = refused or (by_peer and self.phase in ("hello", "ready"))
-        self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", hard=hard)
+        gone = hard and not self.leader_said_bye
+        self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", hard=hard, gone=gone)
 
     def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         if self.phase in ("over", "connecting"):
@@ -180,7 +186,15 @@ class FollowerSession:
     # ------------------------------------------------------------ requests
 
     def join(
-        self, ticket: int, ip: str, history: History | None, timeout_s: float, remaining_s: float
+        self,
+        ticket: int,
+        ip: str,
+        history: History | None,
+        timeout_s: float,
+        remaining_s: float,
+        *,
+        dport: int = 0,
+        gone: frozenset[int] = frozenset(),
     ) -> None:
         """Ask for a place in the next round (before the welcome: sent with it, replacing an older ask).
 
@@ -192,6 +206,8 @@ class FollowerSession:
             "join",
             id=ticket,
             ip=ip,
+            dport=dport,
+            gone=[f"{n:016x}" for n in sorted(gone)],
             history=history.to_json() if history else None,
             timeout_s=timeout_s,
             remaining_s=remaining_s,
@@ -203,6 +219,10 @@ class FollowerSession:
 
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
         self._request(encode_frame("arrive", id=ticket, round=round_number, epoch=epoch))
+
+    def bye(self) -> bytes | None:
+        """The frame to send before this node closes a live session itself: it is not dead."""
+        return encode_frame("bye") if self.phase in ("hello", "ready") else None
 
     def leave(self) -> None:
         self._request(encode_frame("leave"))
@@ -286,16 +306,18 @@ class FollowerSession:
             self._events.append(Answer("ack", int(msg["id"])))
         elif kind == "next":
             self.next_store_port = bounded_int(msg["port"], 65535, low=1)
+        elif kind == "bye":
+            self.leader_said_bye = True
         elif kind == "evicted":
             self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
         else:
             self._end(f"protocol error: unexpected {kind} from the leader", hard=True)
 
-    def _end(self, reason: str, *, hard: bool, evicted: bool = False) -> None:
+    def _end(self, reason: str, *, hard: bool, evicted: bool = False, gone: bool = False) -> None:
         self.phase = "over"
         self._queued.clear()
         self._queued_join = None
-        self._events.append(SessionOver(reason, hard=hard, evicted=evicted))
+        self._events.append(SessionOver(reason, hard=hard, evicted=evicted, gone=gone))
 
 
 def _status(raw: Any) -> Status | None:

@@ -146,6 +146,7 @@ class _Member:
     told: tuple[object, ...] | None = None  # the status this member was last sent
     offered: int | None = None  # the spare store this member was last named
     connects_ahead: bool = False  # its hello said it reads ``next`` frames (older nodes do not)
+    said_bye: bool = False  # it closes the connection itself, alive (it follows another leader)
 
 
 @record(frozen=False)
@@ -213,6 +214,8 @@ class LeaderTerm:
         for m in list(self._members()):
             if m.join_id is not None:
                 self._answer(m, "retry", why=why)
+        for m in list(self.conns.values()):
+            self._send(m, "bye")  # alive: the members must not count this node as gone
         for conn in list(self.conns):
             self._closes.append((conn, why))
         self.conns.clear()
@@ -235,13 +238,14 @@ class LeaderTerm:
             return
         self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now)
 
-    def closed(self, conn: ConnId, reason: str, now: float) -> None:
+    def closed(self, conn: ConnId, reason: str, now: float, *, hard: bool = False) -> None:
+        """A member's connection ended; ``hard``: closed or reset by its host (its process is gone)."""
         member = self.conns.pop(conn, None)
         if member is None or member.node is None:
             return
         if self._by_node.get(member.node) is member:
             del self._by_node[member.node]
-            self._node_lost(member.node, reason, now)
+            self._node_lost(member.node, reason, now, hard=hard and not member.said_bye)
 
     def received(self, conn: ConnId, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         member = self.conns.get(conn)
@@ -311,11 +315,21 @@ class LeaderTerm:
     # ------------------------------------------------- the leader's own node
 
     def join_local(
-        self, ticket: int, ip: str, history: History | None, timeout_s: float, remaining_s: float, now: float
+        self,
+        ticket: int,
+        ip: str,
+        history: History | None,
+        timeout_s: float,
+        remaining_s: float,
+        now: float,
+        *,
+        dport: int = 0,
+        gone: frozenset[int] = frozenset(),
     ) -> None:
         if self._self is None:
             self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
-        self._join(self._self, ticket, ip, history, timeout_s, remaining_s, now)
+        req = JoinRequest(node=self.claim.leader, ip=ip, history=history, dport=dport, gone=gone)
+        self._join(self._self, ticket, req, timeout_s, remaining_s, now)
         self._decide(now)
 
     def arrive_local(self, ticket: int, round_number: int, now: float) -> None:
@@ -389,11 +403,20 @@ class LeaderTerm:
         if kind == "join":
             history = History.from_json(msg["history"]) if msg.get("history") is not None else None
             timeout_s, remaining_s = _seconds(msg.get("timeout_s")), _seconds(msg.get("remaining_s"))
-            self._join(m, int(msg["id"]), _ip(msg["ip"]), history, timeout_s, remaining_s or timeout_s, now)
+            req = JoinRequest(
+                node=m.node,
+                ip=_ip(msg["ip"]),
+                history=history,
+                dport=_port(msg.get("dport")),
+                gone=_gone(msg.get("gone")),
+            )
+            self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
         elif kind == "arrive":
             if msg.get("epoch", self.claim.epoch) == self.claim.epoch:
                 self._arrive(m.node, int(msg["round"]))
             self._send(m, "ack", id=int(msg["id"]))
+        elif kind == "bye":
+            m.said_bye = True
         elif kind == "leave":
             self.book.leave(m.node)
             self._after_departure(now)
@@ -440,8 +463,7 @@ class LeaderTerm:
         self,
         m: _Member,
         ticket: int,
-        ip: str,
-        history: History | None,
+        req: JoinRequest,
         timeout_s: float,
         remaining_s: float,
         now: float,
@@ -458,12 +480,13 @@ class LeaderTerm:
         m.join_timeout_s = timeout_s
         self._set_deadline(m, now + remaining_s if remaining_s > 0 else None)
         m.parked = False
+        history = req.history
         if history is not None and node in history.members:
             m.last = (history.epoch, history.round, len(history.members))
         if self.book.closed:
             self._answer(m, "closed", why=self.closed_why)
             return
-        self.book.join(JoinRequest(node=node, ip=ip, history=history))
+        self.book.join(req)
         self._offer_after_decide.append(m)
         self._update_established()
 
@@ -512,6 +535,7 @@ class LeaderTerm:
             store_ip=self.advertised_ip,
             store_port=port,
             ips=form.ips,
+            dports=form.dports,
         )
         for node in form.members:
             m = self._self if node == self.claim.leader else self._by_node.get(node)
@@ -620,13 +644,13 @@ class LeaderTerm:
             del self._by_node[m.node]
             self._node_lost(m.node, why, now)
 
-    def _node_lost(self, node: int, why: str, now: float) -> None:
+    def _node_lost(self, node: int, why: str, now: float, *, hard: bool = False) -> None:
         if node in self.book.left:
             return
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
             log.warning("%s node %s is gone: %s", self.label, node_hex(node), why)
-        self.book.died(node, why)
+        self.book.died(node, why, hard=hard)
         self._after_departure(now)
         self._decide(now)
 
@@ -778,6 +802,23 @@ def _seconds(raw: Any) -> float:
         return 0.0
     value = float(raw)
     return max(MIN_JOIN_WAIT_S, value) if math.isfinite(value) and 0 < value < 1e9 else 0.0
+
+
+def _gone(raw: Any) -> frozenset[int]:
+    """A join's ``gone``: node ids the joiner knows are dead (``ValueError`` for garbage)."""
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list) or len(raw) > MAX_MEMBERS:
+        raise ValueError("gone: not a list of node ids")
+    return frozenset(node_id(n) for n in raw)
+
+
+def _port(raw: Any) -> int:
+    """A join's discovery port, if it is one, else 0 (unknown)."""
+    try:
+        return bounded_int(raw, 65535)
+    except ValueError:
+        return 0
 
 
 def _ip(raw: Any) -> str:

@@ -368,6 +368,9 @@ class Loop:
     def local_ip_towards(self, ip: str) -> str:
         return self._route(ip).iface.address
 
+    def discovery_port_towards(self, ip: str) -> int:
+        return self._route(ip).local_address[1]
+
     def describe(self) -> str:
         first = self.transports[0]
         where = ", ".join(f"{t.iface.name} ({t.iface.address})" for t in self.transports)

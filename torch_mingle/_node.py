@@ -67,6 +67,7 @@ class Net(Protocol):
     def submit(self, job: Job, tag: int) -> None: ...
     def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None: ...
     def local_ip_towards(self, ip: str) -> str: ...
+    def discovery_port_towards(self, ip: str) -> int: ...
     def describe(self) -> str: ...
 
 
@@ -87,6 +88,8 @@ class NodeSettings:
     #: ... and what it announces (the wildcard too: followers then use the source address).
     advertised_ip: str
     label: str
+    #: A round after the first needs a majority of the previous round (``quorum=majority``).
+    quorum: bool = True
 
 
 # ------------------------------------------------------------------ outcomes of a join
@@ -276,6 +279,11 @@ class Node:
         #: Connects ahead not finished yet, by tag: cut when their leader is lost, current or not.
         self._ahead_pending: dict[int, tuple[Claim, str | None, int]] = {}
         self._last_leader_ip: str | None = None
+        #: Leaders of our last round whose process is known to be gone: they no longer vote
+        #: on the next round (sent with every join).
+        self._gone: set[int] = set()
+        #: The highest round of the job this node heard of (led, joined, or announced to it).
+        self._round_seen = 0
         self._pending_close: str | None = None
         self._term_tag = 0
         self._quiet_at: float | None = None
@@ -326,7 +334,7 @@ class Node:
         if self.session is not None and self.session.conn == conn:
             self.session.closed(reason, refused=refused, by_peer=by_peer, now=now)
         elif self.term is not None:
-            self.term.closed(conn, reason, now)
+            self.term.closed(conn, reason, now, hard=refused or by_peer)
         self._flush(now)
 
     def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
@@ -563,6 +571,8 @@ class Node:
         elif isinstance(ev, LeaderFound):
             self._leader_found(ev.leader, now)
         elif isinstance(ev, LeaderLost):
+            if ev.reason == RESIGNED:
+                self._gone.add(ev.claim.leader)  # it shut down: its node leaves the job
             level = logging.INFO if ev.reason == RESIGNED else logging.WARNING
             log.log(level, "%s lost leader %s: %s; electing again", self.label, ev.claim, ev.reason)
             self._leader_lost(ev.claim, ev.reason, now)
@@ -589,6 +599,8 @@ class Node:
             max_nodes=s.max_nodes,
             last_call_timeout=s.last_call_timeout_s,
             rejoin_delay_s=s.rejoin_delay_s,
+            quorum=s.quorum,
+            known_round=max(self._round_seen, self.history.round if self.history else 0),
         )
         self._term_tag += 1
         self.term = LeaderTerm(
@@ -627,6 +639,7 @@ class Node:
             self._send_join(now)  # to the next leader, once known
 
     def _leader_found(self, view: LeaderView, now: float) -> None:
+        self._round_seen = max(self._round_seen, view.round)
         who = "this node" if view.is_self else view.store_ip
         log.info("%s leader: %s (%s), control port %d", self.label, who, view.claim, view.store_port)
         if view.closed and not view.is_self:
@@ -687,6 +700,8 @@ class Node:
     # ------------------------------------------------------------ session events
 
     def _session_event(self, session: FollowerSession, ev: SessionEvent, now: float) -> None:
+        if isinstance(ev, Welcomed | StatusChanged):
+            self._round_seen = max(self._round_seen, ev.status.round)
         if isinstance(ev, Welcomed):
             if ev.status.closed:
                 self._job_closed_seen("the job was closed")
@@ -710,6 +725,8 @@ class Node:
                     self._connect(view, now)
             else:
                 log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
+                if ev.gone:
+                    self._gone.add(session.claim.leader)
                 self.core.leader_failed(now, session.claim, ev.reason, hard=ev.hard)
 
     def _answer(
@@ -735,7 +752,13 @@ class Node:
             if rnd.rank_of(self.settings.node_id) is None:
                 raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
             self.history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
+            self._gone &= rnd.member_set
             self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
+            self.core.set_succession(
+                claim,
+                rnd.members,
+                rnd.discovery_dests(session.ip if session else self.settings.advertised_ip),
+            )
             self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
             if session is not None:
                 self._last_leader_ip = session.ip
@@ -774,9 +797,28 @@ class Node:
         )
         if self.term is not None and self.core.role is Role.LEADING:
             ip = self.settings.advertised_ip
-            self.term.join_local(join.id, ip, self.history, join.timeout_s, remaining, now)
+            dport = self.net.discovery_port_towards(ip)
+            self.term.join_local(
+                join.id,
+                ip,
+                self.history,
+                join.timeout_s,
+                remaining,
+                now,
+                dport=dport,
+                gone=frozenset(self._gone),
+            )
         elif self.session is not None:
-            self.session.join(join.id, self.session.own_ip, self.history, join.timeout_s, remaining)
+            dport = self.net.discovery_port_towards(self.session.ip)
+            self.session.join(
+                join.id,
+                self.session.own_ip,
+                self.history,
+                join.timeout_s,
+                remaining,
+                dport=dport,
+                gone=frozenset(self._gone),
+            )
 
     def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:
         self.board.extend(ticket, None if expires is None else expires + JOIN_GRACE_S)
@@ -834,6 +876,9 @@ class Node:
     def _end_session(self) -> None:
         session, self.session = self.session, None
         if session is not None:
+            bye = session.bye()
+            if bye is not None:
+                self.net.send(session.conn, bye)
             self.net.close(session.conn)
 
     def _warn_if_alone(self) -> None:

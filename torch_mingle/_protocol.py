@@ -201,6 +201,9 @@ class Timing:
     announce_min_gap_s: float = 0.005
     candidate_ttl_s: float = 2.5
     suspect_ttl_s: float = 5.0
+    #: How long the members of a round wait for the next member in rank order to take over
+    #: from their lost leader: it may detect the loss up to one heartbeat later than they do.
+    successor_wait_s: float = 5.25
 
     @classmethod
     def for_keep_alive(cls, election_window_s: float, interval_s: float, attempts: int) -> Timing:
@@ -211,7 +214,24 @@ class Timing:
             beacon_interval_s=interval_s,
             leader_timeout_s=interval_s * attempts,
             suspect_ttl_s=interval_s * attempts,
+            successor_wait_s=interval_s + max(0.25, 4 * election_window_s),
         )
+
+
+@record
+class Succession:
+    """The last round this node is in: its leader's claim, members in rank order, and each
+    member's discovery address (None where unknown)."""
+
+    claim: Claim
+    members: tuple[int, ...]
+    dests: tuple[Dest, ...]
+
+    def dest_of(self, node: int) -> Dest:
+        try:
+            return self.dests[self.members.index(node)]
+        except (ValueError, IndexError):
+            return None
 
 
 @record
@@ -303,6 +323,11 @@ class Discovery:
         self._probe_tokens = float(PROBE_BURST)
         self._probe_refill = 0.0
         self._hold_claims_until = float("-inf")
+        self.succession: Succession | None = None
+        #: Leaders of the succession's members lost since it was set: passed over in rank order.
+        self._passed: set[int] = set()
+        #: Electing by succession: our leader was lost, and we know the round it led.
+        self._by_succession = False
 
     # ----------------------------------------------------------------- inputs
 
@@ -385,6 +410,13 @@ class Discovery:
         self.leader = self._own_view(now)
         self._burst_left = list(self.timing.announce_burst_s)
         self._send_announce(None, now)
+        if self._by_succession and self.succession is not None:
+            # The round we took over: tell each member by unicast too, so that it re-forms
+            # where multicast has stopped (a snooping switch that forgot the group).
+            for node, dest in zip(self.succession.members, self.succession.dests, strict=False):
+                if dest is not None and node != self.node_id and node not in self._passed:
+                    self._send_announce(dest, now)
+            self._by_succession = False
         self._schedule_announce(now)
         self._events.append(LeaderFound(self.leader))
         return True
@@ -435,6 +467,12 @@ class Discovery:
         """The shell heard the leader (a heartbeat): as good as hearing its announcement."""
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self.leader_heard_at = now
+
+    def set_succession(self, claim: Claim, members: tuple[int, ...], dests: tuple[Dest, ...]) -> None:
+        """The round this node is in now: if its leader is lost, the members take over in its
+        rank order (the next member claims, the others wait for it and ask it by unicast)."""
+        self.succession = Succession(claim=claim, members=members, dests=dests)
+        self._passed = set()
 
     def abandon(self, now: float) -> None:
         """Give up our own claim (the shell cannot host the term): resign it, let another node lead."""
@@ -589,6 +627,17 @@ class Discovery:
 
     def _send_query(self, now: float) -> None:
         best = self._best_candidate(now)
+        if self._by_succession and best != self.node_id:
+            dest = self.succession.dest_of(best) if self.succession is not None else None
+            if dest is None:
+                self._emit_query(now)
+                return
+            # Ask the member we wait for, by unicast: it answers once it leads (so does its
+            # announcement to every member); the group is not flooded by a whole round asking.
+            self._queried = True
+            self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), dest, now)
+            self._next_query = now + self.timing.query_retry_max_s * (1.0 + 0.1 * self._rng.random())
+            return
         small = 0 < self.expected_nodes <= SPEAK_ALL_UP_TO
         if (
             not small
@@ -619,6 +668,12 @@ class Discovery:
         self._next_query = now + gap * (1.0 + 0.1 * self._rng.random())
 
     def _best_candidate(self, now: float) -> int:
+        if self._by_succession and self.succession is not None:
+            # The next member of our last round in rank order, whether heard or not: every
+            # member computes the same one, so exactly one claims.
+            for node in self.succession.members:
+                if node not in self._passed and self._suspects.get(node, float("-inf")) <= now:
+                    return node
         ttl = self.timing.candidate_ttl_s
         best = self.node_id
         for node, (heard, _) in self._candidates.items():
@@ -640,7 +695,11 @@ class Discovery:
             self._events.append(BecomeLeader(epoch=epoch))
             return
         if self._awaiting is None or self._awaiting[0] != best:
-            self._awaiting = (best, now + self.timing.claim_wait_s)
+            if self._by_succession:
+                self._awaiting = (best, now + self.timing.successor_wait_s)
+                self._next_query = now  # ask the member we now wait for
+            else:
+                self._awaiting = (best, now + self.timing.claim_wait_s)
         self._election_deadline = self._awaiting[1]
 
     def _epoch_ceiling(self) -> int:
@@ -676,6 +735,7 @@ class Discovery:
         body = self._body_announce(d)
         self.role = Role.FOLLOWING
         self._own_claim = None
+        self._by_succession = False
         self.leader_heard_at = now
         self.leader = LeaderView.of(claim, body, announced_store_ip(body, addr), is_self=False, now=now)
         self._events.append(LeaderFound(self.leader))
@@ -686,6 +746,14 @@ class Discovery:
             return
         self.max_epoch_seen = max(self.max_epoch_seen, lost.claim.epoch)
         self._events.append(LeaderLost(claim=lost.claim, reason=reason))
+        succession = self.succession
+        if succession is not None and lost.claim.epoch >= succession.claim.epoch:
+            # Our round's leader, or one that took over from it before a new round formed.
+            self._passed.add(lost.claim.leader)
+            self._by_succession = True
+        elif lost.members > 0:
+            # A round runs that we are not in (a spare): its members know who takes over.
+            self._hold_claims_until = max(self._hold_claims_until, now + self.timing.successor_wait_s)
         self._enter_discovery(now)
 
     def _raise_fence(self, claim: Claim) -> None:

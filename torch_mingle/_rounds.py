@@ -32,7 +32,7 @@ import ipaddress
 from typing import Any
 
 from torch_mingle._record import field, record
-from torch_mingle._wire import dumps_compact
+from torch_mingle._wire import dumps_compact, with_scope_of
 
 MAX_HOLD_DOUBLINGS = 5
 #: Bounds on what a peer may send: the fields of a history, round or status never exceed them.
@@ -117,6 +117,11 @@ class JoinRequest:
     node: int
     ip: str
     history: History | None = None
+    #: The node's discovery (unicast datagram) port: members reach each other when multicast stops.
+    dport: int = 0
+    #: Nodes of its last round that the joiner knows are gone (it lost them as its leader with
+    #: evidence that their process ended): they no longer vote.
+    gone: frozenset[int] = frozenset()
 
 
 @record
@@ -130,6 +135,8 @@ class Round:
     store_port: int
     #: Each member's own address, in rank order (a leader on several networks picks by them).
     ips: tuple[str, ...] = ()
+    #: Each member's discovery port, in rank order (0: unknown): the failover path by unicast.
+    dports: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -143,6 +150,17 @@ class Round:
     @functools.cached_property
     def member_set(self) -> frozenset[int]:
         return frozenset(self.members)
+
+    def discovery_dests(self, seen_via: str) -> tuple[tuple[str, int] | None, ...]:
+        """Each member's discovery socket address in rank order (None where not known), as this
+        node reaches it: a link-local address gets the scope of ``seen_via`` (the leader's
+        address as this node reaches it: the members share its link)."""
+        dests: list[tuple[str, int] | None] = []
+        for i in range(len(self.members)):
+            ip = self.ips[i] if i < len(self.ips) else "?"
+            port = self.dports[i] if i < len(self.dports) else 0
+            dests.append((with_scope_of(ip, (seen_via,)), port) if port and ip != "?" else None)
+        return tuple(dests)
 
     def rank_of(self, node: int) -> int | None:
         try:
@@ -158,13 +176,16 @@ class Round:
             "store_ip": self.store_ip,
             "store_port": self.store_port,
             "ips": list(self.ips),
+            "dports": list(self.dports),
         }
 
     @classmethod
     def from_json(cls, data: Any) -> Round:
-        ips = data.get("ips", [])
+        ips, dports = data.get("ips", []), data.get("dports", [])
         if not isinstance(ips, list) or len(ips) > MAX_MEMBERS:
             raise ValueError("ips: not a list")
+        if not isinstance(dports, list) or len(dports) > MAX_MEMBERS:
+            raise ValueError("dports: not a list")
         return cls(
             number=bounded_int(data["round"], MAX_ROUND),
             epoch=bounded_int(data["epoch"], MAX_EPOCH),
@@ -172,6 +193,7 @@ class Round:
             store_ip=peer_ip(data["store_ip"]),
             store_port=bounded_int(data["store_port"], 65535, 1),
             ips=tuple(str(ip)[:MAX_IP_CHARS] for ip in ips),
+            dports=tuple(bounded_int(p, 65535) for p in dports),
         )
 
 
@@ -210,6 +232,7 @@ class Form:
     members: tuple[int, ...]
     reason: str
     ips: tuple[str, ...] = ()
+    dports: tuple[int, ...] = ()
 
 
 @record
@@ -228,6 +251,11 @@ class RoundBook:
     max_nodes: int
     last_call_timeout: float
     rejoin_delay_s: float = 30.0
+    #: A round after the first needs a majority of the previous round's voting members.
+    quorum: bool = True
+    #: The highest round of the job that the leader knows ran (as a spare it followed a leader
+    #: that announced it): with no member of it among the joiners, there is no quorum to count.
+    known_round: int = 0
     pending: dict[int, JoinRequest] = field(default_factory=dict)
     current: Round | None = None
     formed_at: float = 0.0
@@ -235,6 +263,9 @@ class RoundBook:
     stale: bool = False
     dead: set[int] = field(default_factory=set)
     left: set[int] = field(default_factory=set)
+    #: Dead with evidence that the process ended (its connection was closed or reset by its own
+    #: host), here or as joiners reported: unlike a silent node, it cannot be across a partition.
+    gone: set[int] = field(default_factory=set)
     #: Members of the current round known to be in torch's exit barrier.
     arrived: set[int] = field(default_factory=set)
     last_round_number: int = 0
@@ -255,6 +286,8 @@ class RoundBook:
             self._forget_strangers()
         self.dead.discard(req.node)
         self.left.discard(req.node)
+        self.gone.discard(req.node)
+        self.gone |= req.gone - self.pending.keys()
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
         was_member = req.history is not None and req.node in req.history.members
@@ -277,11 +310,14 @@ class RoundBook:
         self._reason = "closed"
         return nodes
 
-    def died(self, node: int, why: str) -> bool:
-        """Mark ``node`` dead; True if it had a pending join (to be answered "retry")."""
+    def died(self, node: int, why: str, *, hard: bool = False) -> bool:
+        """Mark ``node`` dead (``hard``: its process is known to be gone, not just silent); True
+        if it had a pending join (to be answered "retry")."""
         if node in self.left:
             return False
         self.dead.add(node)
+        if hard:
+            self.gone.add(node)
         self.lost_why[node] = why
         self.drops[node] = self.drops.get(node, 0) + 1
         dropped = self.pending.pop(node, None)
@@ -323,21 +359,30 @@ class RoundBook:
         if self._min_reached_at is None:
             self._min_reached_at = now
         if n == self.max_nodes:
-            return self._form(f"max_nodes={self.max_nodes} joined")
+            return self._form(f"max_nodes={self.max_nodes} joined", hold)
         expected = self._expected()
         if expected is not None and expected <= self.pending.keys():
-            return self._form("every live node of the last round re-joined")
+            return self._form("every live node of the last round re-joined", hold)
         deadline = self._min_reached_at + self.last_call_timeout
         if now >= deadline:
-            return self._form(f"last call ({self.last_call_timeout:g}s) ended")
+            return self._form(f"last call ({self.last_call_timeout:g}s) ended", hold)
         until = deadline if hold is None else min(deadline, hold)
         return self._wait(until, f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come")
 
-    def _form(self, reason: str) -> Form:
+    def _form(self, reason: str, hold: float | None = None) -> Form | Wait:
         """The round of the first ``max_nodes`` in rank order (sorted only now: a decision to
-        wait, made once per batch of joins, sorts nothing)."""
+        wait, made once per batch of joins, sorts nothing), if it has a quorum."""
         admit = self._rank_order()[: self.max_nodes]
-        return Form(members=admit, reason=reason, ips=tuple(self.pending[m].ip for m in admit))
+        short = self._no_quorum(admit)
+        if short is not None:
+            return self._wait(hold, short)
+        joins = [self.pending[m] for m in admit]
+        return Form(
+            members=admit,
+            reason=reason,
+            ips=tuple(j.ip for j in joins),
+            dports=tuple(j.dport for j in joins),
+        )
 
     def status(self, now: float) -> Status:
         size = self.current.world_size if self.current else 0
@@ -414,7 +459,34 @@ class RoundBook:
                 del table[node]
         self.dead &= keep
         self.left &= keep
+        self.gone &= keep
         self._returning &= keep
+
+    def voters(self) -> set[int]:
+        """The previous round's members that vote on the next round: all but those known gone."""
+        previous = self._previous_members()
+        return set(previous or ()) - self.left - self.gone
+
+    def _no_quorum(self, admit: tuple[int, ...]) -> str | None:
+        """Why ``admit`` may not form a round (None: it may). A member that went silent keeps
+        its vote: it may be alive on the other side of a partition, with a leader of its own."""
+        if not self.quorum:
+            return None
+        previous = self.current.number if self.current is not None else self.last_round_number
+        if self._previous_members() is None and self.known_round > 0:
+            return (
+                f"no quorum: round {self.known_round} of this job ran, and none of its members "
+                "joined yet (this side of a partition may hold only spares)"
+            )
+        voters = self.voters()
+        have = len(voters.intersection(admit))
+        if not voters or 2 * have > len(voters):  # none: the first round, or every voter is gone
+            return None
+        return (
+            f"no quorum: {have} of the {len(voters)} voting members of round {previous} joined, "
+            f"{len(voters) // 2 + 1} needed; the silent ones may be alive across a partition "
+            "(they vote until known gone; quorum=none goes on without them)"
+        )
 
     def _wait(self, until: float | None, reason: str) -> Wait:
         self._reason = reason

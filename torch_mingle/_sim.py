@@ -92,6 +92,9 @@ class SimNet:
     def local_ip_towards(self, ip: str) -> str:
         return str(self.owner.addr[0])
 
+    def discovery_port_towards(self, ip: str) -> int:
+        return self.owner.addr[1]
+
     def describe(self) -> str:
         return f"simulated interface {self.owner.addr[0]}"
 
@@ -136,8 +139,10 @@ class Simulation:
         last_call_timeout_s: float = 1.0,
         rejoin_delay_s: float = 30.0,
         expect_all: bool = False,
+        quorum: bool = True,
     ) -> None:
         self.rng = random.Random(seed)
+        self.quorum = quorum
         self.expect_all = expect_all
         self.job = job
         self.timing = timing or Timing()
@@ -183,7 +188,7 @@ class Simulation:
             last_call_timeout_s=self.last_call_timeout_s, rejoin_delay_s=self.rejoin_delay_s,
             interval_s=t.beacon_interval_s, timeout_s=t.leader_timeout_s,
             connect_timeout_s=min(5.0, t.leader_timeout_s), discovery_warning_s=0.0,
-            bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]",
+            bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]", quorum=self.quorum,
         )  # fmt: skip
         sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
         sim_node.net = SimNet(self, sim_node)

@@ -268,6 +268,8 @@ class InMemoryNetwork:
     seeded RNG; ``route_hook(src, dst, data, rng)`` may override the route of any one.
     ``partition(groups)`` lets datagrams and stream bytes through only inside a group (a
     stream that loses bytes to a partition stays silent, as TCP behind a cut cable does).
+    ``multicast = False`` drops every datagram sent to the group (a snooping switch that forgot
+    it) while unicast still passes.
     Streams deliver in order, after the latency; closing an end tells the other one.
     """
 
@@ -295,6 +297,7 @@ class InMemoryNetwork:
         self._next_port = 40000
         self.datagrams_sent = 0
         self.deliveries = 0
+        self.multicast = True
 
     def attach(self, addr: object) -> None:
         self.members[addr] = None
@@ -338,6 +341,8 @@ class InMemoryNetwork:
     def send(self, src: object, data: bytes, dest: Dest, now: float) -> None:
         """A datagram from ``src`` to ``dest`` (None: every other member, as multicast)."""
         self.datagrams_sent += 1
+        if dest is None and not self.multicast:
+            return
         targets = [m for m in self.members if m != src] if dest is None else [dest]
         for dst in targets:
             if dst not in self.members:

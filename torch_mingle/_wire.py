@@ -405,6 +405,7 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "join": {"id": int, "ip": str},
     "arrive": {"id": int, "round": int},
     "leave": {},
+    "bye": {},  # either side: "I close this connection myself, alive" (not a death)
     "close": {},
     "hb": {},
     "welcome": {"epoch": int, "status": dict},

@@ -71,6 +71,9 @@ class MingleConfig:
     #: Seconds between fresh IGMP/MLD membership reports for the discovery group (a switch that
     #: snoops IGMP without a querier stops forwarding a group some 260 s after the last report).
     membership_refresh: float = 60.0
+    #: ``majority``: a round after the first needs a majority of the previous round's members
+    #: (one job per rdzv_id even when the network splits); ``none``: any ``min_nodes`` go on.
+    quorum: str = "majority"
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
     #: Keys the user set explicitly, for logging.
@@ -271,6 +274,19 @@ def _check_run_id(run_id: str) -> str:
     return run_id
 
 
+QUORUM_CHOICES = ("majority", "none")
+
+
+def _parse_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise MingleConfigError(
+            f"rdzv_conf {key}={value!r} is not one of {', '.join(choices)}, "
+            f"e.g. --rdzv_conf {key}={choices[0]}"
+        )
+    return text
+
+
 YEAR_S = 365 * 24 * 3600.0
 DAY_S = 24 * 3600.0
 
@@ -292,6 +308,7 @@ _PARSERS: dict[str, Any] = {
     "discovery_warning": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="10"),
     "rejoin_delay": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
     "membership_refresh": lambda k, v: _parse_float(k, v, minimum=1.0, maximum=DAY_S, example="60"),
+    "quorum": lambda k, v: _parse_choice(k, v, QUORUM_CHOICES),
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

@@ -247,6 +247,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             bind_ip=bind_ip,
             advertised_ip=bind_ip,
             label=self._label,
+            quorum=config.quorum == "majority",
         )
         broadcast = config.fallback == "broadcast"
         transports = [

@@ -15,7 +15,7 @@ from torch_mingle._protocol import BecomeLeader, SteppedDown, Timing
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._transport import Route
 
-FAST = Timing(beacon_interval_s=1.0, leader_timeout_s=3.0, suspect_ttl_s=3.0)
+FAST = Timing(beacon_interval_s=1.0, leader_timeout_s=3.0, suspect_ttl_s=3.0, successor_wait_s=1.25)
 MONITOR_S = 0.1
 
 
@@ -183,3 +183,44 @@ def test_before_the_first_round_a_late_joiner_never_deposes_a_followed_leader():
     assert not any(isinstance(ev, SteppedDown) for _, ev in leader.events)
     assert sim.leaders() == [leader]
     assert claimed > 20 and lower > 20, (claimed, lower)  # the case happened, many times
+
+
+def _claims_after(sim: Simulation, t: float) -> list[tuple[float, SimNode]]:
+    return sorted(
+        (at, n) for n in sim.nodes for at, ev in n.events if at > t and isinstance(ev, BecomeLeader)
+    )
+
+
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+@pytest.mark.parametrize("multicast", [True, False])
+def test_the_next_member_in_rank_order_takes_over_and_only_it_claims(fault, multicast):
+    sim, agents = _running(8, seed=3)
+    (old,) = sim.leaders()
+    ranks = agents.rounds[-1][2]
+    successor = next(n for n in sim.nodes if n.core.node_id == ranks[1])
+    sim.net.multicast = multicast  # off: a snooping switch forgot the group since the round formed
+    t0 = sim.now
+    getattr(sim, fault)(old)
+    agents.run_until(t0 + FAST.leader_timeout_s + FAST.successor_wait_s + 2.0)
+    new = agents.round_formed_after(t0)
+    assert new is not None, f"no round after the leader's loss; rounds {agents.rounds}"
+    assert sorted(new[2]) == sorted(set(ranks) - {old.core.node_id})
+    assert new[2][0] == successor.core.node_id
+    assert new[0] - t0 <= FAST.leader_timeout_s + 1.0
+    assert [n for _, n in _claims_after(sim, t0)] == [successor], "a member other than the successor claimed"
+
+
+def test_when_the_successor_is_gone_too_the_member_after_it_takes_over():
+    sim, agents = _running(6, seed=4)
+    (old,) = sim.leaders()
+    ranks = agents.rounds[-1][2]
+    by_id = {n.core.node_id: n for n in sim.nodes}
+    sim.net.multicast = False
+    t0 = sim.now
+    sim.freeze(by_id[ranks[1]])  # the successor, silently: the others wait for it, then pass it
+    sim.kill(old)
+    agents.run_until(t0 + FAST.leader_timeout_s + 2 * FAST.successor_wait_s + 3.0)
+    new = agents.round_formed_after(t0)
+    assert new is not None, f"no round after the leader's loss; rounds {agents.rounds}"
+    assert new[2][0] == ranks[2] and set(new[2]) == set(ranks[2:])
+    assert new[0] - t0 <= FAST.successor_wait_s + 2.0  # a kill is seen at once; the freeze costs one wait

@@ -135,7 +135,7 @@ def test_spares_wait_beyond_max_nodes_and_replace_a_dead_node():
     assert b.pending.keys() == {0x30}
     assert b.parked(0x30)
     assert b.status(0.0).waiting == 0  # the round is full: a spare does not trigger restarts
-    b.died(0x20, "killed")
+    b.died(0x20, "killed", hard=True)
     assert not b.parked(0x30)
     assert b.status(0.0).waiting == 1
     join(b, LEADER)
@@ -190,7 +190,7 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
     join(b, 0x20)
     form(b, b.decide(3.0), 3.0)
     join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x30)))
-    b.died(0x20, "killed")  # the fresh round is stale anyway: no reason to hold anyone back
+    b.died(0x20, "killed", hard=True)  # the fresh round is stale anyway: no reason to hold anyone back
     assert b.status(4.0).waiting >= 1
     join(b, LEADER)
     d = b.decide(4.0)
@@ -216,7 +216,7 @@ def test_all_gone_once_every_other_node_left_or_died():
     assert not b.all_gone()
     b.leave(0x20)
     assert not b.all_gone()
-    b.died(0x30, "killed")
+    b.died(0x30, "killed", hard=True)
     assert b.all_gone()
 
 
@@ -228,7 +228,7 @@ def test_departed_are_the_current_rounds_members_that_left_or_died_until_they_re
     join(b, 0x40)
     b.leave(0x40)  # not a member: its leaving holds nobody's exit barrier
     b.leave(0x20)
-    b.died(0x30, "killed")
+    b.died(0x30, "killed", hard=True)
     assert b.departed() == {0x20, 0x30}
     join(b, 0x30)
     assert b.departed() == {0x20}
@@ -256,7 +256,7 @@ def test_a_member_that_arrived_and_died_is_not_counted_twice():
     rnd = form(b, b.decide(0.0))
     b.arrive(LEADER, rnd.number)
     b.arrive(0x20, rnd.number)
-    b.died(0x20, "killed in the barrier")
+    b.died(0x20, "killed in the barrier", hard=True)
     assert not b.barrier_to_open()  # 0x30's workers still run
     b.arrive(0x30, rnd.number)
     assert not b.barrier_to_open()  # everyone arrived: torch's own count opens it

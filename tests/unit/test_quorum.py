@@ -1,0 +1,183 @@
+"""The round rule with a quorum (pure): a round after the first needs a majority of the
+previous round's members; a member known to be gone leaves the voting set, a silent one does not.
+
+The model check drives real ``RoundBook``s (one per would-be leader) through every mix of
+deaths, silences and partitions among up to 5 nodes that hypothesis draws, and checks that
+no two leaders form a round from the same previous round.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Wait
+
+PREVIOUS = History(epoch=1, round=3, members=(1, 2, 3, 4))
+
+
+def book(leader: int, *, quorum: bool = True, min_nodes: int = 1, max_nodes: int = 8) -> RoundBook:
+    return RoundBook(
+        leader=leader,
+        epoch=2,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        last_call_timeout=1.0,
+        quorum=quorum,
+    )
+
+
+def join(
+    b: RoundBook, node: int, gone: frozenset[int] = frozenset(), history: History | None = PREVIOUS
+) -> None:
+    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, gone=gone))
+
+
+def test_a_half_of_the_previous_round_never_forms_a_round():
+    b = book(1)
+    join(b, 1)
+    join(b, 2)
+    d = settle(b)  # long after the last call
+    assert isinstance(d, Wait)
+    assert "no quorum: 2 of the 4 voting members of round 3 joined, 3 needed" in d.reason
+    join(b, 3)
+    assert isinstance(settle(b), Form)
+
+
+def test_three_of_four_go_on_and_the_silent_fourth_keeps_its_vote():
+    b = book(2)
+    for node in (2, 3, 4):
+        join(b, node)
+    d = settle(b)
+    assert isinstance(d, Form) and set(d.members) == {2, 3, 4}
+    assert b.voters() == {1, 2, 3, 4}  # node 1 (the old leader) is silent, not known gone
+
+
+def test_members_known_gone_leave_the_voting_set_so_kills_one_by_one_go_down_to_min_nodes():
+    b = book(1)
+    for node in (1, 2, 3, 4):
+        join(b, node, history=None)
+    members = form(b, settle(b))
+    assert members == (1, 2, 3, 4)
+    for dead, survivors in ((4, (1, 2, 3)), (3, (1, 2)), (2, (1,))):
+        b.died(dead, "connection reset", hard=True)
+        last = b.current
+        assert last is not None
+        for node in survivors:
+            join(b, node, history=History(epoch=2, round=last.number, members=last.members))
+        d = settle(b)
+        assert isinstance(d, Form) and d.members == survivors, d
+        form(b, d, 20.0 + dead)
+
+
+def test_a_silent_member_is_not_gone_so_two_of_four_wait():
+    b = book(1)
+    for node in (1, 2, 3, 4):
+        join(b, node, history=None)
+    form(b, settle(b))
+    b.died(3, "no heartbeat for 3s")
+    b.died(4, "no heartbeat for 3s")
+    for node in (1, 2):
+        join(b, node, history=History(epoch=2, round=1, members=(1, 2, 3, 4)))
+    assert isinstance(settle(b), Wait)
+
+
+def test_a_joiner_reports_its_lost_leader_gone_and_the_survivor_of_two_goes_on():
+    b = book(2)
+    two = History(epoch=1, round=5, members=(1, 2))
+    join(b, 2, history=two)
+    assert isinstance(settle(b), Wait)  # leader 1 may be alive across a partition
+    join(b, 2, gone=frozenset({1}), history=two)  # its connection was reset: its process ended
+    d = settle(b)
+    assert isinstance(d, Form) and d.members == (2,)
+
+
+def test_spares_alone_never_form_a_round_of_a_job_that_ran():
+    b = book(5)
+    b.known_round = 3  # it followed a leader that announced round 3
+    join(b, 5, history=None)
+    join(b, 6, history=None)
+    d = settle(b)
+    assert isinstance(d, Wait) and "round 3 of this job ran, and none of its members joined" in d.reason
+    join(b, 1)
+    join(b, 2)
+    join(b, 3)
+    assert isinstance(settle(b), Form)
+
+
+def test_quorum_none_goes_on_with_any_min_nodes():
+    b = book(1, quorum=False)
+    join(b, 1)
+    assert isinstance(settle(b), Form)
+
+
+def test_the_first_round_of_a_job_needs_no_quorum():
+    b = book(1, min_nodes=1)
+    join(b, 1, history=None)
+    assert isinstance(settle(b), Form)
+
+
+def settle(b: RoundBook) -> Form | Wait:
+    """Decide once, then again after the last call: what the book does once nobody else comes."""
+    b.decide(0.0)
+    return b.decide(100.0)
+
+
+def form(b: RoundBook, d: Form | Wait, now: float = 10.0) -> tuple[int, ...]:
+    assert isinstance(d, Form), d
+    b.formed(
+        Round(number=b.last_round_number + 1, epoch=b.epoch, members=d.members, store_ip="x", store_port=1),
+        now,
+    )
+    return d.members
+
+
+# ------------------------------------------------------------------ model check
+
+NODES = (1, 2, 3, 4, 5)
+
+
+@st.composite
+def scenarios(draw):
+    """A previous round, who died (and which deaths were seen as such), and a partition of the rest."""
+    members = tuple(draw(st.lists(st.sampled_from(NODES), min_size=1, max_size=5, unique=True)))
+    outsiders = [n for n in NODES if n not in members]  # spares: alive, never in the round
+    dead = set(draw(st.lists(st.sampled_from(members), unique=True, max_size=len(members))))
+    alive = [n for n in NODES if n not in dead]
+    sides = draw(st.lists(st.integers(0, 2), min_size=len(alive), max_size=len(alive)))
+    groups: dict[int, list[int]] = {}
+    for node, side in zip(alive, sides, strict=True):
+        groups.setdefault(side, []).append(node)
+    # Evidence of a death reaches only some nodes (those that were connected to it).
+    seen = {n: frozenset(d for d in dead if draw(st.booleans())) for n in alive}
+    min_nodes = draw(st.integers(1, 3))
+    quorate_spares = draw(st.booleans())
+    return members, outsiders, dead, list(groups.values()), seen, min_nodes, quorate_spares
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenarios())
+def test_no_two_leaders_form_a_round_from_the_same_previous_round(scenario):
+    members, outsiders, dead, groups, seen, min_nodes, with_spares = scenario
+    previous = History(epoch=1, round=7, members=members)
+    formed = []
+    for group in groups:
+        # Any node of a side may lead it (the election picks one); each leads its own book.
+        for leader in group:
+            b = book(leader, min_nodes=min_nodes, max_nodes=5)
+            b.known_round = previous.round  # every node of the job heard of it (spares too)
+            for node in group:
+                if node in outsiders and not with_spares:
+                    continue
+                hist = previous if node in members else None
+                join(b, node, gone=seen[node], history=hist)
+            for node in dead:
+                b.died(node, "gone", hard=node in seen[leader])
+            for now in (0.0, 5.0):
+                d = b.decide(now)  # at once, and after the last call
+                if isinstance(d, Form):
+                    formed.append((leader, frozenset(d.members)))
+                    break
+    leaders_by_side = [{leader for leader, _ in formed if leader in group} for group in groups]
+    sides_that_formed = sum(1 for leaders in leaders_by_side if leaders)
+    assert sides_that_formed <= 1, f"two sides formed a round from round 7 of {members}: {formed}"
