@@ -99,6 +99,8 @@ class FollowerSession:
     next_store_port: int | None = None
     #: The leader said ``bye``: it closes our connection alive (it stepped down).
     leader_said_bye: bool = False
+    #: ... and its node leaves the job (preempted): it no longer votes.
+    leader_left: bool = False
     _next_beat: float = 0.0
     _queued: list[bytes] = field(default_factory=list)
     _queued_join: bytes | None = None
@@ -143,7 +145,7 @@ class FollowerSession:
         # term. A connect that timed out, found no route, or that we gave up on ourselves (the
         # leader stopped reading) says nothing of the leader's process.
         hard = refused or (by_peer and self.phase in ("hello", "ready"))
-        gone = hard and not self.leader_said_bye
+        gone = (hard and not self.leader_said_bye) or self.leader_left
         self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", hard=hard, gone=gone)
 
     def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
@@ -308,6 +310,7 @@ class FollowerSession:
             self.next_store_port = bounded_int(msg["port"], 65535, low=1)
         elif kind == "bye":
             self.leader_said_bye = True
+            self.leader_left = msg.get("leaving") is True
         elif kind == "evicted":
             self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
         else:

@@ -36,6 +36,7 @@ the shell's worker thread (``jobs()``) and answers for the leader's own node (``
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import math
 from collections.abc import Iterable
@@ -206,8 +207,9 @@ class LeaderTerm:
         self._update_established()
         self._decide(now)
 
-    def stand_down(self, why: str) -> None:
-        """The term ends (a better claim won, or an internal error): every waiter re-joins elsewhere."""
+    def stand_down(self, why: str, *, leaving: bool = False) -> None:
+        """The term ends (a better claim won, an internal error, or ``leaving``: the leader's node
+        leaves the job): every waiter re-joins elsewhere."""
         if self._stopped:
             return
         self._stopped = True
@@ -215,7 +217,8 @@ class LeaderTerm:
             if m.join_id is not None:
                 self._answer(m, "retry", why=why)
         for m in list(self.conns.values()):
-            self._send(m, "bye")  # alive: the members must not count this node as gone
+            # Alive and staying: the members must not count this node as gone; leaving: they must.
+            self._send(m, "bye", leaving=leaving)
         for conn in list(self.conns):
             self._closes.append((conn, why))
         self.conns.clear()
@@ -340,6 +343,14 @@ class LeaderTerm:
         """The leader's own node leaves (its agent is done, whether its workers succeeded or not)."""
         self.book.leave(self.claim.leader)
         self._after_departure(now)
+
+    def others_rejoined(self) -> bool:
+        """Every other live member of the current round waits in a join (its workers stopped)."""
+        rnd = self.book.current
+        if rnd is None:
+            return True
+        others = rnd.member_set - {self.claim.leader} - self.book.dead - self.book.left
+        return others <= self.book.pending.keys()
 
     def close_job(self, by: int, why: str, now: float) -> None:
         """No further rounds: the job is over (``why``: who closed it, and why, for the waiters)."""
@@ -785,8 +796,10 @@ class LeaderTerm:
             rnd.members if key != self._status_key else self._hello_since_status & rnd.member_set
         )
         self._status_key, self._hello_since_status = key, set()
+        # A preempted node that left waits, still connected, for the round without it.
+        leaving = [n for n in self.book.left if n in self._by_node and n not in rnd.member_set]
         frame = b""
-        for node in audience:
+        for node in itertools.chain(audience, leaving):
             m = self._by_node.get(node)
             if m is None or m.conn is None or m.told == key or node in self.book.pending:
                 continue

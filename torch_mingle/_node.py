@@ -269,6 +269,7 @@ class Node:
         self._join: Ticket | None = None
         self._arrivals: dict[int, Ticket] = {}
         self._shutdown: Ticket | None = None
+        self._leaving: Ticket | None = None
         self._shutdown_deadline = 0.0
         self._store_ports: dict[Claim, list[int]] = {}
         #: The next round's store that a client is being opened to (claim, ip or None, port),
@@ -462,6 +463,47 @@ class Node:
             self.board.resolve(ticket, result=True)
         self._flush(now)
 
+    def request_leave(self, ticket: Ticket, now: float) -> None:
+        """Leave the job at once (a preemption notice), the job going on without this node.
+
+        The ticket resolves once the others no longer need this node's workers: a follower
+        waits until the leader formed a round without it; a leader until every other member
+        stopped its workers and re-joined, then hands the job to the next member in rank order.
+        Only then may the agent stop its own workers: stopped earlier, they would make the
+        others' workers fail, and those failures would count against ``--max-restarts``.
+        """
+        self._leaving = ticket
+        if self._join is not None:
+            self.board.resolve(self._join, error=MingleStateError("this node is leaving the job"))
+        if self.term is not None:
+            self.term.leave_local(now)
+        elif self.session is not None:
+            self.session.leave()
+        self._flush(now)
+
+    def _check_leaving(self, now: float) -> None:
+        ticket = self._leaving
+        if ticket is None or ticket.done:
+            return
+        rnd = self.in_round
+        if self.term is not None:
+            if not self.term.others_rejoined():
+                return
+            log.info("%s leaving: every other member re-joined; handing the job over", self.label)
+            self._unlead("the leader's node left the job", now, leaving=True)
+            self.core.resign(now)
+            for data, dest in self.core.datagrams_to_send(now):
+                self.net.send_datagram(data, dest)
+        elif self.session is not None and rnd is not None:
+            status = self.session.status
+            if status is None or (status.epoch == rnd.epoch and status.round <= rnd.number):
+                return  # no round without us yet
+            self._end_session()
+            self.core.stop()
+        else:
+            self.core.stop()
+        self.board.resolve(ticket, result=True)
+
     def report_unreachable(self, claim: Claim, why: str, now: float) -> None:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
         if self.session is not None and self.session.claim == claim:
@@ -493,6 +535,7 @@ class Node:
                     self._session_event(session, sev, now)
             if self._shutdown is not None and not self._shutdown.done and self.term is not None:
                 self._finish_leader_shutdown(now)
+            self._check_leaving(now)
             if not busy:
                 break
         self._connect_ahead()
@@ -625,11 +668,11 @@ class Node:
             port,
         )
 
-    def _unlead(self, why: str, now: float) -> None:
+    def _unlead(self, why: str, now: float, *, leaving: bool = False) -> None:
         term = self.term
         if term is None:
             return
-        term.stand_down(why)
+        term.stand_down(why, leaving=leaving)
         self._flush_term(term, now)
         self.net.stop_listening()
         self.term = None

@@ -301,6 +301,8 @@ class RoundBook:
     def leave(self, node: int) -> None:
         self.left.add(node)
         self.pending.pop(node, None)
+        if self.current is not None and node in self.current.member_set and node not in self.arrived:
+            self.stale = True  # it left a running round (preempted): the others go on without it
 
     def close(self) -> list[int]:
         """Close the job; returns the nodes whose pending joins must be answered "closed"."""

@@ -232,6 +232,12 @@ class Simulation:
         self._call(node, lambda now: node.node.request_shutdown(ticket, close_timeout_s, "finished", now))
         return ticket
 
+    def preempt(self, node: SimNode, timeout_s: float = 15.0) -> Ticket:
+        """SIGTERM to ``node``'s agent: it leaves the job at once (``MingleRendezvousHandler.leave``)."""
+        ticket = Ticket("leave", next(_tickets), timeout_s=timeout_s)
+        self._call(node, lambda now: node.node.request_leave(ticket, now))
+        return ticket
+
     def next_port(self) -> int:
         return next(self._ports)
 

@@ -17,11 +17,14 @@ import logging
 import os
 import resource
 import secrets
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NoReturn
+from types import FrameType
+from typing import Any, NoReturn
 
 from torch.distributed import DistError, TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -62,6 +65,9 @@ MAX_CONNECT_TIMEOUT_S = 5.0
 STORE_CONNECT_ATTEMPTS = 3
 #: How much longer than the node's own deadline the agent's thread waits for an answer.
 ANSWER_GRACE_S = 10.0
+#: The most a preempted node (SIGTERM) waits for the others to go on without it before its
+#: workers stop (Kubernetes' default grace period is 30 s, then SIGKILL).
+MAX_LEAVE_WAIT_S = 15.0
 #: Descriptors a leader needs per node: control connection, agent's clients of the running
 #: round's store and of the next one's (opened ahead), 8 workers'.
 DESCRIPTORS_PER_NODE = 11
@@ -270,6 +276,9 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._shut = False
         self._failure: str | None = None
         self._user_env = {var: os.environ.get(var) for var in SOCKET_IFNAME_VARS}
+        self._sigterm_hook = self._on_sigterm  # one bound method: the handler we install, by identity
+        self._sigterm_prev: Any = None
+        self._left = False
         self._loop.start(self._node)
 
     @classmethod
@@ -362,6 +371,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         """
         if self._round is None or self._closed:
             return 0
+        self._hook_preemption()
         diag = self._board.diagnostics()
         return 1 if not diag.loop_alive else diag.nodes_waiting
 
@@ -383,6 +393,53 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._loop.stop()
         log.info("%s shut down", self._label)
         return True
+
+    # --------------------------------------------------------------- preemption
+
+    def _hook_preemption(self) -> None:
+        """Put a graceful leave in front of torch's SIGTERM handler.
+
+        torch's agent installs its handler when it starts the workers, and on the signal it
+        stops them and exits without calling ``shutdown()``. The agent polls
+        ``num_nodes_waiting()`` on its main thread while the workers run: there we wrap torch's
+        handler (only torch's: nothing else in the process is touched), once per install.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current is self._sigterm_hook or not getattr(current, "__module__", "").startswith(
+            "torch.distributed.elastic"
+        ):
+            return
+        self._sigterm_prev = current
+        signal.signal(signal.SIGTERM, self._sigterm_hook)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        prev = self._sigterm_prev
+        signal.signal(signal.SIGTERM, prev)  # a second SIGTERM goes straight to torch
+        if not self._left and not self._shut:
+            self._left = True
+            self.leave()
+        prev(signum, frame)  # torch's: stops the workers, the agent exits
+
+    def leave(self) -> None:
+        """Leave the job now, the others going on without this node (a preemption notice).
+
+        Returns once the others no longer need this node's workers (bounded by
+        ``close_timeout``, at most ``MAX_LEAVE_WAIT_S``): stopped earlier, they would make the
+        others' workers fail, which counts against their ``--max-restarts``.
+        """
+        wait_s = min(self._config.close_timeout, MAX_LEAVE_WAIT_S)
+        log.warning("%s SIGTERM: leaving the job; the others go on without this node", self._label)
+        started = time.monotonic()
+        try:
+            self._ask("leave", wait_s, self._node.request_leave)
+        except MingleError as exc:
+            log.warning("%s left without waiting for the others: %s", self._label, exc)
+        else:
+            took = time.monotonic() - started
+            log.info("%s left the job; the others went on after %.2fs", self._label, took)
+        self._closed = True
 
     # --------------------------------------------------------------- internals
 

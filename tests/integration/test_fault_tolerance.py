@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import time
 
 import pytest
 
@@ -13,6 +15,7 @@ from tests.helpers import (
     finish_all,
     job_processes,
     leader_of,
+    logged_at,
     random_port,
     read_reports,
     start_agent,
@@ -132,3 +135,33 @@ def test_a_node_whose_workers_fail_on_the_way_out_does_not_hold_the_others(tmp_p
             assert "Done waiting for other agents" in agent.output(), dump(agents)
             assert "Error waiting on exit barrier" not in agent.output(), dump(agents)
     assert job_processes(job) == [], "agents or workers of the job are still running"
+
+
+@pytest.mark.parametrize("who", ["leader", "follower"])
+def test_a_preempted_node_leaves_at_once_and_the_others_keep_their_restarts(tmp_path, who):
+    """SIGTERM to one agent of four (a preemption notice): its node leaves with a message, the
+    others form a new round without waiting for a heartbeat timeout, and their workers stop
+    for the membership change, not for a failure: ``--max-restarts=0`` would end them."""
+    job = unique_job("preempt")
+    conf = {"last_call_timeout": 1, "keep_alive_interval": 5, "keep_alive_max_attempt": 3}
+    cmd = _cmd(job, "2:4", tmp_path, steps=60, step_time=0.15, conf=conf, restarts=0)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(4)]
+    wait_until(lambda: any("step 3/60" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    leader = leader_of(agents)
+    victim = leader if who == "leader" else next(a for a in agents if a is not leader)
+    signalled = time.time()
+    victim.proc.send_signal(signal.SIGTERM)  # the agent only: torchrun stops its own workers
+    survivors = [a for a in agents if a is not victim]
+    codes = finish_all(survivors)
+    assert codes == [0, 0, 0], dump(agents)
+    victim.wait(60, company=agents)
+    assert "SIGTERM: leaving the job" in victim.output(), dump([victim])
+    reports = final_reports(tmp_path / "report")
+    assert_trained_together(reports, 3, 60)
+    assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports} == {"0"}, dump(agents)
+    joined = [logged_at(a, "joined round 2 as rank", after=signalled) for a in survivors]
+    assert all(j is not None for j in joined), dump(agents)
+    took = max(j for j in joined if j is not None) - signalled
+    print(f"preempted {who}: the other three joined round 2 {took:.2f}s after SIGTERM")
+    # Not a heartbeat timeout (15 s): the leave was said, not inferred from silence.
+    assert took < conf["keep_alive_interval"] * conf["keep_alive_max_attempt"] / 2, dump(agents)

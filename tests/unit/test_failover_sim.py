@@ -224,3 +224,21 @@ def test_when_the_successor_is_gone_too_the_member_after_it_takes_over():
     assert new is not None, f"no round after the leader's loss; rounds {agents.rounds}"
     assert new[2][0] == ranks[2] and set(new[2]) == set(ranks[2:])
     assert new[0] - t0 <= FAST.successor_wait_s + 2.0  # a kill is seen at once; the freeze costs one wait
+
+
+@pytest.mark.parametrize("who", ["leader", "follower"])
+def test_a_preempted_node_leaves_and_the_others_re_form_without_a_timeout(who):
+    sim, agents = _running(4, seed=5)
+    (leader,) = sim.leaders()
+    ranks = agents.rounds[-1][2]
+    victim = leader if who == "leader" else next(n for n in sim.nodes if n is not leader)
+    agents.nodes.remove(victim)  # its agent stops once the leave returns
+    t0 = sim.now
+    ticket = sim.preempt(victim)
+    agents.run_until(t0 + 1.0)
+    new = agents.round_formed_after(t0)
+    assert new is not None, f"no round within 1 s of the leave; rounds {agents.rounds}"
+    assert set(new[2]) == set(ranks) - {victim.core.node_id}
+    assert ticket.done and ticket.error is None
+    if who == "leader":
+        assert new[2][0] == ranks[1]  # the next member in rank order took over
