@@ -115,16 +115,28 @@ class Segment:
         """Cut or restore a host's cable (its port on the bridge)."""
         _ip("-n", self.bridge_ns, "link", "set", self.port_of(host, dev), "up" if up else "down")
 
-    def drop_multicast(self) -> None:
-        """Make every bridge drop multicast while unicast and broadcast still pass.
+    def drop_multicast(self, *, broadcast: bool = False) -> None:
+        """Make every bridge drop multicast (and ``broadcast`` too) while unicast still passes.
 
         Needs bridges made with ``mcast_snooping=False``; flooding of multicast is then turned
         off on every port.
         """
+        kinds = ["mcast_flood", "off", *(["bcast_flood", "off"] if broadcast else [])]
         for host in self.hosts:
             for port in host.ports.values():
-                flood_off = ["bridge", "link", "set", "dev", port, "mcast_flood", "off"]
+                flood_off = ["bridge", "link", "set", "dev", port, *kinds]
                 subprocess.run(["ip", "netns", "exec", self.bridge_ns, *flood_off], check=True, timeout=30)
+
+    def split(self, side: list[Host], bridge: str = "split0") -> None:
+        """Partition the segment: ``side``'s cables move to a bridge of their own (``heal`` undoes it)."""
+        if bridge not in self.bridges:
+            self.create_bridge(bridge)
+        for host in side:
+            _ip("-n", self.bridge_ns, "link", "set", self.port_of(host), "master", bridge)
+
+    def heal(self, side: list[Host], bridge: str = "br0") -> None:
+        for host in side:
+            _ip("-n", self.bridge_ns, "link", "set", self.port_of(host), "master", bridge)
 
     def loss(self, host: Host, percent: int) -> None:
         """Drop ``percent`` % of the packets that reach ``host``, at random (nftables, in its namespace)."""
