@@ -40,6 +40,7 @@ from torch_mingle._protocol import (
     Role,
     Stats,
     SteppedDown,
+    Succession,
 )
 from torch_mingle._record import field, record, replace
 from torch_mingle._rounds import History, Round, RoundBook, Status
@@ -797,11 +798,8 @@ class Node:
             self.history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
             self._gone &= rnd.member_set
             self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
-            self.core.set_succession(
-                claim,
-                rnd.members,
-                rnd.discovery_dests(session.ip if session else self.settings.advertised_ip),
-            )
+            seen_via = session.ip if session else self.settings.advertised_ip
+            self.core.set_succession(Succession(claim, rnd.members, rnd.ips, rnd.dports, seen_via))
             self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
             if session is not None:
                 self._last_leader_ip = session.ip

@@ -220,18 +220,32 @@ class Timing:
 
 @record
 class Succession:
-    """The last round this node is in: its leader's claim, members in rank order, and each
-    member's discovery address (None where unknown)."""
+    """The last round this node is in: its leader's claim, and its members in rank order with
+    each one's address and discovery port (as the round lists them; port 0: unknown).
+
+    Addresses are made only when needed (on leader loss): every member of every round gets
+    one, and making N of them per member is O(N**2) a round."""
 
     claim: Claim
     members: tuple[int, ...]
-    dests: tuple[Dest, ...]
+    ips: tuple[str, ...]
+    ports: tuple[int, ...]
+    #: The leader's address as this node reached it: link-local members share its scope.
+    seen_via: str
 
     def dest_of(self, node: int) -> Dest:
         try:
-            return self.dests[self.members.index(node)]
-        except (ValueError, IndexError):
+            return self._dest(self.members.index(node))
+        except ValueError:
             return None
+
+    def dests(self) -> list[tuple[int, Dest]]:
+        return [(node, self._dest(i)) for i, node in enumerate(self.members)]
+
+    def _dest(self, i: int) -> Dest:
+        ip = self.ips[i] if i < len(self.ips) else "?"
+        port = self.ports[i] if i < len(self.ports) else 0
+        return (with_scope_of(ip, (self.seen_via,)), port) if port and ip != "?" else None
 
 
 @record
@@ -413,7 +427,7 @@ class Discovery:
         if self._by_succession and self.succession is not None:
             # The round we took over: tell each member by unicast too, so that it re-forms
             # where multicast has stopped (a snooping switch that forgot the group).
-            for node, dest in zip(self.succession.members, self.succession.dests, strict=False):
+            for node, dest in self.succession.dests():
                 if dest is not None and node != self.node_id and node not in self._passed:
                     self._send_announce(dest, now)
             self._by_succession = False
@@ -468,10 +482,10 @@ class Discovery:
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self.leader_heard_at = now
 
-    def set_succession(self, claim: Claim, members: tuple[int, ...], dests: tuple[Dest, ...]) -> None:
+    def set_succession(self, succession: Succession) -> None:
         """The round this node is in now: if its leader is lost, the members take over in its
         rank order (the next member claims, the others wait for it and ask it by unicast)."""
-        self.succession = Succession(claim=claim, members=members, dests=dests)
+        self.succession = succession
         self._passed = set()
 
     def abandon(self, now: float) -> None:

@@ -32,7 +32,7 @@ import ipaddress
 from typing import Any
 
 from torch_mingle._record import field, record
-from torch_mingle._wire import dumps_compact, with_scope_of
+from torch_mingle._wire import dumps_compact
 
 MAX_HOLD_DOUBLINGS = 5
 #: Bounds on what a peer may send: the fields of a history, round or status never exceed them.
@@ -151,17 +151,6 @@ class Round:
     def member_set(self) -> frozenset[int]:
         return frozenset(self.members)
 
-    def discovery_dests(self, seen_via: str) -> tuple[tuple[str, int] | None, ...]:
-        """Each member's discovery socket address in rank order (None where not known), as this
-        node reaches it: a link-local address gets the scope of ``seen_via`` (the leader's
-        address as this node reaches it: the members share its link)."""
-        dests: list[tuple[str, int] | None] = []
-        for i in range(len(self.members)):
-            ip = self.ips[i] if i < len(self.ips) else "?"
-            port = self.dports[i] if i < len(self.dports) else 0
-            dests.append((with_scope_of(ip, (seen_via,)), port) if port and ip != "?" else None)
-        return tuple(dests)
-
     def rank_of(self, node: int) -> int | None:
         try:
             return self.members.index(node)
@@ -193,8 +182,15 @@ class Round:
             store_ip=peer_ip(data["store_ip"]),
             store_port=bounded_int(data["store_port"], 65535, 1),
             ips=tuple(str(ip)[:MAX_IP_CHARS] for ip in ips),
-            dports=tuple(bounded_int(p, 65535) for p in dports),
+            dports=_ports(dports),
         )
+
+
+def _ports(raw: list[Any]) -> tuple[int, ...]:
+    """A round's discovery ports (every member parses N of them: one pass, no call per port)."""
+    if not all(type(p) is int and 0 <= p <= 65535 for p in raw):
+        raise ValueError("dports: not a list of ports")
+    return tuple(raw)
 
 
 @record
