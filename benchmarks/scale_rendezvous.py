@@ -4,9 +4,10 @@ Every node is a real rendezvous handler made through torch's public registry, ``
 of them in each host process (threads), no torch workers. For mingle that is the whole
 control plane: real multicast on 127.0.0.1, the real leader with its TCPStores, its control
 connections and heartbeats. The leader is a host process of its own, so its CPU, memory and
-descriptors are its own; so are the victim of the death phase and the *successor* (the node
-with the lowest id, which the survivors elect when the leader is lost): in the field each
-has a host of its own, and a new leader starved among 63 other nodes measures the harness.
+descriptors are its own; so are the victim of the death phase and the *successor* (rank 1 of
+the round: it joins first after the leader; the member that takes over when the leader is
+lost): in the field each has a host of its own, and a new leader starved among 63 other nodes
+measures the harness.
 Heartbeats run at torch's defaults (5 s x 3, ``bench_targets.SCALE_KEEP_ALIVE``).
 
 Sections (``--sections``, all by default):
@@ -106,8 +107,8 @@ def host_main(spec: dict[str, Any]) -> int:
                 last_call_timeout="30",
             )  # fmt: skip
         if spec["role"] == "successor":
-            # The lowest node id: the node the survivors elect when the leader is lost. In the
-            # field it has a host of its own; here it gets a process of its own, as the leader.
+            # Rank 1 of the round (it joins first): the member that takes over when the leader is
+            # lost. In the field it has a host of its own; here it gets a process of its own.
             return MingleRendezvousHandler(MingleConfig.from_params(params), node_id=1)
         return rendezvous_handler_registry.create_handler(params)
 
@@ -298,6 +299,11 @@ def _connected_ahead(hosts: list[Host], nodes: int) -> float | None:
     return took
 
 
+#: How long the successor's join has to reach the leader before the crowd's (rank 1 goes to the
+#: first join after the leader's own); ``successor_rank`` in the JSON says whether it did.
+SUCCESSOR_HEAD_START_S = 0.2
+
+
 def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
     """One rendezvous step over every node's result: times, ranks, errors."""
     results = [r for a in answers for r in a["results"]]
@@ -357,11 +363,15 @@ def _run_mingle(n: int, per_process: int, prefix: list[str], point: dict[str, An
         step[0] = "settle"
         point["settled_s"] = _settle(everyone, first)
         step[0] = "first round"
-        # First round: everyone at once.
+        # First round: the successor first (rank 1 is the first join after the leader's), then
+        # everyone else at once. Whether it got rank 1 is checked, not hoped for.
         started = time.time()
-        Hosts.send(everyone, {"cmd": "join"})
+        Hosts.send([leader, successor], {"cmd": "join"})
+        time.sleep(SUCCESSOR_HEAD_START_S)
+        Hosts.send([victim, *crowd], {"cmd": "join"})
         answers = Hosts.expect(everyone, PHASE_TIMEOUT_S)
         point["first"] = _phase(answers, started)
+        point["successor_rank"] = answers[2]["results"][0].get("rank")
         lead = answers[0]
         point["leader"] = {
             **lead["usage"],
