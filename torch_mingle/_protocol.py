@@ -199,6 +199,10 @@ class Timing:
     beacon_interval_s: float = 5.0
     leader_timeout_s: float = 15.0
     announce_min_gap_s: float = 0.005
+    #: A query is answered by unicast at once; by multicast (for the nodes that stayed silent)
+    #: at most this often: when a round of 1,000 loses its leader, every member asks the new
+    #: one, and an announcement multicast per query would reach every member each time.
+    query_mcast_gap_s: float = 0.1
     candidate_ttl_s: float = 2.5
     suspect_ttl_s: float = 5.0
     #: How long the members of a round wait for the next member in rank order to take over
@@ -556,7 +560,7 @@ class Discovery:
         self.max_epoch_seen = max(self.max_epoch_seen, d.body.epoch_seen)
         if addr is not None:
             self._send_announce(addr, now)
-        if now - self._last_mcast_announce >= self.timing.announce_min_gap_s:
+        if now - self._last_mcast_announce >= self.timing.query_mcast_gap_s:
             self._send_announce(None, now)
 
     def _announce_while_electing(self, d: Datagram, addr: Dest, now: float) -> None:
