@@ -26,6 +26,8 @@ import logging
 import os
 import socket
 import stat
+import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -211,12 +213,32 @@ class AgentStore(Store):
         self._inner.set_timeout(timeout)
 
 
+#: Nodes of one process that lose the same leader within this long share one scan: it cut
+#: every connection of the process to that store (a torchrun agent holds one node; the
+#: benchmarks and tests hold up to 64, and 64 scans of 1,000 descriptors starved them).
+ABORT_COALESCE_S = 0.5
+_last_aborts: dict[tuple[str, tuple[int, ...]], float] = {}
+_abort_lock = threading.Lock()
+
+
 def abort_connections_to(ip: str, ports: Sequence[int]) -> int:
     """Shut down this process's TCP connections to ``ip`` on ``ports``; returns how many.
 
     A thread blocked in a TCPStore call on such a connection (a frozen leader's store) then
     returns with an error at once. Linux only: elsewhere nothing is done.
     """
+    key = (ip, tuple(sorted(ports)))
+    with _abort_lock:
+        now = time.monotonic()
+        if now - _last_aborts.get(key, float("-inf")) < ABORT_COALESCE_S:
+            return 0  # another node of this process just cut them all
+        _last_aborts[key] = now
+        if len(_last_aborts) > 64:
+            _last_aborts.pop(next(iter(_last_aborts)))
+    return _abort_now(ip, ports)
+
+
+def _abort_now(ip: str, ports: Sequence[int]) -> int:
     try:
         target = _plain(ip)
         fds = os.listdir("/proc/self/fd")
