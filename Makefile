@@ -57,3 +57,5 @@ clean:
 
 stress: $(STAMP)
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20
+	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults partition
+	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults mcast-off

@@ -6,14 +6,20 @@ heartbeats 1 s x 3), waits until it trains, injects one fault and lets the job f
 * ``kill``    SIGKILL of the node's whole process tree (it is gone for good);
 * ``freeze``  SIGSTOP of the whole tree for 5 s, then SIGCONT;
 * ``flap``    the node's link down for 5 s, then up;
-* ``loss``    20 % of the packets to the node dropped for 10 s (nftables).
+* ``loss``    20 % of the packets to the node dropped for 10 s (nftables);
+* ``partition`` the node's cable moved to a bridge of its own for 5 s, then back (a 2|1
+  split: the two keep a quorum and go on, the one waits and re-joins);
+* ``mcast-off`` multicast and broadcast flooding turned off on every port once the job
+  trains (a snooping switch that forgot the group), then the leader SIGKILLed: the
+  members take over by unicast (the leader is always the victim).
 
 A trial passes when every node that was not killed exits 0 and the last round trained to
 the end with identical parameters on every rank. Recovery is the time from the fault to the
 first training step of the round that replaced the broken one (none when the fault broke
-nothing). Not part of CI: ``make stress`` (about 15 minutes here).
+nothing). Not part of CI: ``make stress`` runs 20 mixed trials, 20 partitions and 20
+multicast-off failovers (about 45 minutes here).
 
-    .venv/bin/python -m tests.stress.mixed_faults --trials 20
+    .venv/bin/python -m tests.stress.mixed_faults --trials 20 [--faults partition]
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from tests.helpers import (
 from tests.netns.segment import Segment, netns_available, nftables_available
 
 FAULTS = ("kill", "freeze", "flap", "loss")
+EXTRA_FAULTS = ("partition", "mcast-off")
 STEPS = 150
 KEEP_ALIVE_S, ATTEMPTS = 1.0, 3
 BOUND_S = KEEP_ALIVE_S * ATTEMPTS + 5.0
@@ -56,8 +63,9 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
     agents: list[Agent] = []
     result: dict[str, Any] = {"trial": index, "fault": fault, "at": "leader" if at_leader else "follower"}
     try:
-        segment.create_bridge()
-        hosts = [segment.add_host(f"198.18.0.{11 + i}") for i in range(3)]
+        segment.create_bridge("br0" if fault != "mcast-off" else "brq", mcast_snooping=fault != "mcast-off")
+        bridge = segment.bridges[-1]
+        hosts = [segment.add_host(f"198.18.0.{11 + i}", bridge=bridge) for i in range(3)]
         conf = {"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1, "rejoin_delay": 5,
                 "keep_alive_interval": KEEP_ALIVE_S, "keep_alive_max_attempt": ATTEMPTS}  # fmt: skip
         cmd = torchrun_cmd(
@@ -80,6 +88,15 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
                 time.sleep(OUTAGE_S)  # the outage itself
             finally:
                 victim.kill(signal.SIGCONT)
+        elif fault == "partition":
+            segment.split([host])
+            try:
+                time.sleep(OUTAGE_S)
+            finally:
+                segment.heal([host], bridge)
+        elif fault == "mcast-off":
+            segment.drop_multicast(broadcast=True)
+            victim.kill()
         elif fault == "flap":
             segment.link(host, up=False)
             try:
@@ -92,7 +109,7 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
                 time.sleep(2 * OUTAGE_S)
             finally:
                 segment.no_loss(host)
-        running = [a for a in agents if not (fault == "kill" and a is victim)]
+        running = [a for a in agents if not (fault in ("kill", "mcast-off") and a is victim)]
         codes = finish_all(running, timeout=240)
         result["codes"] = codes
         assert codes == [0] * len(running), f"exit codes {codes}"
@@ -120,7 +137,12 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {FAULTS + EXTRA_FAULTS}")
     args = p.parse_args()
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    unknown = [f for f in faults if f not in FAULTS + EXTRA_FAULTS]
+    if unknown or not faults:
+        p.error(f"unknown faults {unknown}; pick from {', '.join(FAULTS + EXTRA_FAULTS)}")
     reason = netns_available() or nftables_available()
     if reason is not None:
         print(f"stress needs network namespaces and nftables: {reason}")
@@ -130,7 +152,8 @@ def main() -> int:
           f"{KEEP_ALIVE_S:g}s x {ATTEMPTS}; bound on a single fault's recovery {BOUND_S:g}s")  # fmt: skip
     results = []
     for i in range(args.trials):
-        fault, at_leader = FAULTS[i % len(FAULTS)], (i // len(FAULTS)) % 2 == 0
+        fault, at_leader = faults[i % len(faults)], (i // len(faults)) % 2 == 0
+        at_leader = at_leader or fault == "mcast-off"
         with tempfile.TemporaryDirectory(prefix="mingle-stress-") as tmp:
             result = trial(i + 1, fault, at_leader, Path(tmp), rng)
         results.append(result)
@@ -147,7 +170,7 @@ def main() -> int:
             print(f"          {result['error']}", flush=True)
     passed = sum(1 for r in results if r["ok"])
     print(f"\n{passed}/{len(results)} trials finished with identical parameters on every rank")
-    for fault in FAULTS:
+    for fault in faults:
         of_kind = [r for r in results if r["fault"] == fault]
         times = [r["recovery_s"] for r in of_kind if isinstance(r.get("recovery_s"), float)]
         if times:
