@@ -34,7 +34,7 @@ from typing import Any
 from torch_mingle import _faults
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
-from torch_mingle._rounds import History, Round, Status, bounded_int
+from torch_mingle._rounds import MAX_MEMBERS, History, Round, Status, bounded_int, node_id
 from torch_mingle._wire import Invalid, check, encode_frame
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,10 @@ class FollowerSession:
     leader_said_bye: bool = False
     #: ... and its node leaves the job (preempted): it no longer votes.
     leader_left: bool = False
+    #: Members of the round the leader knew were gone (left or dead), from its ``bye``.
+    leader_reported_gone: frozenset[int] = frozenset()
+    #: The connection is established and not closed by the other end.
+    conn_up: bool = False
     _next_beat: float = 0.0
     _queued: list[bytes] = field(default_factory=list)
     _queued_join: bytes | None = None
@@ -120,6 +124,7 @@ class FollowerSession:
     def connected(self, now: float) -> None:
         if self.phase != "connecting":
             return
+        self.conn_up = True
         self.phase = "hello"
         self.last_heard = now
         hist = self.history
@@ -139,6 +144,7 @@ class FollowerSession:
 
     def closed(self, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
         """The connection ended: ``refused`` (nothing listened), ``by_peer`` (the other end closed it)."""
+        self.conn_up = False
         if self.phase == "over":
             return
         # Refused, reset or closed by the leader's side: its process is gone or it closed the
@@ -223,8 +229,9 @@ class FollowerSession:
         self._request(encode_frame("arrive", id=ticket, round=round_number, epoch=epoch))
 
     def bye(self) -> bytes | None:
-        """The frame to send before this node closes a live session itself: it is not dead."""
-        return encode_frame("bye") if self.phase in ("hello", "ready") else None
+        """The frame to send before this node closes the connection itself (it gave up on the
+        leader, or follows another): a close without it means this node's process is gone."""
+        return encode_frame("bye") if self.conn_up else None
 
     def leave(self) -> None:
         self._request(encode_frame("leave"))
@@ -311,6 +318,9 @@ class FollowerSession:
         elif kind == "bye":
             self.leader_said_bye = True
             self.leader_left = msg.get("leaving") is True
+            gone = msg.get("gone")
+            if isinstance(gone, list) and len(gone) <= MAX_MEMBERS:
+                self.leader_reported_gone = frozenset(node_id(n) for n in gone)
         elif kind == "evicted":
             self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
         else:

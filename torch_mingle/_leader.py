@@ -216,9 +216,12 @@ class LeaderTerm:
         for m in list(self._members()):
             if m.join_id is not None:
                 self._answer(m, "retry", why=why)
+        # Alive and staying: the members must not count this node as gone; leaving: they must.
+        # Either way they learn who of the round is gone: the next leader's voting set.
+        rnd = self.book.current
+        gone = sorted(node_hex(n) for n in (self.book.left | self.book.gone) & rnd.member_set) if rnd else []
         for m in list(self.conns.values()):
-            # Alive and staying: the members must not count this node as gone; leaving: they must.
-            self._send(m, "bye", leaving=leaving)
+            self._send(m, "bye", leaving=leaving, gone=gone)
         for conn in list(self.conns):
             self._closes.append((conn, why))
         self.conns.clear()

@@ -194,7 +194,9 @@ class Loop:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._calls: deque[Callable[[float], None]] = deque()
-        self._calls_lock = threading.Lock()
+        # Re-entrant: a signal handler on the agent's thread (SIGTERM: leave) may call in while
+        # that thread is inside call() already.
+        self._calls_lock = threading.RLock()
         self._deferred: deque[Callable[[float], None]] = deque()
         self._streams: dict[int, _Stream] = {}
         self._next_id = 0

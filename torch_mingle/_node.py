@@ -363,6 +363,7 @@ class Node:
             if timer is not None and now >= timer:
                 self.session.handle_timer(now)
         self._check_tickets(now)
+        self._leaving_deadline(now)
         if self._quiet_at is not None and now >= self._quiet_at:
             self._quiet_at = None
             self._warn_if_alone()
@@ -376,6 +377,7 @@ class Node:
             self._quiet_at,
             self._join.deadline if self._join is not None and not self._join.done else None,
             self._shutdown_deadline if self._shutdown is not None and not self._shutdown.done else None,
+            self._leaving.deadline if self._leaving is not None and not self._leaving.done else None,
             *(t.deadline for t in self._arrivals.values()),
         ]
         present = [t for t in times if t is not None]
@@ -482,6 +484,18 @@ class Node:
             self.session.leave()
         self._flush(now)
 
+    def _leaving_deadline(self, now: float) -> None:
+        """The others did not go on in time: leave anyway (a leader still hands over)."""
+        ticket = self._leaving
+        if ticket is None or ticket.done or ticket.deadline is None or now < ticket.deadline:
+            return
+        if self.term is not None:
+            self._hand_over(now)
+        else:
+            self._end_session()
+            self.core.stop()
+        self.board.resolve(ticket, result=False)
+
     def _check_leaving(self, now: float) -> None:
         ticket = self._leaving
         if ticket is None or ticket.done:
@@ -491,10 +505,7 @@ class Node:
             if not self.term.others_rejoined():
                 return
             log.info("%s leaving: every other member re-joined; handing the job over", self.label)
-            self._unlead("the leader's node left the job", now, leaving=True)
-            self.core.resign(now)
-            for data, dest in self.core.datagrams_to_send(now):
-                self.net.send_datagram(data, dest)
+            self._hand_over(now)
         elif self.session is not None and rnd is not None:
             status = self.session.status
             if status is None or (status.epoch == rnd.epoch and status.round <= rnd.number):
@@ -503,7 +514,16 @@ class Node:
             self.core.stop()
         else:
             self.core.stop()
+            self.board.resolve(ticket, result=False)  # the leader was lost meanwhile
+            return
         self.board.resolve(ticket, result=True)
+
+    def _hand_over(self, now: float) -> None:
+        """A leaving leader ends its term: its ``bye`` says it leaves (the members then take
+        over by succession, without its vote). No multicast resignation: it could overtake the
+        ``bye`` and the members would not learn that this node left."""
+        self._unlead("the leader's node left the job", now, leaving=True)
+        self.core.stop()
 
     def report_unreachable(self, claim: Claim, why: str, now: float) -> None:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
@@ -615,8 +635,6 @@ class Node:
         elif isinstance(ev, LeaderFound):
             self._leader_found(ev.leader, now)
         elif isinstance(ev, LeaderLost):
-            if ev.reason == RESIGNED:
-                self._gone.add(ev.claim.leader)  # it shut down: its node leaves the job
             level = logging.INFO if ev.reason == RESIGNED else logging.WARNING
             log.log(level, "%s lost leader %s: %s; electing again", self.label, ev.claim, ev.reason)
             self._leader_lost(ev.claim, ev.reason, now)
@@ -771,6 +789,7 @@ class Node:
                 log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
                 if ev.gone:
                     self._gone.add(session.claim.leader)
+                self._gone |= session.leader_reported_gone
                 self.core.leader_failed(now, session.claim, ev.reason, hard=ev.hard)
 
     def _answer(
@@ -799,7 +818,9 @@ class Node:
             self._gone &= rnd.member_set
             self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
             seen_via = session.ip if session else self.settings.advertised_ip
-            self.core.set_succession(Succession(claim, rnd.members, rnd.ips, rnd.dports, seen_via))
+            self.core.set_succession(
+                Succession(claim, rnd.number, rnd.members, rnd.ips, rnd.dports, seen_via=seen_via)
+            )
             self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
             if session is not None:
                 self._last_leader_ip = session.ip
@@ -887,7 +908,7 @@ class Node:
                     "%s stopping the store although not every node left within close_timeout", self.label
                 )
             term.release_stores()
-            self._unlead("the leader shut down", now)
+            self._unlead("the leader shut down", now, leaving=True)
             self.core.resign(now)
         else:
             self.core.stop()

@@ -85,6 +85,8 @@ INVALID_LOG_INTERVAL_S = 60.0
 QUIET_REASONS = frozenset({"duplicate"})
 RESIGNED = "the leader resigned"
 PROBE_RATE_PER_S = 20.0
+#: A spare that lost a running round's leader claims only after this many successor waits.
+SPARE_HOLD_SUCCESSORS = 3
 PROBE_BURST = 20
 
 
@@ -231,6 +233,8 @@ class Succession:
     one, and making N of them per member is O(N**2) a round."""
 
     claim: Claim
+    #: The round's number: a leader that announces a later one formed it without this node.
+    round: int
     members: tuple[int, ...]
     ips: tuple[str, ...]
     ports: tuple[int, ...]
@@ -402,6 +406,12 @@ class Discovery:
                     self._suspects[suspect] = now + self.timing.suspect_ttl_s
                     self._candidates.pop(suspect, None)
                     self._awaiting = None
+                    if self._by_succession:
+                        # Passed over for good (until a new round): were it only suspected, its
+                        # suspicion could end before the members behind it, dead too, are all
+                        # passed, and the wait would go round in circles. If it claims later,
+                        # its announcement is still followed.
+                        self._passed.add(suspect)
                 self._decide(now)
         elif self.role is Role.LEADING:
             if now >= self._next_announce:
@@ -765,13 +775,19 @@ class Discovery:
         self.max_epoch_seen = max(self.max_epoch_seen, lost.claim.epoch)
         self._events.append(LeaderLost(claim=lost.claim, reason=reason))
         succession = self.succession
-        if succession is not None and lost.claim.epoch >= succession.claim.epoch:
+        if (
+            succession is not None
+            and lost.claim.epoch >= succession.claim.epoch
+            and (lost.round <= succession.round or lost.claim != succession.claim)
+        ):
             # Our round's leader, or one that took over from it before a new round formed.
             self._passed.add(lost.claim.leader)
             self._by_succession = True
         elif lost.members > 0:
-            # A round runs that we are not in (a spare): its members know who takes over.
-            self._hold_claims_until = max(self._hold_claims_until, now + self.timing.successor_wait_s)
+            # A round runs that we are not in (a spare): its members know who takes over, and
+            # may pass over a few dead ones first.
+            hold = now + SPARE_HOLD_SUCCESSORS * self.timing.successor_wait_s
+            self._hold_claims_until = max(self._hold_claims_until, hold)
         self._enter_discovery(now)
 
     def _raise_fence(self, claim: Claim) -> None:

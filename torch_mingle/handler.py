@@ -433,12 +433,15 @@ class MingleRendezvousHandler(RendezvousHandler):
         log.warning("%s SIGTERM: leaving the job; the others go on without this node", self._label)
         started = time.monotonic()
         try:
-            self._ask("leave", wait_s, self._node.request_leave)
+            went_on = self._ask("leave", wait_s, self._node.request_leave)
         except MingleError as exc:
             log.warning("%s left without waiting for the others: %s", self._label, exc)
         else:
             took = time.monotonic() - started
-            log.info("%s left the job; the others went on after %.2fs", self._label, took)
+            if went_on:
+                log.info("%s left the job; the others went on after %.2fs", self._label, took)
+            else:
+                log.warning("%s left the job after %.2fs without seeing the others go on", self._label, took)
         self._closed = True
 
     # --------------------------------------------------------------- internals

@@ -242,3 +242,38 @@ def test_a_preempted_node_leaves_and_the_others_re_form_without_a_timeout(who):
     assert ticket.done and ticket.error is None
     if who == "leader":
         assert new[2][0] == ranks[1]  # the next member in rank order took over
+
+
+def test_several_dead_successors_in_a_row_are_passed_over_not_waited_for_in_circles():
+    # Four successors silent: passing them takes 4 x 1.25 s, longer than a suspicion lasts (3 s).
+    # (12 nodes: the 7 left are still a majority of the 11 that vote.)
+    sim, agents = _running(12, seed=6)
+    (old,) = sim.leaders()
+    ranks = agents.rounds[-1][2]
+    by_id = {n.core.node_id: n for n in sim.nodes}
+    for node in ranks[1:5]:
+        sim.freeze(by_id[node])
+    t0 = sim.now
+    sim.kill(old)
+    agents.run_until(t0 + 4 * FAST.successor_wait_s + 4.0)
+    new = agents.round_formed_after(t0)
+    assert new is not None, f"no round after the leader's loss; rounds {agents.rounds}"
+    assert new[2][0] == ranks[5] and set(new[2]) == set(ranks[5:])
+
+
+def test_a_node_that_left_does_not_vote_after_its_leader_left_too():
+    """Two of three preempted together: the leader hands over saying who left, so the one
+    node left (min_nodes=1) has every vote there is and goes on."""
+    sim = Simulation(3, seed=7, timing=FAST, min_nodes=1, max_nodes=3, last_call_timeout_s=0.5)
+    agents = Agents(sim, list(sim.nodes))
+    agents.run_until(3.0)
+    (leader,) = sim.leaders()
+    ranks = agents.rounds[-1][2]
+    other = next(n for n in sim.nodes if n is not leader and n.core.node_id != ranks[1])
+    for victim in (other, leader):
+        agents.nodes.remove(victim)
+        sim.preempt(victim)
+    t0 = sim.now
+    agents.run_until(t0 + 3.0)
+    last = agents.rounds[-1]
+    assert last[0] > t0 and last[2] == (ranks[1],), agents.rounds

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch_mingle._follower import FollowerSession
+from torch_mingle._follower import FollowerSession, SessionOver
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import Status
 
@@ -28,3 +28,32 @@ def test_a_retry_keeps_the_store_named_for_the_next_round():
     assert s.next_store_port == 5001
     s.received([{"t": "timeout", "id": 8, "why": "join_timeout"}], 0.5)
     assert s.next_store_port == 5001
+
+
+def test_a_node_that_gives_up_on_its_leader_still_says_bye_before_it_closes():
+    """Closed without a bye, the connection would tell the leader this node's process is gone,
+    and the leader would stop counting its vote while it is alive (on the other side)."""
+    s = _ready_session()
+    s.handle_timer(10.0)  # no heartbeat for 3 s: the session ends by this node's own decision
+    (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
+    assert not over.hard and not over.gone
+    assert s.bye() is not None
+    s.closed("reset", refused=False, by_peer=True, now=10.1)
+    assert s.bye() is None  # the other end closed it: nothing left to say
+
+
+def test_a_leaving_leaders_bye_makes_it_and_the_members_it_knew_gone():
+    s = _ready_session()
+    s.received([{"t": "bye", "leaving": True, "gone": ["00000000000000aa"]}], 0.3)
+    s.closed("closed by the peer", refused=False, by_peer=True, now=0.4)
+    (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
+    assert over.hard and over.gone
+    assert s.leader_reported_gone == {0xAA}
+
+
+def test_a_leader_that_steps_down_alive_is_not_gone():
+    s = _ready_session()
+    s.received([{"t": "bye", "leaving": False, "gone": []}], 0.3)
+    s.closed("closed by the peer", refused=False, by_peer=True, now=0.4)
+    (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
+    assert over.hard and not over.gone  # fenced (its term is over), but it still votes
