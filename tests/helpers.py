@@ -232,6 +232,33 @@ def train_on_hosts(
     return agents, reports
 
 
+def start_training(
+    hosts: Sequence[Any],
+    tmp_path: Path,
+    conf: dict[str, Any],
+    *,
+    nnodes: str,
+    steps: int,
+    step_time: float,
+    prefix: str,
+    trained_step: int = 5,
+) -> list[Agent]:
+    """One agent per namespace host (``--max-restarts=3``), started and trained to ``trained_step``."""
+    cmd = torchrun_cmd(
+        job=unique_job(prefix), nnodes=nnodes, nproc=1,
+        conf={"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1, **conf},
+        extra=["--max-restarts=3"],
+        script_args=[
+            "--steps", str(steps), "--step-time", str(step_time),
+            "--checkpoint", str(tmp_path / "ckpt"), "--report", str(tmp_path / "report"),
+        ],
+    )  # fmt: skip
+    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
+    needle = f"step {trained_step}/"
+    wait_until(lambda: any(needle in a.output() for a in agents), 120, "round 1 to train", 0.1, agents)
+    return agents
+
+
 def leader_of(agents: Sequence[Agent]) -> Agent:
     """The one agent among ``agents`` whose log says it leads the job."""
     leaders = [a for a in agents if "this node leads job" in a.output()]

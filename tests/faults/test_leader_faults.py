@@ -20,9 +20,7 @@ from tests.helpers import (
     leader_of,
     logged_at,
     resume_phases,
-    start_agent,
-    torchrun_cmd,
-    unique_job,
+    start_training,
     wait_until,
 )
 
@@ -34,17 +32,10 @@ DETECT_S = 3.0  # keep_alive_interval x keep_alive_max_attempt
 
 def _start(segment, tmp_path, *, n, nnodes, steps, step_time, conf):
     hosts = [segment.add_host(f"198.18.0.{10 + i}") for i in range(1, n + 1)]
-    cmd = torchrun_cmd(
-        job=unique_job("lf"), nnodes=nnodes, nproc=1,
-        conf={"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1, **KEEP_ALIVE, **conf},
-        extra=["--max-restarts=3"],
-        script_args=[
-            "--steps", str(steps), "--step-time", str(step_time),
-            "--checkpoint", str(tmp_path / "ckpt"), "--report", str(tmp_path / "report"),
-        ],
-    )  # fmt: skip
-    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
-    wait_until(lambda: any("step 5/" in a.output() for a in agents), 120, "round 1 to train", 0.1, agents)
+    conf = {**KEEP_ALIVE, **conf}
+    agents = start_training(
+        hosts, tmp_path, conf, nnodes=nnodes, steps=steps, step_time=step_time, prefix="lf"
+    )
     return hosts, agents
 
 

@@ -16,9 +16,7 @@ from tests.helpers import (
     finish_all,
     leader_of,
     resume_delay,
-    start_agent,
-    torchrun_cmd,
-    unique_job,
+    start_training,
     wait_until,
 )
 
@@ -27,22 +25,8 @@ pytestmark = pytest.mark.netns
 
 def _start(segment, tmp_path, *, steps, step_time, conf=None, n=3):
     hosts = [segment.add_host(f"198.18.0.{10 + i}") for i in range(1, n + 1)]
-    cmd = torchrun_cmd(
-        job=unique_job("ft"), nnodes=f"2:{n}", nproc=1,
-        conf={"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1, **(conf or {})},
-        extra=["--max-restarts=3"],
-        script_args=[
-            "--steps", str(steps), "--step-time", str(step_time),
-            "--checkpoint", str(tmp_path / "ckpt"), "--report", str(tmp_path / "report"),
-        ],
-    )  # fmt: skip
-    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
-    wait_until(
-        lambda: any("step 5/" in a.output() for a in agents),
-        120,
-        "round 1 to train",
-        interval=0.2,
-        agents=agents,
+    agents = start_training(
+        hosts, tmp_path, conf or {}, nnodes=f"2:{n}", steps=steps, step_time=step_time, prefix="ft"
     )
     return hosts, agents
 

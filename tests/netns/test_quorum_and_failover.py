@@ -20,9 +20,7 @@ from tests.helpers import (
     finish_all,
     leader_of,
     logged_at,
-    start_agent,
-    torchrun_cmd,
-    unique_job,
+    start_training,
     wait_until,
 )
 
@@ -31,20 +29,12 @@ pytestmark = pytest.mark.netns
 HEARTBEAT = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2}
 
 
-def _start(segment, tmp_path, *, n, steps, step_time, bridge="br0", net="198.18.0", conf=None):
+def _start(segment, tmp_path, *, n, steps, step_time, bridge="br0", net="198.18.0"):
     hosts = [segment.add_host(f"{net}.{10 + i}", bridge=bridge) for i in range(1, n + 1)]
-    cmd = torchrun_cmd(
-        job=unique_job("q"), nnodes=f"2:{n}", nproc=1,
-        conf={"interface": "eth0", "join_timeout": 180, "last_call_timeout": 1, "rejoin_delay": 2,
-              **HEARTBEAT, **(conf or {})},
-        extra=["--max-restarts=3"],
-        script_args=[
-            "--steps", str(steps), "--step-time", str(step_time),
-            "--checkpoint", str(tmp_path / "ckpt"), "--report", str(tmp_path / "report"),
-        ],
-    )  # fmt: skip
-    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
-    wait_until(lambda: any("step 3/" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
+    conf = {"join_timeout": 180, "rejoin_delay": 2, **HEARTBEAT}
+    agents = start_training(
+        hosts, tmp_path, conf, nnodes=f"2:{n}", steps=steps, step_time=step_time, prefix="q", trained_step=3
+    )
     return hosts, agents
 
 
