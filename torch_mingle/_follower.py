@@ -34,7 +34,7 @@ from typing import Any
 from torch_mingle import _faults
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
-from torch_mingle._rounds import MAX_MEMBERS, History, Round, Status, bounded_int, node_id
+from torch_mingle._rounds import History, Round, Status, bounded_int, gone_of
 from torch_mingle._wire import Invalid, check, encode_frame
 
 log = logging.getLogger(__name__)
@@ -318,9 +318,7 @@ class FollowerSession:
         elif kind == "bye":
             self.leader_said_bye = True
             self.leader_left = msg.get("leaving") is True
-            gone = msg.get("gone")
-            if isinstance(gone, list) and len(gone) <= MAX_MEMBERS:
-                self.leader_reported_gone = frozenset(node_id(n) for n in gone)
+            self.leader_reported_gone = gone_of(msg.get("gone"))
         elif kind == "evicted":
             self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
         else:

@@ -56,6 +56,7 @@ from torch_mingle._rounds import (
     RoundBook,
     Status,
     bounded_int,
+    gone_of,
     node_hex,
     node_id,
     peer_ip,
@@ -422,7 +423,7 @@ class LeaderTerm:
                 ip=_ip(msg["ip"]),
                 history=history,
                 dport=_port(msg.get("dport")),
-                gone=_gone(msg.get("gone")),
+                gone=gone_of(msg.get("gone")),
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
         elif kind == "arrive":
@@ -818,15 +819,6 @@ def _seconds(raw: Any) -> float:
         return 0.0
     value = float(raw)
     return max(MIN_JOIN_WAIT_S, value) if math.isfinite(value) and 0 < value < 1e9 else 0.0
-
-
-def _gone(raw: Any) -> frozenset[int]:
-    """A join's ``gone``: node ids the joiner knows are dead (``ValueError`` for garbage)."""
-    if raw is None:
-        return frozenset()
-    if not isinstance(raw, list) or len(raw) > MAX_MEMBERS:
-        raise ValueError("gone: not a list of node ids")
-    return frozenset(node_id(n) for n in raw)
 
 
 def _port(raw: Any) -> int:

@@ -63,6 +63,16 @@ def node_id(value: Any) -> int:
     return node
 
 
+def gone_of(raw: Any) -> frozenset[int]:
+    """A frame's ``gone``: node ids known dead (a join's, a leader's ``bye``); ``ValueError``
+    (or ``TypeError``) for garbage."""
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list) or len(raw) > MAX_MEMBERS:
+        raise ValueError("gone: not a list of node ids")
+    return frozenset(node_id(n) for n in raw)
+
+
 def members_of(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > MAX_MEMBERS:
         raise ValueError("members: not a list of at most 65536 ids")
