@@ -51,10 +51,11 @@ def torchrun_cmd(
     conf: dict[str, Any],
     script_args: Sequence[str] = (),
     extra: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> list[str]:
     conf_str = ",".join(f"{k}={v}" for k, v in conf.items())
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        python, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
         "--rdzv_backend=mingle", f"--rdzv_id={job}", f"--rdzv_conf={conf_str}",
         "--monitor_interval=0.1", *extra,
@@ -151,15 +152,19 @@ def start_agent(
     *,
     env: dict[str, str] | None = None,
     netns: str | None = None,
+    job: str | None = None,
+    cwd: Path = ROOT,
 ) -> Agent:
+    """Start one node; ``job`` is its rdzv_id, read from ``--rdzv_id=`` when not given (a launcher)."""
     log_path = log_dir / f"{name}.log"
     full = ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
     out = log_path.open("wb")
     proc = subprocess.Popen(
-        full, stdout=out, stderr=subprocess.STDOUT, env=env or agent_env(), cwd=ROOT, start_new_session=True
+        full, stdout=out, stderr=subprocess.STDOUT, env=env or agent_env(), cwd=cwd, start_new_session=True
     )
     out.close()
-    job = next(arg.split("=", 1)[1] for arg in cmd if arg.startswith("--rdzv_id="))
+    if job is None:
+        job = next(arg.split("=", 1)[1] for arg in cmd if arg.startswith("--rdzv_id="))
     return Agent(name=name, proc=proc, log_path=log_path, job=job)
 
 

@@ -12,11 +12,22 @@ import socket
 import struct
 import sys
 
-import multicast_expert
-from multicast_expert import IfaceInfo
-
 from torch_mingle._record import record
-from torch_mingle.errors import README_NETWORKS, MingleConfigError
+from torch_mingle.errors import README_INSTALL, README_NETWORKS, MingleConfigError
+
+try:
+    import multicast_expert
+except ModuleNotFoundError as exc:  # installed with --no-deps, or netifaces removed since
+    if exc.name != "netifaces":
+        raise
+    raise ModuleNotFoundError(
+        "torch_mingle needs the netifaces module (through multicast-expert) and it is not installed. "
+        "Install netifaces-plus (binary wheels of the same module, no compiler needed: "
+        "pip install netifaces-plus) or netifaces (pip install netifaces; builds from source "
+        f"with a C compiler); see {README_INSTALL}",
+        name="netifaces",
+    ) from exc
+from multicast_expert import IfaceInfo
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``python -m torch_mingle doctor|ls``: see what discovery sees on this node's networks.
+"""``torch-mingle doctor|ls|--version`` (or ``python -m torch_mingle``): what discovery sees.
 
 * ``doctor`` lists the interfaces, checks that each can join the group and send to it, and
   (with ``--job``) exchanges datagrams for a few seconds with every other node running
@@ -6,266 +6,25 @@
   each interface hears, the jobs and the dropped datagrams seen on the group, and exits
   non-zero with advice when multicast reaches nobody.
 * ``ls`` lists the rendezvous jobs visible on the segment: every leader answers a probe.
+
+This module only parses: the commands (and torch, which they import) load after that, so
+``--version`` and ``--help`` answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
-import selectors
-import socket
 import sys
-import time
-from collections import Counter
 from collections.abc import Sequence
 
-from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, list_interfaces
-from torch_mingle._protocol import Dest, announced_store_ip
-from torch_mingle._record import field, record
-from torch_mingle._transport import McastTransport
-from torch_mingle._wire import PROBE_JOB, Announce, Codec, Datagram, Invalid, Probe, Query, derive_key
-from torch_mingle.config import DEFAULT_GROUP_V4, DEFAULT_PORT, MingleConfig
-from torch_mingle.errors import README_NETWORKS, MingleConfigError, MingleNetworkError
-
-ASK_EVERY_S = 0.5
+from torch_mingle import __version__
 
 
-@record(frozen=False)
-class JobSeen:
-    job: str
-    leader_ip: str = ""
-    epoch: int = 0
-    round: int = 0
-    members: int = 0
-    min_nodes: int = 0
-    max_nodes: int = 0
-    closed: bool = False
-    nodes_asking: set[int] = field(default_factory=set)
-
-
-@record(frozen=False)
-class Heard:
-    """Everything one listening session collected."""
-
-    jobs: dict[str, JobSeen] = field(default_factory=dict)
-    doctors: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (iface, path) -> peer IPs
-    invalid: Counter[str] = field(default_factory=Counter)
-    received: int = 0
-
-
-def _transports(args: argparse.Namespace, *, broadcast: bool) -> list[McastTransport]:
-    family = family_of(args.group)
-    ifaces, _ = discovery_interfaces(args.interface, family)
-    out = []
-    for iface in ifaces:
-        out.append(McastTransport(iface, args.group, args.port, broadcast=broadcast).open())
-    return out
-
-
-def _codec(args: argparse.Namespace) -> Codec:
-    cfg = MingleConfig.from_mapping(
-        run_id="cli",
-        min_nodes=1,
-        max_nodes=1,
-        conf={"secret_file": args.secret_file} if args.secret_file else {},
-    )
-    secret = cfg.load_secret()
-    return Codec(derive_key(secret) if secret is not None else None)
-
-
-def _listen(
-    transports: list[McastTransport],
-    codec: Codec,
-    seconds: float,
-    *,
-    me: int,
-    doctor_job: str | None,
-    probe: bool,
-) -> Heard:
-    heard = Heard()
-    end = time.monotonic() + seconds
-    next_ask = 0.0
-    # selectors (epoll): select() fails on descriptor numbers of 1024 and more.
-    with selectors.DefaultSelector() as sel:
-        for t in transports:
-            for sock in t.sockets():
-                sel.register(sock, selectors.EVENT_READ, t)
-        while (now := time.monotonic()) < end:
-            if now >= next_ask:
-                next_ask = now + ASK_EVERY_S
-                for t in transports:
-                    _ask(t, codec, me, doctor_job=doctor_job, probe=probe)
-            for key, _ in sel.select(max(0.0, min(next_ask, end) - time.monotonic())):
-                t = key.data
-                for data, addr in t.receive([key.fileobj]):
-                    heard.received += 1
-                    decoded = codec.decode(data, wall_ms=int(time.time() * 1000))
-                    _note(heard, decoded, addr, t.iface, me, doctor_job)
-    return heard
-
-
-def _ask(t: McastTransport, codec: Codec, me: int, *, doctor_job: str | None, probe: bool) -> None:
-    """A probe for every leader, and the doctor's question, by multicast and by broadcast.
-
-    The doctor's question carries its path in its label, so the answer says which got through.
-    """
-
-    def dgram(job: str, body: Query | Probe) -> bytes:
-        return codec.encode(
-            Datagram(job=job, sender=me, body=body, sent_ms=int(time.time() * 1000), nonce=_nonce())
-        )
-
-    if probe:
-        t.send(dgram(PROBE_JOB, Probe()), (t.group, t.port))
-    if doctor_job is not None:
-        t.send(dgram(f"doctor/{doctor_job}/m", Query(0)), (t.group, t.port))
-        if t.broadcast_addr is not None:
-            t.send(dgram(f"doctor/{doctor_job}/b", Query(0)), (t.broadcast_addr, t.port))
-
-
-def _nonce() -> int:
-    return random.getrandbits(64)
-
-
-def _note(
-    heard: Heard, dgram: Datagram | Invalid, addr: Dest, iface: Interface, me: int, job: str | None
-) -> None:
-    if isinstance(dgram, Invalid):
-        heard.invalid[dgram.reason] += 1
-        return
-    if dgram.sender == me:
-        return
-    ip = str(addr[0]) if addr else "?"
-    if job is not None and dgram.job in (f"doctor/{job}/m", f"doctor/{job}/b"):
-        path = "multicast" if dgram.job.endswith("/m") else "broadcast"
-        heard.doctors.setdefault((iface.name, path), set()).add(ip)
-        return
-    if dgram.job.startswith("doctor/") or dgram.job == PROBE_JOB:
-        return
-    seen = heard.jobs.setdefault(dgram.job, JobSeen(job=dgram.job))
-    body = dgram.body
-    if isinstance(body, Announce):
-        leader_ip = announced_store_ip(body, addr)
-        seen.leader_ip, seen.epoch, seen.round, seen.members = leader_ip, body.epoch, body.round, body.members
-        seen.min_nodes, seen.max_nodes, seen.closed = body.min_nodes, body.max_nodes, body.closed
-    elif isinstance(body, Query):
-        seen.nodes_asking.add(dgram.sender)
-
-
-# ----------------------------------------------------------------------------------- ls
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    transports = _transports(args, broadcast=False)
-    try:
-        heard = _listen(transports, _codec(args), args.seconds, me=_nonce() or 1, doctor_job=None, probe=True)
-    finally:
-        for t in transports:
-            t.close()
-    jobs = sorted(heard.jobs.values(), key=lambda j: j.job)
-    if args.json:
-        print(json.dumps([{**j.__dict__, "nodes_asking": len(j.nodes_asking)} for j in jobs], indent=2))
-        return 0
-    where = ", ".join(t.iface.name for t in transports)
-    print(f"rendezvous jobs on {where}, group {args.group} port {args.port} ({args.seconds:g}s):")
-    if not jobs:
-        print("  none answered")
-    else:
-        print(f"  {'JOB':<24} {'LEADER':<22} {'NODES':>7} {'MIN:MAX':>9} {'ROUND':>6} {'EPOCH':>6}  STATE")
-        for j in jobs:
-            state = (
-                "closed"
-                if j.closed
-                else ("running" if j.round else ("forming" if j.leader_ip else "electing"))
-            )
-            nodes = str(j.members) if j.leader_ip else f"{len(j.nodes_asking)}?"
-            print(
-                f"  {j.job:<24} {j.leader_ip or '-':<22} {nodes:>7} {f'{j.min_nodes}:{j.max_nodes}':>9} "
-                f"{j.round:>6} {j.epoch:>6}  {state}"
-            )
-    if heard.invalid:
-        print(f"dropped datagrams: {dict(heard.invalid)}")
-    return 0
-
-
-# ------------------------------------------------------------------------------- doctor
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    family = family_of(args.group)
-    fam = "IPv6" if family == socket.AF_INET6 else "IPv4"
-    print(f"torch_mingle doctor: group {args.group} port {args.port}, TTL 1, {fam}")
-    print("interfaces:")
-    for i in list_interfaces(family):
-        print(f"  {i.name:<10} {', '.join(i.addresses) or '-':<32} {' '.join(i.flags())}")
-    try:
-        transports = _transports(args, broadcast=family == socket.AF_INET)
-    except (MingleNetworkError, MingleConfigError) as exc:
-        print(f"FAIL: {exc}")
-        return 2
-    problems = []
-    try:
-        for t in transports:
-            print(
-                f"  {t.iface.name}: joined the group, send socket {t.local_address[0]}:{t.local_address[1]}"
-            )
-        if args.job:
-            print(f"listening {args.seconds:g}s for other nodes running `doctor --job {args.job}`...")
-        heard = _listen(
-            transports, _codec(args), args.seconds, me=_nonce() or 1, doctor_job=args.job, probe=True
-        )
-        send_errors = sum(t.send_errors for t in transports)
-    finally:
-        for t in transports:
-            t.close()
-    if send_errors:
-        problems.append(f"{send_errors} send(s) failed: a firewall may block multicast output here")
-    reached = {}
-    for t in transports:
-        mcast = sorted(heard.doctors.get((t.iface.name, "multicast"), set()))
-        bcast = sorted(heard.doctors.get((t.iface.name, "broadcast"), set()))
-        reached[t.iface.name] = mcast
-        if args.job:
-            print(f"  {t.iface.name}: by multicast {', '.join(mcast) or 'nobody'}; by broadcast ", end="")
-            print(", ".join(bcast) or "nobody")
-    print(f"datagrams received: {heard.received}")
-    for j in sorted(heard.jobs.values(), key=lambda j: j.job):
-        leader = (
-            f"leader {j.leader_ip}, epoch {j.epoch}, round {j.round}, {j.members} node(s)"
-            if j.leader_ip
-            else "electing"
-        )
-        print(f"  job {j.job!r}: {leader}")
-    if heard.invalid:
-        print(f"  dropped (invalid): {dict(heard.invalid)}")
-    if args.job:
-        if not any(reached.values()):
-            any_bcast = any(ips for (_, path), ips in heard.doctors.items() if path == "broadcast")
-            if any_bcast:
-                problems.append(
-                    "multicast reaches nobody, but broadcast does: the network drops multicast; use "
-                    "--rdzv_conf fallback=broadcast (same subnet), or peers=HOST;HOST"
-                )
-            else:
-                problems.append(
-                    f"no other node running `doctor --job {args.job}` was heard within {args.seconds:g}s: "
-                    "run it on the other nodes at the same time; if they do, multicast (and broadcast) do "
-                    "not cross this network: use peers=HOST;HOST (a headless Service's DNS name works) or a "
-                    f"network that carries multicast (see {README_NETWORKS})"
-                )
-        else:
-            best = max(reached, key=lambda name: len(reached[name]))
-            print(f"OK: multicast reaches {len(reached[best])} other node(s) on {best}")
-    for problem in problems:
-        print(f"PROBLEM: {problem}")
-    return 1 if problems else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torch_mingle", description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torch-mingle", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--version", action="version", version=f"torch-mingle {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("doctor", "check discovery on this node's networks"),
@@ -275,8 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         c.add_argument(
             "--interface", default=os.environ.get("TORCH_MINGLE_INTERFACE"), help="name or address"
         )
-        c.add_argument("--group", default=DEFAULT_GROUP_V4)
-        c.add_argument("--port", type=int, default=DEFAULT_PORT)
+        c.add_argument("--group", default=None, help="multicast group (default: the backend's)")
+        c.add_argument("--port", type=int, default=None, help="discovery port (default: the backend's)")
         c.add_argument("--secret-file", default=None, help="to sign probes for jobs that use a secret")
         c.add_argument("--seconds", type=float, default=3.0 if name == "doctor" else 1.5)
         if name == "doctor":
@@ -285,12 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             c.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    try:
-        return cmd_doctor(args) if args.command == "doctor" else cmd_ls(args)
-    except (MingleConfigError, MingleNetworkError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from torch_mingle._doctor import run  # noqa: PLC0415 - imports torch: only once there is work
+
+    return run(args)
 
 
 if __name__ == "__main__":

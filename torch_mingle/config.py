@@ -34,6 +34,23 @@ DEFAULT_PORT = 29477
 MAX_RUN_ID_BYTES = 200
 
 
+_endpoint_warned = False
+
+
+def _warn_endpoint_unused(endpoint: str | None) -> None:
+    """Say once per process that an endpoint is ignored (launchers such as accelerate pass one anyway)."""
+    global _endpoint_warned  # noqa: PLW0603 - one warning per process, whoever creates the handlers
+    if not endpoint or _endpoint_warned:
+        return
+    _endpoint_warned = True
+    log.warning(
+        "--rdzv_endpoint %r is not used by the mingle backend: nodes find each other by multicast, "
+        "and the store runs on the node that gets rank 0. Leave it out (some launchers, such as "
+        "accelerate, pass one anyway; it is harmless)",
+        endpoint,
+    )
+
+
 @record
 class MingleConfig:
     """Settings of one ``mingle`` rendezvous; see the README's table for each key."""
@@ -91,6 +108,7 @@ class MingleConfig:
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> MingleConfig:
         """Build and validate the config from what torchrun (or a script) passed."""
+        _warn_endpoint_unused(params.endpoint)
         return cls.from_mapping(
             run_id=params.run_id,
             min_nodes=params.min_nodes,

@@ -10,6 +10,7 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 
+README_INSTALL = "README.md#install"
 README_NETWORKS = "README.md#networks"
 README_SECURITY = "README.md#security"
 
