@@ -200,7 +200,7 @@ def choose_interface(
                 f"rdzv_conf interface={spec!r}: {iface.name} does not support multicast (no MULTICAST flag); "
                 f"pick another interface (see {README_NETWORKS})"
             )
-        return iface, "set by rdzv_conf interface"
+        return iface, "pinned by the interface key, rdzv_conf or $TORCH_MINGLE_INTERFACE"
     if local_addr:
         for i in ifaces:
             if _usable(i) and _matches(i, local_addr):

@@ -34,23 +34,6 @@ DEFAULT_PORT = 29477
 MAX_RUN_ID_BYTES = 200
 
 
-_endpoint_warned = False
-
-
-def _warn_endpoint_unused(endpoint: str | None) -> None:
-    """Say once per process that an endpoint is ignored (launchers such as accelerate pass one anyway)."""
-    global _endpoint_warned  # noqa: PLW0603 - one warning per process, whoever creates the handlers
-    if not endpoint or _endpoint_warned:
-        return
-    _endpoint_warned = True
-    log.warning(
-        "--rdzv_endpoint %r is not used by the mingle backend: nodes find each other by multicast, "
-        "and the store runs on the node that gets rank 0. Leave it out (some launchers, such as "
-        "accelerate, pass one anyway; it is harmless)",
-        endpoint,
-    )
-
-
 @record
 class MingleConfig:
     """Settings of one ``mingle`` rendezvous; see the README's table for each key."""
@@ -93,6 +76,8 @@ class MingleConfig:
     quorum: str = "majority"
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
+    #: ``--rdzv_endpoint``: accepted and not used (some launchers pass one anyway); logged once.
+    endpoint: str = ""
     #: Keys the user set explicitly, for logging.
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -107,14 +92,18 @@ class MingleConfig:
 
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> MingleConfig:
-        """Build and validate the config from what torchrun (or a script) passed."""
-        _warn_endpoint_unused(params.endpoint)
+        """Build and validate the config from what torchrun (or a script) passed.
+
+        Every key may also come from ``$TORCH_MINGLE_<KEY>`` (for launchers that cannot pass
+        ``--rdzv_conf``); ``--rdzv_conf`` wins.
+        """
         return cls.from_mapping(
             run_id=params.run_id,
             min_nodes=params.min_nodes,
             max_nodes=params.max_nodes,
             local_addr=params.local_addr,
-            conf=params.config,
+            endpoint=params.endpoint,
+            conf={**conf_from_env(os.environ, params.config), **params.config},
         )
 
     @classmethod
@@ -126,6 +115,7 @@ class MingleConfig:
         max_nodes: int,
         conf: Mapping[str, Any],
         local_addr: str | None = None,
+        endpoint: str | None = None,
     ) -> MingleConfig:
         _check_unknown_keys(conf)
         values: dict[str, Any] = {}
@@ -138,6 +128,7 @@ class MingleConfig:
             min_nodes=min_nodes,
             max_nodes=max_nodes,
             local_addr=local_addr or None,
+            endpoint=endpoint or "",
             explicit=frozenset(values),
             **values,
         )
@@ -330,6 +321,23 @@ _PARSERS: dict[str, Any] = {
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))
+ENV_PREFIX = "TORCH_MINGLE_"
+
+
+def conf_from_env(environ: Mapping[str, str], given: Mapping[str, Any]) -> dict[str, str]:
+    """The keys set as ``$TORCH_MINGLE_<KEY>`` and not in ``given``; a bad value names its variable."""
+    out = {}
+    for key in KNOWN_KEYS:
+        var = ENV_PREFIX + key.upper()
+        raw = environ.get(var, "").strip()
+        if not raw or given.get(key) is not None:
+            continue
+        try:
+            _PARSERS[key](key, raw)
+        except MingleConfigError as exc:
+            raise MingleConfigError(f"${var}={raw!r}: {exc}") from None
+        out[key] = raw
+    return out
 
 
 def _check_unknown_keys(conf: Mapping[str, Any]) -> None:

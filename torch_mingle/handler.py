@@ -89,6 +89,21 @@ def _log_to_stderr_if_asked() -> None:
 
 
 _warned_unauthenticated = False
+_warned_endpoint = False
+
+
+def _warn_endpoint_unused_once(config: MingleConfig) -> None:
+    """An endpoint is ignored (launchers such as accelerate and TorchX pass one anyway): say so once."""
+    global _warned_endpoint  # noqa: PLW0603 - once per process
+    if not config.endpoint or _warned_endpoint:
+        return
+    _warned_endpoint = True
+    log.warning(
+        "--rdzv_endpoint %r is not used by the mingle backend: nodes find each other by multicast and "
+        "the store runs on the node that gets rank 0; leave it out (some launchers pass one anyway, "
+        "which is harmless)",
+        config.endpoint,
+    )
 
 
 def _warn_unauthenticated_once(config: MingleConfig) -> None:
@@ -202,6 +217,7 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     def __init__(self, config: MingleConfig, *, node_id: int | None = None) -> None:
         _log_to_stderr_if_asked()
+        _warn_endpoint_unused_once(config)
         self._config = config
         family = family_of(config.group)
         self._ifaces, why = discovery_interfaces(config.interface, family, local_addr=config.local_addr)

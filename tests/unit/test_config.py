@@ -131,3 +131,27 @@ def test_secret_errors_name_the_file_and_the_fix(tmp_path):
     short.write_text("tiny")
     with pytest.raises(MingleConfigError, match=r"4 bytes long; use at least 16.*openssl rand"):
         make(secret_file=str(short)).load_secret({})
+
+
+def test_every_key_can_come_from_the_environment_and_rdzv_conf_wins(monkeypatch):
+    # For launchers that cannot pass --rdzv_conf (TorchX's dist.ddp): $TORCH_MINGLE_<KEY>.
+    monkeypatch.setenv("TORCH_MINGLE_INTERFACE", "127.0.0.1")
+    monkeypatch.setenv("TORCH_MINGLE_PORT", "30002")
+    monkeypatch.setenv("TORCH_MINGLE_JOIN_TIMEOUT", " ")  # blank: not set
+    cfg = MingleConfig.from_params(RendezvousParameters("mingle", "", "job42", 2, 4, port="30001"))
+    assert (cfg.interface, cfg.port, cfg.join_timeout) == ("127.0.0.1", 30001, 600.0)
+    assert cfg.explicit == {"interface", "port"}
+
+
+def test_a_bad_value_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("TORCH_MINGLE_KEEP_ALIVE_INTERVAL", "soon")
+    with pytest.raises(MingleConfigError, match=r"^\$TORCH_MINGLE_KEEP_ALIVE_INTERVAL='soon': .*seconds"):
+        MingleConfig.from_params(RendezvousParameters("mingle", "", "job42", 2, 4))
+
+
+@pytest.mark.parametrize("endpoint", ["None:None", "None:29500", "localhost:29500"])
+def test_an_endpoint_is_accepted_and_kept_for_the_warning_not_parsed(endpoint):
+    # accelerate passes "None:<port>", TorchX "localhost:29500": neither is parsed, nor used.
+    cfg = MingleConfig.from_params(RendezvousParameters("mingle", endpoint, "job42", 2, 4))
+    assert cfg.endpoint == endpoint
+    assert MingleConfig.from_params(RendezvousParameters("mingle", "", "job42", 2, 4)).endpoint == ""
