@@ -202,6 +202,7 @@ class FollowerSession:
         remaining_s: float,
         *,
         dport: int = 0,
+        pport: int = 0,
         gone: frozenset[int] = frozenset(),
     ) -> None:
         """Ask for a place in the next round (before the welcome: sent with it, replacing an older ask).
@@ -215,6 +216,7 @@ class FollowerSession:
             id=ticket,
             ip=ip,
             dport=dport,
+            pport=pport,
             gone=[f"{n:016x}" for n in sorted(gone)],
             history=history.to_json() if history else None,
             timeout_s=timeout_s,
@@ -236,8 +238,8 @@ class FollowerSession:
     def leave(self) -> None:
         self._request(encode_frame("leave"))
 
-    def close_job(self, why: str = "") -> None:
-        self._request(encode_frame("close", why=why))
+    def close_job(self, why: str = "", *, failed: bool = False) -> None:
+        self._request(encode_frame("close", why=why, failed=failed))
 
     # ------------------------------------------------------------ outputs
 

@@ -331,11 +331,12 @@ class LeaderTerm:
         now: float,
         *,
         dport: int = 0,
+        pport: int = 0,
         gone: frozenset[int] = frozenset(),
     ) -> None:
         if self._self is None:
             self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
-        req = JoinRequest(node=self.claim.leader, ip=ip, history=history, dport=dport, gone=gone)
+        req = JoinRequest(node=self.claim.leader, ip=ip, history=history, dport=dport, pport=pport, gone=gone)
         self._join(self._self, ticket, req, timeout_s, remaining_s, now)
         self._decide(now)
 
@@ -356,12 +357,13 @@ class LeaderTerm:
         others = rnd.member_set - {self.claim.leader} - self.book.dead - self.book.left
         return others <= self.book.pending.keys()
 
-    def close_job(self, by: int, why: str, now: float) -> None:
-        """No further rounds: the job is over (``why``: who closed it, and why, for the waiters)."""
+    def close_job(self, by: int, why: str, now: float, *, failed: bool = False) -> None:
+        """No further rounds: the job is over (``why``: who closed it, and why, for the waiters;
+        ``failed``: its round cannot start, so the members running it stop too)."""
         if self.book.closed:
             return
         self.closed_why = f"node {node_hex(by)} closed the job" + (f" ({why})" if why else "")
-        for node in self.book.close():
+        for node in self.book.close(failed=self.closed_why if failed else ""):
             m = self._by_node.get(node) if node != self.claim.leader else self._self
             if m is not None:
                 self._answer(m, "closed", why=self.closed_why)
@@ -423,6 +425,7 @@ class LeaderTerm:
                 ip=_ip(msg["ip"]),
                 history=history,
                 dport=_port(msg.get("dport")),
+                pport=_port(msg.get("pport")),
                 gone=gone_of(msg.get("gone")),
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
@@ -437,7 +440,8 @@ class LeaderTerm:
             self._after_departure(now)
         elif kind == "close":
             why = msg.get("why")
-            self.close_job(m.node, why[:2000] if isinstance(why, str) else "", now)
+            failed = msg.get("failed") is True
+            self.close_job(m.node, why[:2000] if isinstance(why, str) else "", now, failed=failed)
         else:
             self._drop(m, f"protocol error: unexpected {kind}", now)
 
@@ -551,6 +555,7 @@ class LeaderTerm:
             store_port=port,
             ips=form.ips,
             dports=form.dports,
+            pports=form.pports,
         )
         for node in form.members:
             m = self._self if node == self.claim.leader else self._by_node.get(node)

@@ -89,8 +89,13 @@ class NodeSettings:
     #: ... and what it announces (the wildcard too: followers then use the source address).
     advertised_ip: str
     label: str
+    #: Where this node's agent connects to the stores it hosts as leader (its own address, or
+    #: loopback with several interfaces).
+    connect_ip: str = ""
     #: A round after the first needs a majority of the previous round (``quorum=majority``).
     quorum: bool = True
+    #: This node's data-path probe port (TCP; 0: none), told to the leader with every join.
+    probe_port: int = 0
 
 
 # ------------------------------------------------------------------ outcomes of a join
@@ -287,6 +292,8 @@ class Node:
         #: The highest round of the job this node heard of (led, joined, or announced to it).
         self._round_seen = 0
         self._pending_close: str | None = None
+        self._close_failed = False
+        self._failure_cut = 0
         self._term_tag = 0
         self._quiet_at: float | None = None
         self._now = 0.0
@@ -410,7 +417,8 @@ class Node:
         self.parked = False
         self._set_deadline(ticket, now + ticket.timeout_s)
         if self.job_closed:
-            self._closed_answer("the job was already closed")
+            status = self._status(now)
+            self._closed_answer(status.failed if status and status.failed else "the job was already closed")
         else:
             self._send_join(now)
         self._flush(now)
@@ -428,9 +436,14 @@ class Node:
             self.board.resolve(ticket, result=False)
         self._flush(now)
 
-    def request_close(self, why: str, now: float) -> None:
-        """``set_closed()``: no further rounds for anyone (told to the next leader if there is none now)."""
+    def request_close(self, why: str, now: float, *, failed: bool = False) -> None:
+        """``set_closed()``: no further rounds for anyone (told to the next leader if there is none now).
+
+        ``failed``: the job cannot go on (this node's round cannot start): the members running
+        that round stop their workers too, and every agent fails with ``why``.
+        """
         self._pending_close = why
+        self._close_failed = failed
         self._deliver_close(now)
         self._flush(now)
 
@@ -439,10 +452,10 @@ class Node:
         if why is None:
             return
         if self.term is not None and self.core.role is Role.LEADING:
-            self.term.close_job(self.settings.node_id, why, now)
+            self.term.close_job(self.settings.node_id, why, now, failed=self._close_failed)
             self._pending_close = None
         elif self.session is not None and self.session.ready:
-            self.session.close_job(why)
+            self.session.close_job(why, failed=self._close_failed)
             self._pending_close = None
 
     def request_shutdown(self, ticket: Ticket, close_timeout_s: float, why: str, now: float) -> None:
@@ -559,8 +572,25 @@ class Node:
             self._check_leaving(now)
             if not busy:
                 break
+        self._stop_failed_round(now)
         self._connect_ahead()
         self._publish(now)
+
+    def _stop_failed_round(self, now: float) -> None:
+        """The job failed while this node runs a round (a member's data path check): its
+        workers must stop. torch's agent may sit in a store call of that round, waiting for
+        keys the failed members never write, and polls nothing meanwhile: cut it loose (its
+        store then says why, see ``AgentStore``); ``nodes_waiting()`` asks for the rest."""
+        rnd = self.in_round
+        if rnd is None or self._failure_cut == rnd.number:
+            return
+        status = self._status(now)
+        if status is None or not status.failed or status.epoch != rnd.epoch:
+            return
+        self._failure_cut = rnd.number
+        ip = self.settings.connect_ip if self.term is not None else self._last_leader_ip
+        if ip:
+            self.net.abort_connections_to(ip, [rnd.store_port])
 
     def _connect_ahead(self) -> None:
         """Unless the leader parked this node, open the agent's client of the store the next
@@ -868,6 +898,7 @@ class Node:
                 remaining,
                 now,
                 dport=dport,
+                pport=self.settings.probe_port,
                 gone=frozenset(self._gone),
             )
         elif self.session is not None:
@@ -879,6 +910,7 @@ class Node:
                 join.timeout_s,
                 remaining,
                 dport=dport,
+                pport=self.settings.probe_port,
                 gone=frozenset(self._gone),
             )
 
@@ -964,11 +996,15 @@ class Node:
     def nodes_waiting(self, now: float) -> int:
         """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""
         rnd = self.in_round
-        if rnd is None or self.job_closed:
+        if rnd is None:
+            return 0
+        status = self._status(now)
+        if status is not None and status.failed and status.epoch == rnd.epoch:
+            return 1  # its round cannot start: stop the workers (the next join fails with why)
+        if self.job_closed:
             return 0
         if self.trouble is not None:
             return 1
-        status = self._status(now)
         if status is None:
             return 0 if (self.term is not None or self.session is not None) else 1
         if status.epoch != rnd.epoch or status.round < rnd.number or status.closed:

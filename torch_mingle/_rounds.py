@@ -129,6 +129,8 @@ class JoinRequest:
     history: History | None = None
     #: The node's discovery (unicast datagram) port: members reach each other when multicast stops.
     dport: int = 0
+    #: The node's data-path probe port (TCP, 0: none): its peers check they reach it (``_datapath``).
+    pport: int = 0
     #: Nodes of its last round that the joiner knows are gone (it lost them as its leader with
     #: evidence that their process ended): they no longer vote.
     gone: frozenset[int] = frozenset()
@@ -147,6 +149,8 @@ class Round:
     ips: tuple[str, ...] = ()
     #: Each member's discovery port, in rank order (0: unknown): the failover path by unicast.
     dports: tuple[int, ...] = ()
+    #: Each member's data-path probe port, in rank order (0: none).
+    pports: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -176,15 +180,18 @@ class Round:
             "store_port": self.store_port,
             "ips": list(self.ips),
             "dports": list(self.dports),
+            "pports": list(self.pports),
         }
 
     @classmethod
     def from_json(cls, data: Any) -> Round:
-        ips, dports = data.get("ips", []), data.get("dports", [])
+        ips, dports, pports = data.get("ips", []), data.get("dports", []), data.get("pports", [])
         if not isinstance(ips, list) or len(ips) > MAX_MEMBERS:
             raise ValueError("ips: not a list")
         if not isinstance(dports, list) or len(dports) > MAX_MEMBERS:
             raise ValueError("dports: not a list")
+        if not isinstance(pports, list) or len(pports) > MAX_MEMBERS:
+            raise ValueError("pports: not a list")
         return cls(
             number=bounded_int(data["round"], MAX_ROUND),
             epoch=bounded_int(data["epoch"], MAX_EPOCH),
@@ -193,13 +200,14 @@ class Round:
             store_port=bounded_int(data["store_port"], 65535, 1),
             ips=tuple(str(ip)[:MAX_IP_CHARS] for ip in ips),
             dports=_ports(dports),
+            pports=_ports(pports),
         )
 
 
 def _ports(raw: list[Any]) -> tuple[int, ...]:
-    """A round's discovery ports (every member parses N of them: one pass, no call per port)."""
+    """A round's ports (every member parses N of them: one pass, no call per port)."""
     if not all(type(p) is int and 0 <= p <= 65535 for p in raw):
-        raise ValueError("dports: not a list of ports")
+        raise ValueError("not a list of ports")
     return tuple(raw)
 
 
@@ -215,6 +223,9 @@ class Status:
     stale: bool = False
     closed: bool = False
     reason: str = ""
+    #: Why the job failed, when it was closed because a round cannot start (a data path check):
+    #: the members running that round stop their workers instead of waiting in a collective.
+    failed: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -230,6 +241,7 @@ class Status:
             stale=bool(data["stale"]),
             closed=bool(data["closed"]),
             reason=str(data.get("reason", ""))[:4000],
+            failed=str(data.get("failed", ""))[:4000],
         )
 
 
@@ -239,6 +251,7 @@ class Form:
     reason: str
     ips: tuple[str, ...] = ()
     dports: tuple[int, ...] = ()
+    pports: tuple[int, ...] = ()
 
 
 @record
@@ -266,6 +279,8 @@ class RoundBook:
     current: Round | None = None
     formed_at: float = 0.0
     closed: bool = False
+    #: Why the job failed (closed because a round cannot start), "" if it did not.
+    failed: str = ""
     stale: bool = False
     dead: set[int] = field(default_factory=set)
     left: set[int] = field(default_factory=set)
@@ -310,9 +325,11 @@ class RoundBook:
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self.stale = True  # it left a running round (preempted): the others go on without it
 
-    def close(self) -> list[int]:
-        """Close the job; returns the nodes whose pending joins must be answered "closed"."""
+    def close(self, failed: str = "") -> list[int]:
+        """Close the job (``failed``: why it cannot go on); returns the nodes whose pending
+        joins must be answered "closed"."""
         self.closed = True
+        self.failed = failed
         nodes = list(self.pending)
         self.pending.clear()
         self._reason = "closed"
@@ -390,6 +407,7 @@ class RoundBook:
             reason=reason,
             ips=tuple(j.ip for j in joins),
             dports=tuple(j.dport for j in joins),
+            pports=tuple(j.pport for j in joins),
         )
 
     def status(self, now: float) -> Status:
@@ -403,6 +421,7 @@ class RoundBook:
             stale=self.stale,
             closed=self.closed,
             reason=self._reason,
+            failed=self.failed,
         )
 
     def parked(self, node: int) -> bool:

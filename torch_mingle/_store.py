@@ -32,10 +32,11 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import DistNetworkError, PrefixStore, Store, TCPStore
+from torch.distributed import DistError, DistNetworkError, PrefixStore, Store, TCPStore
 
 from torch_mingle import _faults
 from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
+from torch_mingle.errors import MingleClosedError
 
 try:  # torch's exit-barrier keys in an agent store: the counter and "the last one arrived"
     from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
@@ -166,48 +167,64 @@ class AgentStore(Store):
     torch's agent enters its exit barrier with ``add(<terminal state>/num_members, 1)``; just
     before that add, ``on_barrier()`` tells the leader (and waits for its acknowledgement),
     so the leader knows which members arrived and never counts one twice.
+
+    When the job failed (a member's data path check), the node cuts the agent loose from
+    the store, where torch's agent may wait for keys that the failed members never write;
+    the store error it then gets says why the job failed (``failed()``), not "connection reset".
     """
 
-    def __init__(self, client: Store, on_barrier: Callable[[], None]) -> None:
+    def __init__(
+        self, client: Store, on_barrier: Callable[[], None], failed: Callable[[], str] = lambda: ""
+    ) -> None:
         super().__init__()
         self._inner = PrefixStore(AGENT_PREFIX, client)
         self._on_barrier = on_barrier
+        self._failed = failed
         self._counter = EXIT_BARRIER_KEYS[0] if EXIT_BARRIER_KEYS is not None else None
 
+    def _guard(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except (DistError, RuntimeError) as exc:
+            why = self._failed()
+            if why:
+                raise MingleClosedError(f"the job failed: {why}") from exc
+            raise
+
     def set(self, key: str, value: Any) -> None:
-        self._inner.set(key, value)
+        self._guard(lambda: self._inner.set(key, value))
 
     def get(self, key: str) -> bytes:
-        return self._inner.get(key)
+        return bytes(self._guard(lambda: self._inner.get(key)))
 
     def add(self, key: str, value: int) -> int:
         if key == self._counter and value > 0:
             self._on_barrier()
-        return self._inner.add(key, value)
+        return int(self._guard(lambda: self._inner.add(key, value)))
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        return self._inner.compare_set(key, expected, desired)
+        return bytes(self._guard(lambda: self._inner.compare_set(key, expected, desired)))
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         if timeout is None:
-            self._inner.wait(keys)
+            self._guard(lambda: self._inner.wait(keys))
         else:
-            self._inner.wait(keys, timeout)
+            self._guard(lambda: self._inner.wait(keys, timeout))
 
     def check(self, keys: list[str]) -> bool:
-        return self._inner.check(keys)
+        return bool(self._guard(lambda: self._inner.check(keys)))
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._inner.multi_get(keys)
+        return list(self._guard(lambda: self._inner.multi_get(keys)))
 
     def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        self._inner.multi_set(keys, values)  # type: ignore[attr-defined]  # missing from torch's stubs
+        self._guard(lambda: self._inner.multi_set(keys, values))  # type: ignore[attr-defined]  # missing from torch's stubs
 
     def delete_key(self, key: str) -> bool:
-        return self._inner.delete_key(key)
+        return bool(self._guard(lambda: self._inner.delete_key(key)))
 
     def num_keys(self) -> int:
-        return self._inner.num_keys()
+        return int(self._guard(self._inner.num_keys))
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._inner.set_timeout(timeout)

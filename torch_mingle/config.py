@@ -74,6 +74,9 @@ class MingleConfig:
     #: ``majority``: a round after the first needs a majority of the previous round's members
     #: (one job per rdzv_id even when the network splits); ``none``: any ``min_nodes`` go on.
     quorum: str = "majority"
+    #: Seconds each node gives its TCP probes of the round's peers before the workers start
+    #: (``_datapath``); 0 turns the check off.
+    data_path_timeout: float = 5.0
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
     #: ``--rdzv_endpoint``: accepted and not used (some launchers pass one anyway); logged once.
@@ -318,6 +321,7 @@ _PARSERS: dict[str, Any] = {
     "rejoin_delay": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
     "membership_refresh": lambda k, v: _parse_float(k, v, minimum=1.0, maximum=DAY_S, example="60"),
     "quorum": lambda k, v: _parse_choice(k, v, QUORUM_CHOICES),
+    "data_path_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=3600.0, example="5"),
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

@@ -35,6 +35,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from torch_mingle import BACKEND_NAME
+from torch_mingle._datapath import MingleDataPathError, ProbeListener, failure_message, peers_to_probe, probe
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, interface_for
 from torch_mingle._loop import Loop
 from torch_mingle._node import Board, Diagnostics, JobClosed, Joined, Node, NodeSettings, Ticket, TimedOut
@@ -255,6 +256,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             wall_offset_s=time.time() - time.monotonic(),
             expected_nodes=config.max_nodes,
         )
+        # The data path check's port (README#networks): opened before the node can join.
+        self._probe = ProbeListener(family) if config.data_path_timeout > 0 else None
         settings = NodeSettings(
             job=config.run_id,
             node_id=self._node_id,
@@ -268,8 +271,10 @@ class MingleRendezvousHandler(RendezvousHandler):
             discovery_warning_s=config.discovery_warning,
             bind_ip=bind_ip,
             advertised_ip=bind_ip,
+            connect_ip=self._connect_ip,
             label=self._label,
             quorum=config.quorum == "majority",
+            probe_port=self._probe.port if self._probe is not None else 0,
         )
         broadcast = config.fallback == "broadcast"
         transports = [
@@ -335,7 +340,10 @@ class MingleRendezvousHandler(RendezvousHandler):
         if self._shut:
             raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
         if self._closed:
-            raise MingleClosedError(f"the rendezvous of job {self._config.run_id!r} is closed")
+            why = self._job_failure()
+            raise MingleClosedError(
+                f"the rendezvous of job {self._config.run_id!r} is closed" + (f": {why}" if why else "")
+            )
         started = time.monotonic()
         while True:
             left = self._config.join_timeout - (time.monotonic() - started)
@@ -356,6 +364,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 log.warning("%s %s; joining again", self._label, why)
                 self._loop.call(functools.partial(self._node.report_unreachable, outcome.claim, why))
                 continue
+            self._check_data_path(outcome, info.rank)
             log.info(
                 "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
                 self._label,
@@ -385,10 +394,12 @@ class MingleRendezvousHandler(RendezvousHandler):
         Read from the node's last snapshot: the agent polls this every monitor interval, and
         it must never wait on a leader that hangs.
         """
-        if self._round is None or self._closed:
+        if self._round is None:
             return 0
-        self._hook_preemption()
         diag = self._board.diagnostics()
+        if self._closed and not (diag.status and diag.status.failed):
+            return 0  # a job that failed stops its workers (the next join fails with why)
+        self._hook_preemption()
         return 1 if not diag.loop_alive else diag.nodes_waiting
 
     def shutdown(self) -> bool:
@@ -407,6 +418,8 @@ class MingleRendezvousHandler(RendezvousHandler):
                 lambda t, now: self._node.request_shutdown(t, close_timeout, why, now),
             )
         self._loop.stop()
+        if self._probe is not None:
+            self._probe.close()
         log.info("%s shut down", self._label)
         return True
 
@@ -516,7 +529,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             client = self._connect_round_store(joined, connect_ip)
         else:
             log.debug("%s round %d: the store client was connected ahead", self._label, rnd.number)
-        store = AgentStore(client, on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number))
+        store = AgentStore(
+            client, on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number), failed=self._job_failure
+        )
         self._round = rnd
         self._export_worker_env(rnd)
         return RendezvousInfo(
@@ -525,6 +540,35 @@ class MingleRendezvousHandler(RendezvousHandler):
             rnd.world_size,
             RendezvousStoreInfo(master_addr=master_addr, master_port=rnd.store_port),
         )
+
+    def _job_failure(self) -> str:
+        """Why the job failed ("" while it did not): a member's round could not start."""
+        status = self._board.diagnostics().status
+        return status.failed if status is not None else ""
+
+    def _check_data_path(self, joined: Joined, rank: int) -> None:
+        """Before the workers start: can this node open a TCP connection to its peers, on the
+        addresses its workers and theirs will use? If not, the job fails now, on every node,
+        with the pairs named (``_datapath``), instead of hanging in the process group."""
+        rnd, timeout = joined.round, self._config.data_path_timeout
+        if self._probe is None or len(rnd.pports) != rnd.world_size or len(rnd.ips) != rnd.world_size:
+            return
+        self._probe.drain()
+        targets = []
+        for peer in peers_to_probe(rnd.world_size, rank):
+            ip, port = rnd.ips[peer], rnd.pports[peer]
+            if ipaddress.ip_address(ip.split("%", 1)[0]).is_unspecified:  # a leader on several networks
+                ip = joined.leader_ip or self._ip
+            if port:
+                targets.append((peer, ip, port))
+        failed = probe(targets, timeout, scope=self._iface.name)
+        if not failed:
+            return
+        why = failure_message((rank, rnd.ips[rank]), self._iface.name, failed, len(targets), timeout)
+        log.error("%s %s", self._label, why)
+        self._failure = why
+        self._loop.call(functools.partial(self._node.request_close, why, failed=True))
+        raise MingleDataPathError(f"{self._label} {why}")
 
     def _connect_round_store(self, joined: Joined, ip: str) -> TCPStore:
         """A client of the round's store. A connect that fails while the leader still answers on

@@ -1,0 +1,86 @@
+"""The data path, checked before training: one agent per namespace, and two of the hosts that
+cannot reach each other by TCP although each reaches the leader (a wrong route, a firewall).
+
+Without the check, such a job forms its round and its workers hang in the gloo rendezvous
+(10 to 30 minutes in the field, until a timeout). With it, every node fails within seconds,
+with an error that names the pair, the interface and what to do; and once the route is
+fixed, the same hosts train.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import (
+    Agent,
+    assert_trained_together,
+    dump,
+    final_reports,
+    finish_all,
+    logged_at,
+    start_agent,
+    torchrun_cmd,
+    unique_job,
+    wait_until,
+)
+
+pytestmark = pytest.mark.netns
+
+FAIL_WITHIN_S = 10.0
+
+
+def _blackhole(host, towards) -> None:
+    subprocess.run(
+        ["ip", "-n", host.name, "route", "add", "blackhole", f"{towards.ip}/32"], check=True, timeout=30
+    )
+
+
+def _unblackhole(host, towards) -> None:
+    subprocess.run(
+        ["ip", "-n", host.name, "route", "del", "blackhole", f"{towards.ip}/32"], check=True, timeout=30
+    )
+
+
+def _job(hosts, tmp_path, name: str) -> list[Agent]:
+    """The leader's host starts first, so that the two others are followers."""
+    cmd = torchrun_cmd(
+        job=unique_job(name), nnodes=str(len(hosts)), nproc=1,
+        conf={"interface": "eth0", "join_timeout": 60},
+        script_args=["--steps", "3", "--report", str(tmp_path / name)],
+    )  # fmt: skip
+    leader = start_agent(f"{name}-{hosts[0].name}", cmd, tmp_path, netns=hosts[0].name)
+    leads = lambda: "this node leads job" in leader.output()  # noqa: E731
+    wait_until(leads, 60, "the first host to lead", agents=[leader])
+    return [leader] + [start_agent(f"{name}-{h.name}", cmd, tmp_path, netns=h.name) for h in hosts[1:]]
+
+
+def test_two_followers_that_cannot_reach_each_other_fail_the_job_fast_and_say_which(segment, tmp_path):
+    hosts = [segment.add_host(f"198.18.0.{30 + i}") for i in range(3)]
+    a, b = hosts[1], hosts[2]
+    _blackhole(a, b)  # a's packets to b vanish: a's connect fails, b's gets no answer
+    agents = _job(hosts, tmp_path, "blackhole")
+    codes = finish_all(agents, timeout=90)
+    ended = time.time()
+    assert all(code != 0 for code in codes), dump(agents)
+    formed = logged_at(agents[0], "round 1 formed")
+    assert formed is not None, dump(agents)
+    print(f"the round formed, then every agent failed {ended - formed:.2f}s later")
+    assert ended - formed <= FAIL_WITHIN_S, dump(agents)
+    # Each node names the pair, the interface and the fix; no worker trained.
+    for agent in agents:
+        out = agent.output()
+        assert "data path check failed" in out, dump(agents)
+        assert f"{a.ip} on interface eth0" in out or f"{b.ip} on interface eth0" in out, dump(agents)
+        assert "ip route get" in out and "README.md#networks" in out, dump(agents)
+    assert f"rank 2 at {b.ip} port" in agents[1].output() or f"at {b.ip} port" in agents[1].output()
+    assert f"at {a.ip} port" in agents[2].output(), dump(agents)
+    assert not list((tmp_path / "blackhole").glob("first-*.json")), "a worker trained\n" + dump(agents)
+
+    # The route fixed, the same hosts train.
+    _unblackhole(a, b)
+    agents = _job(hosts, tmp_path, "fixed")
+    assert finish_all(agents, timeout=120) == [0, 0, 0], dump(agents)
+    assert_trained_together(final_reports(tmp_path / "fixed"), 3, 3, agents)

@@ -1,0 +1,81 @@
+"""The data path check's parts: which peers a node probes, the probe itself on real sockets, and
+the round and status fields that carry it."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from torch_mingle._datapath import MAX_PROBES, ProbeListener, failure_message, peers_to_probe, probe
+from torch_mingle._rounds import Round, Status
+
+
+def test_small_rounds_probe_every_peer():
+    assert peers_to_probe(1, 0) == []
+    assert peers_to_probe(4, 2) == [0, 1, 3]
+    assert len(peers_to_probe(MAX_PROBES + 1, 5)) == MAX_PROBES
+
+
+@given(world=st.integers(MAX_PROBES + 2, 5000), data=st.data())
+def test_large_rounds_probe_a_bounded_set_with_the_ring_neighbours_first(world, data):
+    rank = data.draw(st.integers(0, world - 1))
+    peers = peers_to_probe(world, rank)
+    assert len(peers) == MAX_PROBES == len(set(peers))
+    assert rank not in peers and all(0 <= p < world for p in peers)
+    assert peers[:2] == [(rank + 1) % world, (rank - 1) % world]
+
+
+def test_every_pair_of_a_ring_is_probed_from_both_ends():
+    world = 1000
+    probed = {(r, p) for r in range(world) for p in peers_to_probe(world, r)}
+    assert all((r, (r + 1) % world) in probed and ((r + 1) % world, r) in probed for r in range(world))
+
+
+def test_a_listening_peer_passes_and_a_closed_port_fails_with_the_reason():
+    listener = ProbeListener(socket.AF_INET)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()  # nobody listens there now
+    try:
+        failed = probe([(1, "127.0.0.1", listener.port), (2, "127.0.0.1", dead_port)], 2.0)
+        assert [(u.rank, u.port) for u in failed] == [(2, dead_port)]
+        assert "refused" in failed[0].why.lower()
+        # The listener never accepts by itself: the next check drains what probes left.
+        assert listener.drain() == 1
+        assert listener.drain() == 0
+    finally:
+        listener.close()
+
+
+def test_an_unroutable_address_fails_at_once_and_a_bad_one_is_named():
+    failed = probe([(3, "0.0.0.0", 1), (4, "not-an-ip", 5)], 1.0)  # noqa: S104
+    assert [u.rank for u in failed] == [3, 4]
+    assert "does not appear to be an IPv4 or IPv6 address" in failed[1].why
+
+
+def test_the_message_names_the_pair_the_interface_and_the_fix():
+    listener = ProbeListener(socket.AF_INET)
+    port = listener.port
+    listener.close()
+    failed = probe([(2, "127.0.0.1", port)], 1.0)
+    text = failure_message((1, "127.0.0.5"), "eth1", failed, 3, 1.0)
+    assert "rank 1 (127.0.0.5 on interface eth1)" in text
+    assert f"rank 2 at 127.0.0.1 port {port}" in text
+    assert "ip route get 127.0.0.1" in text and "interface=NAME" in text and "README.md#networks" in text
+
+
+@pytest.mark.parametrize("pports", [[], [1, 2]])
+def test_rounds_carry_probe_ports_and_statuses_carry_a_failure(pports):
+    rnd = Round(1, 1, (5, 6), "10.0.0.1", 29400, ("10.0.0.1", "10.0.0.2"), (0, 0), tuple(pports))
+    assert Round.from_json(rnd.to_json()) == rnd
+    with pytest.raises(ValueError, match="ports"):
+        Round.from_json({**rnd.to_json(), "pports": [1, 70000]})
+    status = Status(epoch=1, round=1, closed=True, failed="node 5 closed the job (data path ...)")
+    assert Status.from_json(status.to_json()) == status
+    legacy = status.to_json()
+    del legacy["failed"]
+    assert Status.from_json(legacy).failed == ""
