@@ -95,35 +95,49 @@ def peers_to_probe(world: int, rank: int, limit: int = MAX_PROBES) -> list[int]:
     return out
 
 
+#: Errors of this host, not of the path to the peer: logged, never blamed on the pair.
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
+
+
 def probe(
     targets: Sequence[tuple[int, str, int]], timeout_s: float, scope: str | None = None
-) -> list[Unreachable]:
-    """Open a TCP connection to each ``(rank, ip, port)`` at once; those that fail within ``timeout_s``.
+) -> tuple[list[Unreachable], list[Unreachable]]:
+    """Open a TCP connection to each ``(rank, ip, port)`` at once, under one deadline.
 
-    ``scope``: the interface a link-local IPv6 address without one is reached through.
+    Returns the pairs that failed, and the probes this host could not make (out of
+    descriptors, an address it cannot parse): those say nothing about the path.
+    ``scope``: this node's interface, for a peer's link-local IPv6 address.
     """
     failed: list[Unreachable] = []
+    local: list[Unreachable] = []
     sel = selectors.DefaultSelector()
     try:
         for rank, ip, port in targets:
             try:
                 family, addr = _address(ip, port, scope)
-                sock = socket.socket(family, socket.SOCK_STREAM)
             except (OSError, ValueError) as exc:
-                failed.append(Unreachable(rank, ip, port, str(exc)))
+                local.append(Unreachable(rank, ip, port, f"cannot use the address: {exc}"))
+                continue
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as exc:
+                local.append(Unreachable(rank, ip, port, str(exc)))
                 continue
             sock.setblocking(False)
-            err = sock.connect_ex(addr)
+            try:
+                err = sock.connect_ex(addr)
+            except OSError as exc:
+                err = exc.errno or errno.EINVAL
             if err not in (0, errno.EINPROGRESS):
                 sock.close()
-                failed.append(Unreachable(rank, ip, port, os.strerror(err)))
+                (local if err in LOCAL_ERRNOS else failed).append(
+                    Unreachable(rank, ip, port, os.strerror(err))
+                )
                 continue
             sel.register(sock, selectors.EVENT_WRITE, (rank, ip, port))
         deadline = time.monotonic() + timeout_s
         while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+            left = max(0.0, deadline - time.monotonic())
             for key, _ in sel.select(left):
                 done = key.fileobj
                 assert isinstance(done, socket.socket)  # noqa: S101 - only sockets are registered
@@ -133,6 +147,8 @@ def probe(
                     failed.append(Unreachable(rank, ip, port, os.strerror(err)))
                 sel.unregister(done)
                 done.close()
+            if left == 0.0:
+                break  # one last look at the deadline (a thread that ran late still sees what came)
         for key in list(sel.get_map().values()):
             rank, ip, port = key.data
             failed.append(Unreachable(rank, ip, port, f"no answer within {timeout_s:g} s"))
@@ -141,16 +157,17 @@ def probe(
                 key.fileobj.close()  # type: ignore[union-attr]
     finally:
         sel.close()
-    return sorted(failed, key=lambda u: u.rank)
+    return sorted(failed, key=lambda u: u.rank), local
 
 
 def _address(ip: str, port: int, scope: str | None) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+    """The peer's address to connect to. A link-local IPv6 address gets this node's own
+    interface as its scope: the scope the peer advertised is the name of *its* interface."""
     addr = ipaddress.ip_address(ip.partition("%")[0])
     if addr.version == 4:
-        return socket.AF_INET, (ip, port)
-    if addr.is_link_local and "%" not in ip and scope:
-        ip = f"{ip}%{scope}"  # the scope is the receiver's own interface, never the sender's
-    info = socket.getaddrinfo(ip, port, socket.AF_INET6, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+        return socket.AF_INET, (str(addr), port)
+    text = f"{addr}%{scope}" if addr.is_link_local and scope else str(addr)
+    info = socket.getaddrinfo(text, port, socket.AF_INET6, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
     return socket.AF_INET6, tuple(info[0][4])
 
 

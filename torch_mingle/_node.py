@@ -122,6 +122,8 @@ class JobClosed:
 
     was_waiting: bool
     why: str
+    #: The job failed (a round could not start): a waiting node fails too, it does not exit 0.
+    failed: bool = False
 
 
 @record(frozen=False)
@@ -417,8 +419,7 @@ class Node:
         self.parked = False
         self._set_deadline(ticket, now + ticket.timeout_s)
         if self.job_closed:
-            status = self._status(now)
-            self._closed_answer(status.failed if status and status.failed else "the job was already closed")
+            self._closed_answer("the job was already closed")
         else:
             self._send_join(now)
         self._flush(now)
@@ -572,9 +573,9 @@ class Node:
             self._check_leaving(now)
             if not busy:
                 break
-        self._stop_failed_round(now)
         self._connect_ahead()
         self._publish(now)
+        self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
 
     def _stop_failed_round(self, now: float) -> None:
         """The job failed while this node runs a round (a member's data path check): its
@@ -585,7 +586,7 @@ class Node:
         if rnd is None or self._failure_cut == rnd.number:
             return
         status = self._status(now)
-        if status is None or not status.failed or status.epoch != rnd.epoch:
+        if not self._failure(now) or status is None or status.epoch != rnd.epoch:
             return
         self._failure_cut = rnd.number
         ip = self.settings.connect_ip if self.term is not None else self._last_leader_ip
@@ -965,7 +966,15 @@ class Node:
     def _closed_answer(self, why: str) -> None:
         if self._join is not None and not self._join.done:
             waited = self.parked or (self.saw_open and self.in_round is None)
-            self.board.resolve(self._join, result=JobClosed(was_waiting=waited, why=why))
+            failed = self._failure(self._now) or ""
+            self.board.resolve(
+                self._join, result=JobClosed(was_waiting=waited, why=failed or why, failed=bool(failed))
+            )
+
+    def _failure(self, now: float) -> str | None:
+        """Why the job failed, if its leader says so (closed because a round could not start)."""
+        status = self._status(now)
+        return status.failed if status is not None and status.closed and status.failed else None
 
     def _end_session(self) -> None:
         session, self.session = self.session, None
@@ -999,7 +1008,7 @@ class Node:
         if rnd is None:
             return 0
         status = self._status(now)
-        if status is not None and status.failed and status.epoch == rnd.epoch:
+        if self._failure(now) and status is not None and status.epoch == rnd.epoch:
             return 1  # its round cannot start: stop the workers (the next join fails with why)
         if self.job_closed:
             return 0

@@ -34,8 +34,17 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument(
             "--interface", default=os.environ.get("TORCH_MINGLE_INTERFACE"), help="name or address"
         )
-        c.add_argument("--group", default=None, help="multicast group (default: the backend's)")
-        c.add_argument("--port", type=int, default=None, help="discovery port (default: the backend's)")
+        c.add_argument(
+            "--group",
+            default=os.environ.get("TORCH_MINGLE_GROUP"),
+            help="multicast group (default: the job's)",
+        )
+        c.add_argument(
+            "--port",
+            type=int,
+            default=os.environ.get("TORCH_MINGLE_PORT"),
+            help="discovery port (default: the job's)",
+        )
         c.add_argument("--secret-file", default=None, help="to sign probes for jobs that use a secret")
         c.add_argument("--seconds", type=float, default=3.0 if name == "doctor" else 1.5)
         if name == "doctor":

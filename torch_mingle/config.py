@@ -328,10 +328,18 @@ KNOWN_KEYS = tuple(sorted(_PARSERS))
 ENV_PREFIX = "TORCH_MINGLE_"
 
 
+#: Keys whose variables were read (and parsed) in their own way before every key had one.
+_OWN_ENV = frozenset({"peers", "secret_file"})
+
+
 def conf_from_env(environ: Mapping[str, str], given: Mapping[str, Any]) -> dict[str, str]:
-    """The keys set as ``$TORCH_MINGLE_<KEY>`` and not in ``given``; a bad value names its variable."""
+    """The keys set as ``$TORCH_MINGLE_<KEY>`` and not in ``given``; a bad value names its variable.
+
+    ``$TORCH_MINGLE_PEERS`` (commas allowed) and ``$TORCH_MINGLE_SECRET_FILE`` keep their own
+    reading, in ``peer_hosts()`` and ``load_secret()``.
+    """
     out = {}
-    for key in KNOWN_KEYS:
+    for key in sorted(set(KNOWN_KEYS) - _OWN_ENV):
         var = ENV_PREFIX + key.upper()
         raw = environ.get(var, "").strip()
         if not raw or given.get(key) is not None:

@@ -74,6 +74,9 @@ MAX_LEAVE_WAIT_S = 15.0
 DESCRIPTORS_PER_NODE = 11
 DESCRIPTOR_MARGIN = 256
 MAX_NODES_FOR_DESCRIPTORS = 65536
+#: After a failed data path probe, how long to look for the round breaking instead (a peer
+#: that died or left just after the round formed): then the node joins again.
+DATA_PATH_GRACE_S = 1.0
 
 
 def _log_to_stderr_if_asked() -> None:
@@ -364,7 +367,8 @@ class MingleRendezvousHandler(RendezvousHandler):
                 log.warning("%s %s; joining again", self._label, why)
                 self._loop.call(functools.partial(self._node.report_unreachable, outcome.claim, why))
                 continue
-            self._check_data_path(outcome, info.rank)
+            if not self._check_data_path(outcome, info.rank):
+                continue
             log.info(
                 "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
                 self._label,
@@ -397,7 +401,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return 0
         diag = self._board.diagnostics()
-        if self._closed and not (diag.status and diag.status.failed):
+        if self._closed and not self._job_failure():
             return 0  # a job that failed stops its workers (the next join fails with why)
         self._hook_preemption()
         return 1 if not diag.loop_alive else diag.nodes_waiting
@@ -492,6 +496,8 @@ class MingleRendezvousHandler(RendezvousHandler):
         """The job is over. A node that waited while it ran without it has nothing to do: it exits 0."""
         self._closed = True
         job = self._config.run_id
+        if outcome.failed:
+            raise MingleClosedError(f"{self._label} the job failed: {outcome.why}")
         if outcome.was_waiting:
             log.warning(
                 "%s job %r finished before this node was admitted (%s); nothing to do, exiting",
@@ -544,31 +550,62 @@ class MingleRendezvousHandler(RendezvousHandler):
     def _job_failure(self) -> str:
         """Why the job failed ("" while it did not): a member's round could not start."""
         status = self._board.diagnostics().status
-        return status.failed if status is not None else ""
+        return status.failed if status is not None and status.closed else ""
 
-    def _check_data_path(self, joined: Joined, rank: int) -> None:
+    def _check_data_path(self, joined: Joined, rank: int) -> bool:
         """Before the workers start: can this node open a TCP connection to its peers, on the
         addresses its workers and theirs will use? If not, the job fails now, on every node,
-        with the pairs named (``_datapath``), instead of hanging in the process group."""
+        with the pairs named (``_datapath``), instead of hanging in the process group.
+
+        False: a peer did not answer because the round broke meanwhile (it died, left, or
+        its leader was lost): the node joins again, as after any lost round.
+        """
         rnd, timeout = joined.round, self._config.data_path_timeout
-        if self._probe is None or len(rnd.pports) != rnd.world_size or len(rnd.ips) != rnd.world_size:
-            return
-        self._probe.drain()
-        targets = []
-        for peer in peers_to_probe(rnd.world_size, rank):
-            ip, port = rnd.ips[peer], rnd.pports[peer]
-            if ipaddress.ip_address(ip.split("%", 1)[0]).is_unspecified:  # a leader on several networks
-                ip = joined.leader_ip or self._ip
-            if port:
-                targets.append((peer, ip, port))
-        failed = probe(targets, timeout, scope=self._iface.name)
-        if not failed:
-            return
-        why = failure_message((rank, rnd.ips[rank]), self._iface.name, failed, len(targets), timeout)
-        log.error("%s %s", self._label, why)
-        self._failure = why
-        self._loop.call(functools.partial(self._node.request_close, why, failed=True))
-        raise MingleDataPathError(f"{self._label} {why}")
+        if self._probe is not None and len(rnd.pports) == len(rnd.ips) == rnd.world_size:
+            self._probe.drain()
+            targets = []
+            for peer in peers_to_probe(rnd.world_size, rank):
+                ip, port = rnd.ips[peer], rnd.pports[peer]
+                with contextlib.suppress(ValueError):  # a leader on several networks advertises none
+                    if ipaddress.ip_address(ip.split("%", 1)[0]).is_unspecified:
+                        ip = joined.leader_ip or self._ip
+                if port:
+                    targets.append((peer, ip, port))
+            failed, local = probe(targets, timeout, scope=self._iface.name)
+            for u in local:
+                log.warning(
+                    "%s data path check: rank %d at %s not probed: %s", self._label, u.rank, u.ip, u.why
+                )
+            if failed:
+                # A peer that died or left just as the round formed refuses too: that round
+                # breaks (and the node joins again), where a broken path changes nothing.
+                seen = self._board.wait_for(
+                    lambda d: (
+                        bool(d.status and d.status.closed and d.status.failed)
+                        or d.nodes_waiting > 0
+                        or d.trouble is not None
+                        or d.round != rnd.number
+                    ),
+                    DATA_PATH_GRACE_S,
+                )
+                if seen is not None and not (seen.status and seen.status.closed and seen.status.failed):
+                    log.warning(
+                        "%s data path check: %d peer(s) did not answer, but round %d broke meanwhile; "
+                        "joining again",
+                        self._label,
+                        len(failed),
+                        rnd.number,
+                    )
+                    return False
+                why = failure_message((rank, rnd.ips[rank]), self._iface.name, failed, len(targets), timeout)
+                log.error("%s %s", self._label, why)
+                self._failure = why
+                self._loop.call(functools.partial(self._node.request_close, why, failed=True))
+                raise MingleDataPathError(f"{self._label} {why}")
+        why = self._job_failure()  # another member's check failed while this one ran
+        if why:
+            raise MingleClosedError(f"{self._label} the job failed: {why}")
+        return True
 
     def _connect_round_store(self, joined: Joined, ip: str) -> TCPStore:
         """A client of the round's store. A connect that fails while the leader still answers on

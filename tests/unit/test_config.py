@@ -155,3 +155,9 @@ def test_an_endpoint_is_accepted_and_kept_for_the_warning_not_parsed(endpoint):
     cfg = MingleConfig.from_params(RendezvousParameters("mingle", endpoint, "job42", 2, 4))
     assert cfg.endpoint == endpoint
     assert MingleConfig.from_params(RendezvousParameters("mingle", "", "job42", 2, 4)).endpoint == ""
+
+
+def test_peers_and_the_secret_file_keep_their_own_variables(monkeypatch):
+    monkeypatch.setenv("TORCH_MINGLE_PEERS", "hostA,hostB")  # commas: as documented before
+    cfg = MingleConfig.from_params(RendezvousParameters("mingle", "", "job42", 2, 4))
+    assert cfg.peers is None and cfg.peer_hosts() == ("hostA", "hostB")
