@@ -68,6 +68,9 @@ CREATE_THREADS = 4
 #: A thousand nodes' threads on two cores answer late; the default 0.02 s window lets a node
 #: that heard nothing in time claim against the running leader (see README, Scale).
 ELECTION_WINDOW_S = 0.25
+#: The data path check runs as in the field (the default): every node probes up to 16 peers
+#: before its next_rendezvous() returns, so every phase includes it (c10d has no such step).
+DATA_PATH_TIMEOUT_S = 5.0
 
 
 # ------------------------------------------------------------------------------ host side
@@ -98,7 +101,7 @@ def host_main(spec: dict[str, Any]) -> int:
                 "mingle", "", spec["job"], spec["min"], spec["max"], interface="127.0.0.1",
                 port=str(spec["port"]), join_timeout=str(PHASE_TIMEOUT_S), last_call_timeout="30",
                 keep_alive_interval=str(KEEP_ALIVE_S), keep_alive_max_attempt=str(KEEP_ALIVE_MAX),
-                election_window=str(ELECTION_WINDOW_S),
+                election_window=str(ELECTION_WINDOW_S), data_path_timeout=str(DATA_PATH_TIMEOUT_S),
             )  # fmt: skip
         else:
             params = RendezvousParameters(
@@ -526,6 +529,11 @@ def main() -> int:
         "machine": bench_report.machine(),
         "per_process": args.per_process,
         "resolver": "isolated" if resolver.prefix else f"machine ({resolver.why_not})",
+        "settings": {
+            "election_window": ELECTION_WINDOW_S,
+            "keep_alive": [KEEP_ALIVE_S, KEEP_ALIVE_MAX],
+            "data_path_timeout": DATA_PATH_TIMEOUT_S,
+        },
         "points": [],
     }
     c10d_failed_at: int | None = None

@@ -80,6 +80,7 @@ def test_scale_benchmark_at_64_nodes_reports_every_field(tmp_path):
     report = json.loads((tmp_path / "scale.json").read_text())
     assert (tmp_path / "scale.png").stat().st_size > 10_000
     assert {"machine", "per_process", "resolver", "points", "targets", "seconds"} <= report.keys()
+    assert {"election_window", "keep_alive", "data_path_timeout"} <= report["settings"].keys()
     points = {(p["backend"], p["nodes"]): p for p in report["points"]}
     assert set(points) == {("mingle", 64), ("c10d", 64)}
     mingle = points[("mingle", 64)]
