@@ -252,7 +252,11 @@ class LeaderTerm:
             return
         if self._by_node.get(member.node) is member:
             del self._by_node[member.node]
-            self._node_lost(member.node, reason, now, hard=hard and not member.said_bye)
+            rnd = self.book.current
+            if member.said_bye and (rnd is None or member.node not in rnd.member_set):
+                self._withdrawn(member.node, reason, now)
+            else:
+                self._node_lost(member.node, reason, now, hard=hard and not member.said_bye)
 
     def received(self, conn: ConnId, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         member = self.conns.get(conn)
@@ -671,6 +675,17 @@ class LeaderTerm:
         if in_round or node in self.book.pending:
             log.warning("%s node %s is gone: %s", self.label, node_hex(node), why)
         self.book.died(node, why, hard=hard)
+        self._after_departure(now)
+        self._decide(now)
+
+    def _withdrawn(self, node: int, why: str, now: float) -> None:
+        """A node that runs in no round of this term closed its connection itself, alive (it
+        gave up waiting for our welcome under load, or follows another claim): its join is
+        withdrawn, but it is not dead. It keeps its vote and its place among the last round's
+        members the next round waits for (bounded by the last call), and when it comes back
+        it is not held back as a node that was dropped (``rejoin_delay``)."""
+        log.info("%s node %s withdrew: %s", self.label, node_hex(node), why)
+        self.book.withdraw(node)
         self._after_departure(now)
         self._decide(now)
 

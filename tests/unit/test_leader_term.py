@@ -146,3 +146,41 @@ def test_running_members_hear_when_nodes_start_waiting_not_of_every_join():
     _join(term, 13, 1, 1.7)  # a second one changes nothing they act on
     sent = _sent(term)
     assert _statuses(sent, 10) == _statuses(sent, 11) == []
+
+
+def _rounds_formed(sent: dict[int, list[dict[str, Any]]]) -> set[tuple[str, ...]]:
+    return {tuple(f["round"]["members"]) for frames in sent.values() for f in frames if f["t"] == "round"}
+
+
+def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropped():
+    # A failover at scale: the new leader (rank 1 of the last round) is busy, one member gives
+    # up waiting for it and says bye. It is alive: the round still waits for it, and when it
+    # is back it joins at once, not held back as a node that was dropped.
+    history = {"epoch": 0, "round": 4, "members": [f"{n:016x}" for n in (9, LEADER, 2, 3)]}
+    term = _term(2, 8)
+    term.book.last_call_timeout = 30.0
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    term.received(10, [{"t": "bye"}], 0.3)
+    term.closed(10, "closed by the peer", 0.3, hard=True)
+    _connect(term, 11, 3, 0.4)
+    term.received(11, [{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}], 0.5)
+    _store_opened(term, 5002, 0.6)
+    assert 2 not in term.book.dead and 2 not in term.book.drops and 2 not in term.book.gone
+    assert _rounds_formed(_sent(term)) == set()  # node 2, alive, is still expected (until the last call)
+    _connect(term, 12, 2, 1.0)
+    term.received(12, [{"t": "join", "id": 2, "ip": "198.18.0.2", "history": history}], 1.1)
+    assert _rounds_formed(_sent(term)) == {tuple(f"{n:016x}" for n in (LEADER, 2, 3))}
+
+
+def test_a_member_of_the_running_round_that_says_bye_is_still_lost():
+    term = _term(2, 2)
+    _store_opened(term, 5001, 0.05)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    _join(term, 10, 7, 0.3)
+    assert _rounds_formed(_sent(term))
+    term.received(10, [{"t": "bye"}], 1.0)
+    term.closed(10, "closed by the peer", 1.0, hard=True)
+    assert 2 in term.book.dead and 2 not in term.book.gone  # lost (the round is stale), not gone
+    assert term.book.stale
