@@ -174,6 +174,11 @@ class Diagnostics:
     #: The leader's control plane in this term (zeros on a follower).
     control: ControlCounters = field(default_factory=ControlCounters)
 
+    @property
+    def failure(self) -> str:
+        """Why the job failed, as its leader said ("" while it did not)."""
+        return self.status.failure if self.status is not None else ""
+
 
 class Board:
     """Where the loop thread posts results and snapshots, and the agent's thread waits for them."""
@@ -966,15 +971,15 @@ class Node:
     def _closed_answer(self, why: str) -> None:
         if self._join is not None and not self._join.done:
             waited = self.parked or (self.saw_open and self.in_round is None)
-            failed = self._failure(self._now) or ""
+            failed = self._failure(self._now)
             self.board.resolve(
                 self._join, result=JobClosed(was_waiting=waited, why=failed or why, failed=bool(failed))
             )
 
-    def _failure(self, now: float) -> str | None:
+    def _failure(self, now: float) -> str:
         """Why the job failed, if its leader says so (closed because a round could not start)."""
         status = self._status(now)
-        return status.failed if status is not None and status.closed and status.failed else None
+        return status.failure if status is not None else ""
 
     def _end_session(self) -> None:
         session, self.session = self.session, None

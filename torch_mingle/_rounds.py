@@ -227,6 +227,11 @@ class Status:
     #: the members running that round stop their workers instead of waiting in a collective.
     failed: str = ""
 
+    @property
+    def failure(self) -> str:
+        """Why the job failed ("" unless it was closed because a round could not start)."""
+        return self.failed if self.closed else ""
+
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 

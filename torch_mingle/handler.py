@@ -549,8 +549,7 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     def _job_failure(self) -> str:
         """Why the job failed ("" while it did not): a member's round could not start."""
-        status = self._board.diagnostics().status
-        return status.failed if status is not None and status.closed else ""
+        return self._board.diagnostics().failure
 
     def _check_data_path(self, joined: Joined, rank: int) -> bool:
         """Before the workers start: can this node open a TCP connection to its peers, on the
@@ -581,14 +580,14 @@ class MingleRendezvousHandler(RendezvousHandler):
                 # breaks (and the node joins again), where a broken path changes nothing.
                 seen = self._board.wait_for(
                     lambda d: (
-                        bool(d.status and d.status.closed and d.status.failed)
+                        bool(d.failure)
                         or d.nodes_waiting > 0
                         or d.trouble is not None
                         or d.round != rnd.number
                     ),
                     DATA_PATH_GRACE_S,
                 )
-                if seen is not None and not (seen.status and seen.status.closed and seen.status.failed):
+                if seen is not None and not seen.failure:
                     log.warning(
                         "%s data path check: %d peer(s) did not answer, but round %d broke meanwhile; "
                         "joining again",
