@@ -14,7 +14,6 @@ checked, and each check first drains what the previous round's probes left in th
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import itertools
@@ -99,10 +98,30 @@ def peers_to_probe(world: int, rank: int, limit: int = MAX_PROBES) -> list[int]:
 LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
 
 
+#: Every this long, each peer that has not answered gets one more connect (a new SYN from a new
+#: port) beside those still waiting: on a lossy path a single connect gets about five handshakes
+#: in 5 s (three on kernels with exponential SYN backoff), one more every second gives 15.
+RETRY_S = 1.0
+#: The connects kept waiting per peer: beyond, the oldest (whose SYNs have backed off the most)
+#: makes room for the new one, so that a long ``data_path_timeout`` holds few descriptors.
+CONNECTS_PER_PEER = 5
+#: Failures that may be a lost packet rather than a missing path: a neighbour lookup that got no
+#: answer, a timeout. That connect is dropped and the next one tried; any other error is final.
+TRANSIENT_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ETIMEDOUT})
+
+Target = tuple[int, str, int]
+
+
 def probe(
-    targets: Sequence[tuple[int, str, int]], timeout_s: float, scope: str | None = None
+    targets: Sequence[Target], timeout_s: float, scope: str | None = None, retry_s: float = RETRY_S
 ) -> tuple[list[Unreachable], list[Unreachable]]:
-    """Open a TCP connection to each ``(rank, ip, port)`` at once, under one deadline.
+    """Open a TCP connection to each ``(rank, ip, port)``, all at once, under one deadline.
+
+    A peer passes as soon as one connect to it completes. Each ``retry_s`` a peer that has not
+    answered gets one more connect, the earlier ones still waiting, until the deadline: a lossy
+    path passes, a missing one still fails. A connect that fails with a transient error
+    (``TRANSIENT_ERRNOS``) is dropped and the next tried; any other error (a route that
+    rejects, a refusal) fails the peer at once.
 
     Returns the pairs that failed, and the probes this host could not make (out of
     descriptors, an address it cannot parse): those say nothing about the path.
@@ -110,52 +129,82 @@ def probe(
     """
     failed: list[Unreachable] = []
     local: list[Unreachable] = []
+    deadline = time.monotonic() + timeout_s
     sel = selectors.DefaultSelector()
+    addrs: dict[Target, tuple[socket.AddressFamily, tuple[Any, ...]]] = {}
+    waiting: dict[Target, list[socket.socket]] = {}  # the peers not settled, and their connects
+    why: dict[Target, str] = {}  # a waiting peer's last transient error
+
+    def settle(target: Target, into: list[Unreachable] | None, reason: str = "") -> None:
+        for sock in waiting.pop(target):
+            sel.unregister(sock)
+            sock.close()
+        if into is not None:
+            into.append(Unreachable(*target, reason))
+
+    def drop(target: Target, sock: socket.socket) -> None:
+        waiting[target].remove(sock)
+        sel.unregister(sock)
+        sock.close()
+
+    def connect(target: Target) -> None:
+        family, addr = addrs[target]
+        if len(waiting[target]) >= CONNECTS_PER_PEER:
+            drop(target, waiting[target][0])
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            if not waiting[target]:
+                settle(target, local, str(exc))
+            return  # else the connects already out still count
+        sock.setblocking(False)
+        try:
+            err = sock.connect_ex(addr)
+        except OSError as exc:
+            err = exc.errno or errno.EINVAL
+        if err in (0, errno.EINPROGRESS):
+            sel.register(sock, selectors.EVENT_WRITE, target)
+            waiting[target].append(sock)
+            return
+        sock.close()
+        settle(target, local if err in LOCAL_ERRNOS else failed, os.strerror(err))
+
     try:
-        for rank, ip, port in targets:
+        for target in targets:
             try:
-                family, addr = _address(ip, port, scope)
+                addrs[target] = _address(target[1], target[2], scope)
             except (OSError, ValueError) as exc:
-                local.append(Unreachable(rank, ip, port, f"cannot use the address: {exc}"))
+                local.append(Unreachable(*target, f"cannot use the address: {exc}"))
                 continue
-            try:
-                sock = socket.socket(family, socket.SOCK_STREAM)
-            except OSError as exc:
-                local.append(Unreachable(rank, ip, port, str(exc)))
-                continue
-            sock.setblocking(False)
-            try:
-                err = sock.connect_ex(addr)
-            except OSError as exc:
-                err = exc.errno or errno.EINVAL
-            if err not in (0, errno.EINPROGRESS):
-                sock.close()
-                (local if err in LOCAL_ERRNOS else failed).append(
-                    Unreachable(rank, ip, port, os.strerror(err))
-                )
-                continue
-            sel.register(sock, selectors.EVENT_WRITE, (rank, ip, port))
-        deadline = time.monotonic() + timeout_s
-        while sel.get_map():
+            waiting[target] = []
+            connect(target)
+        next_try = time.monotonic() + retry_s
+        while waiting:
             left = max(0.0, deadline - time.monotonic())
-            for key, _ in sel.select(left):
-                done = key.fileobj
-                assert isinstance(done, socket.socket)  # noqa: S101 - only sockets are registered
-                err = done.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if err:
-                    rank, ip, port = key.data
-                    failed.append(Unreachable(rank, ip, port, os.strerror(err)))
-                sel.unregister(done)
-                done.close()
+            for key, _ in sel.select(min(left, max(0.0, next_try - time.monotonic()))):
+                target, sock = key.data, key.fileobj
+                assert isinstance(sock, socket.socket)  # noqa: S101 - only sockets are registered
+                if target not in waiting:
+                    continue  # settled by an earlier event of this batch
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err == 0:
+                    settle(target, None)
+                elif err in TRANSIENT_ERRNOS:
+                    why[target] = os.strerror(err)
+                    drop(target, sock)
+                else:
+                    settle(target, failed, os.strerror(err))
             if left == 0.0:
                 break  # one last look at the deadline (a thread that ran late still sees what came)
-        for key in list(sel.get_map().values()):
-            rank, ip, port = key.data
-            failed.append(Unreachable(rank, ip, port, f"no answer within {timeout_s:g} s"))
-            sel.unregister(key.fileobj)
-            with contextlib.suppress(OSError):
-                key.fileobj.close()  # type: ignore[union-attr]
+            if time.monotonic() >= next_try:
+                next_try += retry_s
+                for target in list(waiting):
+                    connect(target)
+        for target in list(waiting):
+            settle(target, failed, why.get(target, f"no answer within {timeout_s:g} s"))
     finally:
+        for target in list(waiting):
+            settle(target, None)
         sel.close()
     return sorted(failed, key=lambda u: u.rank), local
 
