@@ -99,15 +99,17 @@ LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOME
 
 
 #: Every this long, each peer that has not answered gets one more connect (a new SYN from a new
-#: port) beside those still waiting: on a lossy path a single connect gets about five handshakes
-#: in 5 s (three on kernels with exponential SYN backoff), one more every second gives 15.
+#: port) beside those still waiting. One connect sends its SYN 5 times in 5 s where the kernel
+#: backs off linearly first (``net.ipv4.tcp_syn_linear_timeouts``, Linux 6.x), 3 times where it
+#: doubles at once; one more connect each second makes that 15 (11).
 RETRY_S = 1.0
 #: The connects kept waiting per peer: beyond, the oldest (whose SYNs have backed off the most)
 #: makes room for the new one, so that a long ``data_path_timeout`` holds few descriptors.
 CONNECTS_PER_PEER = 5
-#: Failures that may be a lost packet rather than a missing path: a neighbour lookup that got no
-#: answer, a timeout. That connect is dropped and the next one tried; any other error is final.
-TRANSIENT_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ETIMEDOUT})
+#: An ICMP unreachable, which is also what a neighbour lookup lost to packet loss gives (as well
+#: as a rejecting firewall or router): that connect is dropped, the next one tried, and the
+#: peer fails at the deadline with this error. Any other error of a connect fails it at once.
+TRANSIENT_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
 
 Target = tuple[int, str, int]
 
@@ -119,21 +121,26 @@ def probe(
 
     A peer passes as soon as one connect to it completes. Each ``retry_s`` a peer that has not
     answered gets one more connect, the earlier ones still waiting, until the deadline: a lossy
-    path passes, a missing one still fails. A connect that fails with a transient error
-    (``TRANSIENT_ERRNOS``) is dropped and the next tried; any other error (a route that
-    rejects, a refusal) fails the peer at once.
+    path passes, a missing one still fails. A connect that fails with an ICMP unreachable
+    (``TRANSIENT_ERRNOS``) is dropped and the next tried; a refusal, or a route of this host
+    that rejects, fails the peer at once.
 
     Returns the pairs that failed, and the probes this host could not make (out of
-    descriptors, an address it cannot parse): those say nothing about the path.
+    descriptors, an address it cannot parse): those say nothing about the path. A peer with
+    connects out, or with a failure already seen, is never moved to the second list by a
+    local error on a later connect.
     ``scope``: this node's interface, for a peer's link-local IPv6 address.
     """
+    if retry_s <= 0:
+        raise ValueError(f"retry_s must be > 0, got {retry_s}")
     failed: list[Unreachable] = []
     local: list[Unreachable] = []
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     sel = selectors.DefaultSelector()
     addrs: dict[Target, tuple[socket.AddressFamily, tuple[Any, ...]]] = {}
     waiting: dict[Target, list[socket.socket]] = {}  # the peers not settled, and their connects
-    why: dict[Target, str] = {}  # a waiting peer's last transient error
+    why: dict[Target, str] = {}  # a waiting peer's last failure (an ICMP unreachable)
 
     def settle(target: Target, into: list[Unreachable] | None, reason: str = "") -> None:
         for sock in waiting.pop(target):
@@ -147,6 +154,16 @@ def probe(
         sel.unregister(sock)
         sock.close()
 
+    def local_error(target: Target, reason: str) -> None:
+        """This host could not make one more connect: the ones out still count; a failure seen
+        before still stands."""
+        if waiting[target]:
+            return
+        if target in why:
+            settle(target, failed, why[target])
+        else:
+            settle(target, local, reason)
+
     def connect(target: Target) -> None:
         family, addr = addrs[target]
         if len(waiting[target]) >= CONNECTS_PER_PEER:
@@ -154,23 +171,30 @@ def probe(
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
-            if not waiting[target]:
-                settle(target, local, str(exc))
-            return  # else the connects already out still count
-        sock.setblocking(False)
+            local_error(target, str(exc))
+            return
         try:
+            sock.setblocking(False)
             err = sock.connect_ex(addr)
         except OSError as exc:
             err = exc.errno or errno.EINVAL
         if err in (0, errno.EINPROGRESS):
-            sel.register(sock, selectors.EVENT_WRITE, target)
+            try:
+                sel.register(sock, selectors.EVENT_WRITE, target)
+            except OSError as exc:
+                sock.close()
+                local_error(target, str(exc))
+                return
             waiting[target].append(sock)
             return
         sock.close()
-        settle(target, local if err in LOCAL_ERRNOS else failed, os.strerror(err))
+        if err in LOCAL_ERRNOS:
+            local_error(target, os.strerror(err))
+        else:
+            settle(target, failed, os.strerror(err))
 
     try:
-        for target in targets:
+        for target in dict.fromkeys(targets):  # each once, in order
             try:
                 addrs[target] = _address(target[1], target[2], scope)
             except (OSError, ValueError) as exc:
@@ -178,7 +202,7 @@ def probe(
                 continue
             waiting[target] = []
             connect(target)
-        next_try = time.monotonic() + retry_s
+        next_try = started + retry_s
         while waiting:
             left = max(0.0, deadline - time.monotonic())
             for key, _ in sel.select(min(left, max(0.0, next_try - time.monotonic()))):
@@ -196,10 +220,12 @@ def probe(
                     settle(target, failed, os.strerror(err))
             if left == 0.0:
                 break  # one last look at the deadline (a thread that ran late still sees what came)
-            if time.monotonic() >= next_try:
-                next_try += retry_s
-                for target in list(waiting):
-                    connect(target)
+            now = time.monotonic()
+            if now >= next_try:
+                next_try = max(next_try + retry_s, now)  # after a stall: one wave, not a burst
+                if now < deadline:
+                    for target in list(waiting):
+                        connect(target)
         for target in list(waiting):
             settle(target, failed, why.get(target, f"no answer within {timeout_s:g} s"))
     finally:

@@ -3,6 +3,7 @@ the round and status fields that carry it."""
 
 from __future__ import annotations
 
+import errno
 import socket
 
 import pytest
@@ -89,3 +90,52 @@ def test_rounds_carry_probe_ports_and_statuses_carry_a_failure(pports):
     legacy = status.to_json()
     del legacy["failed"]
     assert Status.from_json(legacy).failed == ""
+
+
+def _unanswering_port() -> tuple[socket.socket, list[socket.socket]]:
+    """A port on 127.0.0.1 whose accept queue is full: the kernel drops further SYNs unanswered."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = []
+    for _ in range(3):
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(full.getsockname())
+        fillers.append(c)
+    return full, fillers
+
+
+def test_an_unanswered_peer_fails_at_the_deadline_even_when_later_connects_cannot_be_made(monkeypatch):
+    full, fillers = _unanswering_port()
+    port = full.getsockname()[1]
+    made = []
+
+    class OnlyTheFirstConnects(socket.socket):
+        def connect_ex(self, addr):
+            made.append(addr)
+            return super().connect_ex(addr) if len(made) == 1 else errno.EADDRNOTAVAIL
+
+    try:
+        monkeypatch.setattr(socket, "socket", OnlyTheFirstConnects)
+        failed, local = probe([(1, "127.0.0.1", port)], 1.2, retry_s=0.3)
+        monkeypatch.undo()
+        # The first connect was out: the retries this host could not make say nothing about
+        # the path, and the peer did not answer.
+        assert len(made) > 1
+        assert local == [] and [u.why for u in failed] == ["no answer within 1.2 s"]
+    finally:
+        for s in [full, *fillers]:
+            s.close()
+
+
+def test_each_target_is_probed_once_and_a_bad_retry_interval_is_refused():
+    listener = ProbeListener(socket.AF_INET)
+    try:
+        target = (1, "127.0.0.1", listener.port)
+        assert probe([target, target], 1.0) == ([], [])
+        assert listener.drain() == 1
+        with pytest.raises(ValueError, match="retry_s must be > 0"):
+            probe([target], 1.0, retry_s=0)
+    finally:
+        listener.close()
