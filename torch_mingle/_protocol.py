@@ -718,6 +718,16 @@ class Discovery:
             epoch = self.max_epoch_seen + 1
             self._own_claim = Claim(epoch=epoch, leader=self.node_id)
             self.max_epoch_seen = epoch
+            # A new term starts bare: nothing of a term this node led before (its round, its
+            # followers, "established") is announced for it until the shell reports the new
+            # term's own status. A stale "established" would let this claim depose a running leader.
+            self._status = Announce(
+                epoch=epoch,
+                store_ip=self._status.store_ip,
+                store_port=self._status.store_port,
+                min_nodes=self._status.min_nodes,
+                max_nodes=self._status.max_nodes,
+            )
             self.role = Role.CLAIMING
             log.debug("[%s %016x] claiming leadership, epoch %d", self.job, self.node_id, epoch)
             self._events.append(BecomeLeader(epoch=epoch))

@@ -277,3 +277,38 @@ def test_when_every_node_of_the_job_has_spoken_the_election_does_not_wait_out_it
     assert converged_at < sim.timing.election_window_s
     lowest = min(sim.nodes, key=lambda node: node.core.node_id)
     assert sim.leaders() == [lowest]
+
+
+def test_a_new_claim_never_announces_the_standing_of_the_nodes_previous_term():
+    # A leader whose round formed (established) steps down before an established epoch 2,
+    # then loses that leader by silence (a connect after its link came back found no route)
+    # and claims epoch 3. That claim is bare: announcing the old term's "established" would
+    # depose the running epoch-2 leader and restart its healthy round.
+    codec = Codec()
+    core = Discovery("job", 50, timing=Timing(election_window_s=0.01, leader_timeout_s=1.0))
+    core.start(0.0)
+    core.handle_timer(0.01)
+    core.handle_timer(0.02)
+    assert [type(e) for e in core.events()] == [BecomeLeader]
+    assert core.leader_ready(0.021, "10.0.0.5", 9)
+    core.update_status(0.022, round=1, members=3, closed=False, min_nodes=2, max_nodes=3,
+                       established=True, followers=2)  # fmt: skip
+    newer = Announce(epoch=2, store_ip="10.0.0.6", store_port=7, round=2, members=3, established=True)
+    core.receive_datagram(codec.encode(Datagram(job="job", sender=60, body=newer)), ("10.0.0.6", 1), 1.0)
+    assert core.role is Role.FOLLOWING and SteppedDown in [type(e) for e in core.events()]
+    core.datagrams_to_send(1.0)
+    assert core.leader is not None
+    core.leader_failed(1.1, core.leader.claim, "cannot connect: no route to host", hard=False)
+    t = 1.1
+
+    def role() -> Role:  # read afresh (the timers change it)
+        return core.role
+
+    while role() is not Role.CLAIMING and t < 60.0:  # it holds its claims a while first
+        t = max(t, core.next_timer() or t + 0.1)
+        core.handle_timer(t)
+    assert role() is Role.CLAIMING and core.leader_ready(t, "10.0.0.5", 11)
+    sent = [codec.decode(data) for data, _ in core.datagrams_to_send(t)]
+    announced = [d.body for d in sent if isinstance(d, Datagram) and isinstance(d.body, Announce)]
+    assert announced and all(a.epoch == 3 for a in announced)
+    assert not any(a.established or a.followers or a.round for a in announced), announced
