@@ -7,7 +7,10 @@ keeps it for the leader's whole term (``_leader.py`` is the other end):
 
 * ``hello`` names this node and the claim it follows; the leader answers ``welcome`` with
   the job's status, or ``reject`` if it does not lead that claim (a stale announcement).
-  Without an answer within ``connect_timeout_s`` the leader is lost by silence.
+  A connection not accepted within ``connect_timeout_s``, or a hello not answered within
+  ``timeout_s`` of the accept, loses the leader by silence: a leader that accepted is alive
+  enough to be given the heartbeat timeout, which a new leader welcoming a thousand nodes
+  at once may need.
 * Heartbeats both ways every ``interval_s``; no complete frame from the leader for
   ``timeout_s`` means it is lost by silence (frozen, powered off, cut off). A connection
   refused, reset or closed by the leader is hard evidence that its process is gone (or
@@ -167,11 +170,18 @@ class FollowerSession:
             self._dispatch(msg, now)
 
     def handle_timer(self, now: float) -> None:
-        if self.phase in ("connecting", "hello"):
+        if self.phase == "connecting":
             if now >= self.started + self.connect_timeout_s:
-                what = "accept our connection" if self.phase == "connecting" else "answer our hello"
                 self._end(
-                    f"the leader {self.ip}:{self.port} did not {what} within {self.connect_timeout_s:g}s",
+                    f"the leader {self.ip}:{self.port} did not accept our connection "
+                    f"within {self.connect_timeout_s:g}s",
+                    hard=False,
+                )
+            return
+        if self.phase == "hello":
+            if now >= self.last_heard + self.timeout_s:  # last_heard: the accept
+                self._end(
+                    f"the leader {self.ip}:{self.port} did not answer our hello within {self.timeout_s:g}s",
                     hard=False,
                 )
             return
@@ -185,8 +195,10 @@ class FollowerSession:
             self._frames.append(encode_frame("hb"))
 
     def next_timer(self) -> float | None:
-        if self.phase in ("connecting", "hello"):
+        if self.phase == "connecting":
             return self.started + self.connect_timeout_s
+        if self.phase == "hello":
+            return self.last_heard + self.timeout_s
         if self.phase == "ready":
             return min(self._next_beat, self.last_heard + self.timeout_s)
         return None

@@ -186,6 +186,8 @@ class LeaderTerm:
     _status_dirty: bool = False
     _now: float = 0.0
     _parking_state: tuple[object, ...] = ()
+    #: Joins since the last parking pass: with the round unchanged, only they are looked at.
+    _joined_since_parking: list[_Member] = field(default_factory=list)
     _deadlines: list[tuple[float, int, _Member]] = field(default_factory=list)  # a heap of join deadlines
     _seq: int = 0
     _store_failures: int = 0
@@ -503,6 +505,7 @@ class LeaderTerm:
         m.join_timeout_s = timeout_s
         self._set_deadline(m, now + remaining_s if remaining_s > 0 else None)
         m.parked = False
+        self._joined_since_parking.append(m)
         history = req.history
         if history is not None and node in history.members:
             m.last = (history.epoch, history.round, len(history.members))
@@ -585,14 +588,15 @@ class LeaderTerm:
         )
 
     def _update_parking(self, now: float) -> None:
-        # Parking depends on the round only (running, stale, closed) and on who joined since.
-        state = (self.book.current, self.book.stale, self.book.closed, self.counters.joins)
-        if state == self._parking_state:
-            return
-        self._parking_state = state
-        for m in self._members():
-            if m.join_id is None or m.node is None:
-                continue
+        # Parking depends on the round only (running, stale, closed) and on who joined since:
+        # a pass over every member per join would make a round of N joins O(N**2).
+        state = (self.book.current, self.book.stale, self.book.closed)
+        changed = self._members() if state != self._parking_state else self._joined_since_parking
+        self._parking_state, self._joined_since_parking = state, []
+        for m in changed:
+            dropped = m.conn is not None and self.conns.get(m.conn) is not m
+            if m.join_id is None or m.node is None or dropped:
+                continue  # answered, superseded or dropped since it joined
             parked = self.book.parked(m.node)
             if parked == m.parked:
                 continue

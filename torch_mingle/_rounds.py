@@ -74,17 +74,19 @@ def gone_of(raw: Any) -> frozenset[int]:
 
 
 def members_of(value: Any) -> tuple[int, ...]:
+    """A frame's member list; ``ValueError`` (or ``TypeError``: an unhashable entry) for garbage."""
     if not isinstance(value, list) or len(value) > MAX_MEMBERS:
         raise ValueError("members: not a list of at most 65536 ids")
-    if not all(isinstance(m, str) for m in value):
-        raise ValueError("members: not a list of node ids")
     return _parse_members(tuple(value))
 
 
 @functools.lru_cache(maxsize=4)
-def _parse_members(ids: tuple[str, ...]) -> tuple[int, ...]:
+def _parse_members(ids: tuple[Any, ...]) -> tuple[int, ...]:
     """Every member of a round reports the same list when it re-joins (N joins of N ids each),
-    and the round frame repeats it: the leader parses it once, not N times per round."""
+    and the round frame repeats it: the leader checks and parses it once, not N times per
+    round (a hit costs a hash of the ids, in C)."""
+    if not all(isinstance(m, str) for m in ids):
+        raise ValueError("members: not a list of node ids")
     return tuple(node_id(m) for m in ids)
 
 
@@ -302,11 +304,19 @@ class RoundBook:
     _returning: set[int] = field(default_factory=set)
     _min_reached_at: float | None = None
     _reason: str = "waiting for the first join"
+    # Kept as ``pending`` changes, so that a join costs O(1) and not O(N) (N joins a round):
+    #: the newest round a joiner reported (``_latest_known`` False: to be found again) ...
+    _latest: History | None = None
+    _latest_known: bool = True
+    #: ... how many joiners run in the current round ...
+    _rejoined: int = 0
+    #: ... and the nodes the next round waits for, with the round or history they come from.
+    _base: tuple[object, frozenset[int]] | None = None
 
     # ----------------------------------------------------------------- inputs
 
     def join(self, req: JoinRequest) -> None:
-        self.pending[req.node] = req
+        self._pend(req)
         self.ips[req.node] = req.ip
         if len(self.ips) > 2 * MAX_MEMBERS:
             self._forget_strangers()
@@ -326,7 +336,7 @@ class RoundBook:
 
     def leave(self, node: int) -> None:
         self.left.add(node)
-        self.pending.pop(node, None)
+        self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self.stale = True  # it left a running round (preempted): the others go on without it
 
@@ -336,7 +346,8 @@ class RoundBook:
         self.closed = True
         self.failed = failed
         nodes = list(self.pending)
-        self.pending.clear()
+        for node in nodes:
+            self._unpend(node)
         self._reason = "closed"
         return nodes
 
@@ -350,14 +361,14 @@ class RoundBook:
             self.gone.add(node)
         self.lost_why[node] = why
         self.drops[node] = self.drops.get(node, 0) + 1
-        dropped = self.pending.pop(node, None)
+        dropped = self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self.stale = True  # (a member that finished and is in the exit barrier stalls no one)
         return dropped is not None
 
     def withdraw(self, node: int) -> None:
         """The node's join ended without a round (it timed out): it is no longer counted."""
-        self.pending.pop(node, None)
+        self._unpend(node)
 
     def arrive(self, node: int, round_number: int) -> None:
         if self.current is not None and round_number == self.current.number:
@@ -368,8 +379,9 @@ class RoundBook:
         self.formed_at = now
         self.last_round_number = rnd.number
         for node in rnd.members:
-            self.pending.pop(node, None)
+            self._unpend(node)
             self._returning.discard(node)
+        self._rejoined = sum(1 for node in self.pending if node in rnd.member_set)
         self.stale = False
         self.arrived = set()
         self._min_reached_at = None
@@ -390,8 +402,7 @@ class RoundBook:
             self._min_reached_at = now
         if n == self.max_nodes:
             return self._form(f"max_nodes={self.max_nodes} joined", hold)
-        expected = self._expected()
-        if expected is not None and expected <= self.pending.keys():
+        if self._expected_joined():
             return self._form("every live node of the last round re-joined", hold)
         deadline = self._min_reached_at + self.last_call_timeout
         if now >= deadline:
@@ -538,9 +549,38 @@ class RoundBook:
         ends = [self._hold_end(n) for n in self._held(now)]
         return min(ends) if ends else None
 
+    def _pend(self, req: JoinRequest) -> None:
+        old = self.pending.get(req.node)
+        if old is None:
+            if self.current is not None and req.node in self.current.member_set:
+                self._rejoined += 1
+        elif old.history is not None and old.history is self._latest:
+            self._latest, self._latest_known = None, False
+        self.pending[req.node] = req  # a node that joins again keeps its place in arrival order
+        hist, latest = req.history, self._latest
+        if (
+            self._latest_known
+            and hist is not None
+            and (latest is None or (hist.epoch, hist.round) > (latest.epoch, latest.round))
+        ):
+            self._latest = hist
+
+    def _unpend(self, node: int) -> JoinRequest | None:
+        req = self.pending.pop(node, None)
+        if req is not None:
+            if self.current is not None and node in self.current.member_set:
+                self._rejoined -= 1
+            if req.history is not None and req.history is self._latest:
+                self._latest, self._latest_known = None, False
+        return req
+
     def _latest_history(self) -> History | None:
-        histories = [r.history for r in self.pending.values() if r.history is not None]
-        return max(histories, key=lambda h: (h.epoch, h.round), default=None)
+        """The newest round a joiner reported (the first joiner's, of several equal ones)."""
+        if not self._latest_known:
+            histories = [r.history for r in self.pending.values() if r.history is not None]
+            self._latest = max(histories, key=lambda h: (h.epoch, h.round), default=None)
+            self._latest_known = True
+        return self._latest
 
     def _previous_members(self) -> tuple[int, ...] | None:
         """The last round's members: the current round's, else the newest a joiner reported."""
@@ -559,17 +599,33 @@ class RoundBook:
         )
         return (self.leader, *others)
 
-    def _expected(self) -> set[int] | None:
-        if self.current is not None:
-            base = set(self.current.members)
-        else:
-            hist = self._latest_history()
-            if hist is None:
-                return None  # first round of the job: wait for the last call like c10d
-            base = set(hist.members)
-            if hist.epoch != self.epoch and hist.members and hist.members[0] != self.leader:
-                base.discard(hist.members[0])  # that round's leader is why there is a new term
-        return (base - self.dead - self.left) | {self.leader}
+    def _expected_joined(self) -> bool:
+        """True when every live node of the last round (re-)joined; the leader's own join is
+        checked before. Counts first: until the last few joins, a decision costs O(1)."""
+        base = self._expected_base()
+        if base is None:
+            return False  # first round of the job: wait for the last call like c10d
+        pending, dead, left = self.pending, self.dead, self.left
+        if len(base) > len(pending) + len(dead) + len(left):
+            return False
+        return all(n in pending or n in dead or n in left for n in base)
+
+    def _expected_base(self) -> frozenset[int] | None:
+        """The last round's members the next one waits for, unless dead or gone."""
+        source: Round | History | None = self.current if self.current is not None else self._latest_history()
+        if source is None:
+            return None
+        if self._base is None or self._base[0] is not source:
+            base = set(source.members)
+            if (
+                isinstance(source, History)
+                and source.epoch != self.epoch
+                and source.members
+                and source.members[0] != self.leader
+            ):
+                base.discard(source.members[0])  # that round's leader is why there is a new term
+            self._base = (source, frozenset(base))
+        return self._base[1]
 
     def _waiting(self, now: float) -> int:
         if self.closed:
@@ -577,8 +633,9 @@ class RoundBook:
         if self.current is None:
             return len(self.pending)
         members = self.current.member_set
-        rejoining = len(self.pending.keys() & members)
-        newcomers = len(self.pending.keys() - members - self._held(now))
-        live_size = len(members - self.dead - self.left)
+        rejoining = self._rejoined
+        # Held nodes are joiners outside the round (returning ones, see ``join``).
+        newcomers = len(self.pending) - rejoining - len(self._held(now))
+        live_size = len(members) - len(members & (self.dead | self.left))  # the small sets walked
         room = max(0, self.max_nodes - live_size)
         return rejoining + min(newcomers, room)

@@ -31,7 +31,7 @@ HEARTBEAT = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2}
 
 def _start(segment, tmp_path, *, n, steps, step_time, bridge="br0", net="198.18.0"):
     hosts = [segment.add_host(f"{net}.{10 + i}", bridge=bridge) for i in range(1, n + 1)]
-    conf = {"join_timeout": 180, "rejoin_delay": 2, **HEARTBEAT}
+    conf = {"join_timeout": 180, "rejoin_delay": 2, "last_call_timeout": 8, **HEARTBEAT}
     agents = start_training(
         hosts, tmp_path, conf, nnodes=f"2:{n}", steps=steps, step_time=step_time, prefix="q", trained_step=3
     )
@@ -50,8 +50,10 @@ def test_an_even_split_trains_on_neither_side_until_it_heals(segment, tmp_path):
     split_at = time.time()
     segment.split(side)
     # Each side loses half the job: the leader's side drops the other two, the other side loses
-    # its leader and elects one. Neither has a majority of round 1: no round forms for 40 s.
-    time.sleep(40)  # the partition's length is the test's input, not a wait for a condition
+    # its leader and elects one. Neither has a majority of round 1: no round forms for 20 s.
+    # Without the quorum rule the leader's side forms at once (its other two are dead) and the
+    # other side within its last call (8 s) of electing: both well inside the split.
+    time.sleep(20)  # the partition's length is the test's input, not a wait for a condition
     joined = _rounds_joined_after(agents, split_at)
     assert joined == [], f"a side formed a round during the split\n{dump(agents)}"
     healed_at = time.time()

@@ -57,3 +57,36 @@ def test_a_leader_that_steps_down_alive_is_not_gone():
     s.closed("closed by the peer", refused=False, by_peer=True, now=0.4)
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
     assert over.hard and not over.gone  # fenced (its term is over), but it still votes
+
+
+def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_connect_timeout():
+    """A new leader that welcomes a thousand nodes at once answers late: a node whose
+    connection it accepted gives it the heartbeat timeout (3 s here), not the 1 s connect
+    timeout, and only then loses it by silence."""
+    s = FollowerSession(
+        claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x2, own_ip="198.18.0.2", history=None,
+        interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0, label="", started=0.0,
+    )  # fmt: skip
+    s.connected(0.5)
+    assert s.next_timer() == 3.5
+    s.handle_timer(2.0)  # past the connect timeout: still waiting
+    assert not s.over
+    s.received([{"t": "welcome", "epoch": 1, "status": Status().to_json()}], 3.4)
+    assert s.ready
+    late = FollowerSession(
+        claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x3, own_ip="198.18.0.3", history=None,
+        interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0, label="", started=0.0,
+    )  # fmt: skip
+    late.handle_timer(0.9)
+    assert not late.over
+    late.handle_timer(1.0)  # never accepted: lost at the connect timeout
+    (over,) = [e for e in late.events() if isinstance(e, SessionOver)]
+    assert "did not accept our connection within 1s" in over.reason and not over.hard
+    silent = FollowerSession(
+        claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x4, own_ip="198.18.0.4", history=None,
+        interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0, label="", started=0.0,
+    )  # fmt: skip
+    silent.connected(0.5)
+    silent.handle_timer(3.5)
+    (over,) = [e for e in silent.events() if isinstance(e, SessionOver)]
+    assert "did not answer our hello within 3s" in over.reason and not over.hard

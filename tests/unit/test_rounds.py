@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, Wait
 
 LEADER = 0x10
@@ -269,3 +272,80 @@ def test_round_status_and_history_round_trip_through_json():
     assert Status.from_json(st.to_json()) == st
     hist = History(epoch=1, round=2, members=(5, 6))
     assert History.from_json(hist.to_json()) == hist
+
+
+# ------------------------------------------------- what the book keeps as joins come and go
+
+_NODES = st.integers(min_value=LEADER, max_value=LEADER + 4)  # max_nodes=4: one spare
+_HISTORIES = st.one_of(
+    st.none(),
+    st.builds(
+        History,
+        epoch=st.integers(0, 2),
+        round=st.integers(0, 3),
+        members=st.lists(_NODES, min_size=1, max_size=5, unique=True).map(tuple),
+    ),
+)
+_OPS = st.lists(
+    st.tuples(
+        # joins and decisions most often (a round forms, its members re-join), a close rarely
+        st.sampled_from(["join"] * 4 + ["decide"] * 3 + ["withdraw", "died", "leave", "close"]),
+        _NODES,
+        _HISTORIES,
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_OPS)
+@example(  # a member re-joins, then withdraws
+    ops=[
+        ("join", LEADER, None),
+        ("join", LEADER + 1, None),
+        ("decide", 0, None),
+        ("join", LEADER + 1, None),
+        ("withdraw", LEADER + 1, None),
+    ]
+)
+def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
+    """A join costs the leader O(1) because the book keeps counts as joins come and go (the
+    joiners in the running round, the newest history reported, the nodes a re-rendezvous
+    waits for); any sequence of joins, withdrawals, deaths, rounds and a close leaves them
+    equal to what a count over every joiner gives."""
+    b = book(min_nodes=1, max_nodes=4, last_call=0.0)
+    now = 0.0
+    for op, node, hist in ops:
+        now += 1.0
+        if op == "join":
+            b.join(JoinRequest(node=node, ip="198.18.0.1", history=hist))
+        elif op == "decide" or node == LEADER:  # the leader never withdraws, dies or leaves here
+            decision = b.decide(now)
+            if isinstance(decision, Form):
+                form(b, decision, now)
+        elif op == "withdraw":
+            b.withdraw(node)
+        elif op == "died":
+            b.died(node, "test")
+        elif op == "leave":
+            b.leave(node)
+        else:
+            b.close()
+        members = b.current.member_set if b.current else frozenset()
+        assert b._rejoined == len(b.pending.keys() & members)
+        histories = [r.history for r in b.pending.values() if r.history is not None]
+        newest = max(histories, key=lambda h: (h.epoch, h.round), default=None)
+        latest = b._latest_history()
+        got = (latest.epoch, latest.round) if latest else None
+        assert got == ((newest.epoch, newest.round) if newest else None)
+        if b.current is not None:
+            base = set(b.current.members)
+        elif latest is not None:
+            base = set(latest.members)
+            if latest.epoch != b.epoch and latest.members[0] != b.leader:
+                base.discard(latest.members[0])
+        else:
+            assert not b._expected_joined()  # the first round waits for the last call
+            continue
+        if b.leader in b.pending:
+            assert b._expected_joined() == ((base - b.dead - b.left) | {b.leader} <= b.pending.keys())
