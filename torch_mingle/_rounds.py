@@ -611,7 +611,8 @@ class RoundBook:
         return all(n in pending or n in dead or n in left for n in base)
 
     def _expected_base(self) -> frozenset[int] | None:
-        """The last round's members the next one waits for, unless dead or gone."""
+        """The last round's members (its leader left out after a failover), cached per round or
+        history; ``_expected_joined`` excuses the dead and the left among them."""
         source: Round | History | None = self.current if self.current is not None else self._latest_history()
         if source is None:
             return None
