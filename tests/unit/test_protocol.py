@@ -52,6 +52,17 @@ def test_random_starts_converge_on_exactly_one_leader(n, drop, duplicate, latenc
     assert leader_claim(sim) == claim
 
 
+def _alone_it_claims(timing: Timing, node: int = 50) -> Discovery:
+    """A core that queried, heard nobody within its window, and claimed (``BecomeLeader``)."""
+    core = Discovery("job", node, timing=timing)
+    core.start(0.0)
+    window = timing.election_window_s
+    core.handle_timer(window)  # its query (the start-up jitter is at most half a window)
+    core.handle_timer(2 * window)  # one window after the query: nobody answered
+    assert [type(e) for e in core.events()] == [BecomeLeader]
+    return core
+
+
 def test_loss_free_start_elects_the_lowest_node_id_without_conflict():
     sim = Simulation(20, seed=5)
     assert sim.run_until_converged(deadline=5.0) is not None
@@ -205,11 +216,7 @@ def test_a_missing_transition_names_the_state_and_the_event(monkeypatch):
 
 
 def test_leader_ready_is_refused_after_a_better_claim_arrived():
-    core = Discovery("job", 50, timing=Timing(election_window_s=0.01))
-    core.start(0.0)
-    core.handle_timer(0.01)  # its query (the start-up jitter is at most 0.005 s)
-    core.handle_timer(0.02)  # one window after the query: nobody answered
-    assert [type(e) for e in core.events()] == [BecomeLeader]
+    core = _alone_it_claims(Timing(election_window_s=0.01))
     better = Codec().encode(
         Datagram(job="job", sender=60, body=Announce(epoch=2, store_ip="10.0.0.6", store_port=7))
     )
@@ -253,11 +260,7 @@ def test_a_silent_node_that_knows_a_newer_epoch_still_speaks():
 
 
 def test_a_leader_answers_probes_of_any_job_within_a_rate_limit():
-    core = Discovery("job", 0x10, timing=Timing(election_window_s=0.001, startup_jitter_s=0.0))
-    core.start(0.0)
-    core.handle_timer(0.0)
-    core.handle_timer(0.002)
-    assert [type(e) for e in core.events()] == [BecomeLeader]
+    core = _alone_it_claims(Timing(election_window_s=0.001, startup_jitter_s=0.0), node=0x10)
     assert core.leader_ready(0.002, "10.0.0.1", 4000)
     core.datagrams_to_send(0.002)
     probe = Codec().encode(Datagram(job="*", sender=0x99, body=Probe()))
@@ -285,11 +288,7 @@ def test_a_new_claim_never_announces_the_standing_of_the_nodes_previous_term():
     # and claims epoch 3. That claim is bare: announcing the old term's "established" would
     # depose the running epoch-2 leader and restart its healthy round.
     codec = Codec()
-    core = Discovery("job", 50, timing=Timing(election_window_s=0.01, leader_timeout_s=1.0))
-    core.start(0.0)
-    core.handle_timer(0.01)
-    core.handle_timer(0.02)
-    assert [type(e) for e in core.events()] == [BecomeLeader]
+    core = _alone_it_claims(Timing(election_window_s=0.01, leader_timeout_s=1.0))
     assert core.leader_ready(0.021, "10.0.0.5", 9)
     core.update_status(0.022, round=1, members=3, closed=False, min_nodes=2, max_nodes=3,
                        established=True, followers=2)  # fmt: skip
