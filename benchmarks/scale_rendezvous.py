@@ -8,7 +8,8 @@ descriptors are its own; so are the victim of the death phase and the *successor
 the round: it joins first after the leader; the member that takes over when the leader is
 lost): in the field each has a host of its own, and a new leader starved among 63 other nodes
 measures the harness.
-Heartbeats run at torch's defaults (5 s x 3, ``bench_targets.SCALE_KEEP_ALIVE``).
+Heartbeats run at torch's defaults (5 s x 3, ``bench_targets.SCALE_KEEP_ALIVE``; ``--keep-alive``
+changes them, and the leader-loss target with them: the CI smoke test runs 1 s x 3).
 
 Sections (``--sections``, all by default):
 
@@ -59,7 +60,6 @@ import bench_targets  # noqa: E402
 from bench_pool import Host, HostError, Hosts, isolated_resolver, serve, usage  # noqa: E402
 
 SECTIONS = "mingle,c10d,dns"
-KEEP_ALIVE_S, KEEP_ALIVE_MAX = bench_targets.SCALE_KEEP_ALIVE
 READY_TIMEOUT_S = 240.0
 PHASE_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 60.0
@@ -99,10 +99,11 @@ def host_main(spec: dict[str, Any]) -> int:
 
     def make(_: int) -> Any:
         if spec["backend"] == "mingle":
+            interval, attempts = spec["keep_alive"]
             params = RendezvousParameters(
                 "mingle", "", spec["job"], spec["min"], spec["max"], interface="127.0.0.1",
                 port=str(spec["port"]), join_timeout=str(PHASE_TIMEOUT_S), last_call_timeout="30",
-                keep_alive_interval=str(KEEP_ALIVE_S), keep_alive_max_attempt=str(KEEP_ALIVE_MAX),
+                keep_alive_interval=str(interval), keep_alive_max_attempt=str(attempts),
                 election_window=str(ELECTION_WINDOW_S), data_path_timeout=str(DATA_PATH_TIMEOUT_S),
             )  # fmt: skip
         else:
@@ -336,24 +337,32 @@ PHASE_OF_STEP = {"creation": "first", "settle": "first", "first round": "first",
                  "leader loss": "leader_loss"}  # fmt: skip
 
 
-def run_mingle(n: int, per_process: int, prefix: list[str]) -> dict[str, Any]:
+def run_mingle(n: int, per_process: int, prefix: list[str], keep_alive: tuple[float, int]) -> dict[str, Any]:
     """One N: every phase measured; a phase that fails keeps the ones measured before it."""
     point: dict[str, Any] = {"backend": "mingle", "nodes": n}
     step = ["creation"]
     try:
-        _run_mingle(n, per_process, prefix, point, step)
+        _run_mingle(n, per_process, prefix, keep_alive, point, step)
     except HostError as exc:
         point[PHASE_OF_STEP[step[0]]] = {"ok": False, "errors": [f"{step[0]}: {exc}"], "nodes": n}
     return point
 
 
-def _run_mingle(n: int, per_process: int, prefix: list[str], point: dict[str, Any], step: list[str]) -> None:
+def _run_mingle(
+    n: int,
+    per_process: int,
+    prefix: list[str],
+    keep_alive: tuple[float, int],
+    point: dict[str, Any],
+    step: list[str],
+) -> None:
     spec = {
         "backend": "mingle",
         "job": f"scale-{uuid.uuid4().hex[:8]}",
         "port": _free_port(),
         "min": max(2, n // 2),
         "max": n,
+        "keep_alive": keep_alive,
     }
     with Hosts(prefix) as hosts:
         leader = _start(hosts, "leader", {**spec, "role": "leader", "count": 1})
@@ -513,6 +522,11 @@ def main() -> int:
     p.add_argument("--sections", default=SECTIONS)
     p.add_argument("--c10d-budget", type=float, default=60.0, help="seconds a c10d point may take")
     p.add_argument("--resolver", choices=("isolated", "machine"), default="isolated")
+    p.add_argument(
+        "--keep-alive",
+        default=",".join(f"{x:g}" for x in bench_targets.SCALE_KEEP_ALIVE),
+        help="mingle's keep_alive_interval,keep_alive_max_attempt (torch's defaults: 5,3)",
+    )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--host", help=argparse.SUPPRESS)
     p.add_argument("--dns", help=argparse.SUPPRESS)
@@ -525,6 +539,8 @@ def main() -> int:
         return 0
     sections = set(args.sections.split(","))
     sizes = [int(x) for x in args.nodes.split(",")]
+    interval, attempts = args.keep_alive.split(",")
+    keep_alive = (float(interval), int(attempts))
     resolver = isolated_resolver(args.resolver == "isolated")
     started = time.time()
     report: dict[str, Any] = {
@@ -533,7 +549,7 @@ def main() -> int:
         "resolver": "isolated" if resolver.prefix else f"machine ({resolver.why_not})",
         "settings": {
             "election_window": ELECTION_WINDOW_S,
-            "keep_alive": [KEEP_ALIVE_S, KEEP_ALIVE_MAX],
+            "keep_alive": list(keep_alive),
             "data_path_timeout": DATA_PATH_TIMEOUT_S,
         },
         "points": [],
@@ -543,7 +559,7 @@ def main() -> int:
         for n in sizes:
             if "mingle" in sections:
                 print(f"mingle N={n} ...", file=sys.stderr, flush=True)
-                report["points"].append(run_mingle(n, args.per_process, resolver.prefix))
+                report["points"].append(run_mingle(n, args.per_process, resolver.prefix, keep_alive))
             if "c10d" in sections and c10d_failed_at is None:
                 print(f"c10d N={n} ...", file=sys.stderr, flush=True)
                 pt = run_c10d(n, args.per_process, resolver.prefix, args.c10d_budget)
@@ -555,8 +571,13 @@ def main() -> int:
     finally:
         resolver.close()
     report["seconds"] = round(time.time() - started, 1)
-    report["targets"] = bench_targets.check(bench_targets.SCALE, bench_targets.scale_values(report))
-    partial = args.sections != SECTIONS or args.nodes != p.get_default("nodes")
+    targets = bench_targets.scale_targets(keep_alive[0] * keep_alive[1])
+    report["targets"] = bench_targets.check(targets, bench_targets.scale_values(report))
+    partial = (
+        args.sections != SECTIONS
+        or args.nodes != p.get_default("nodes")
+        or args.keep_alive != p.get_default("keep_alive")
+    )
     out = args.out or (HERE / "results" / "quick" if partial else HERE / "results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale.json").write_text(json.dumps(report, indent=1))

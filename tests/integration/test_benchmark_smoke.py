@@ -73,7 +73,7 @@ def test_scale_benchmark_at_64_nodes_reports_every_field(tmp_path):
     script = ROOT / "benchmarks" / "scale_rendezvous.py"
     run = subprocess.run(
         [sys.executable, str(script), "--nodes", "64", "--sections", "mingle,c10d", "--c10d-budget", "60",
-         "--out", str(tmp_path)],
+         "--keep-alive", "1,3", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -81,6 +81,8 @@ def test_scale_benchmark_at_64_nodes_reports_every_field(tmp_path):
     assert (tmp_path / "scale.png").stat().st_size > 10_000
     assert {"machine", "per_process", "resolver", "points", "targets", "seconds"} <= report.keys()
     assert {"election_window", "keep_alive", "data_path_timeout"} <= report["settings"].keys()
+    assert report["settings"]["keep_alive"] == [1.0, 3]  # 1 s x 3: the leader-loss phase waits 3 s, not 15 s
+    assert any("keep-alive 3 s + 2 s" in line for line in report["targets"]), report["targets"]
     points = {(p["backend"], p["nodes"]): p for p in report["points"]}
     assert set(points) == {("mingle", 64), ("c10d", 64)}
     mingle = points[("mingle", 64)]
