@@ -72,7 +72,7 @@ def test_flood_benchmark_reports_every_point(tmp_path):
 def test_scale_benchmark_at_64_nodes_reports_every_field(tmp_path):
     script = ROOT / "benchmarks" / "scale_rendezvous.py"
     run = subprocess.run(
-        [sys.executable, str(script), "--nodes", "64", "--sections", "mingle,c10d", "--c10d-budget", "60",
+        [sys.executable, str(script), "--nodes", "64", "--sections", "mingle,c10d", "--c10d-budget", "20",
          "--keep-alive", "1,3", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
