@@ -39,6 +39,7 @@ import heapq
 import itertools
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -168,6 +169,10 @@ class LeaderTerm:
     closed_why: str = ""
     _self: _Member | None = None
     _by_node: dict[int, _Member] = field(default_factory=dict)
+    #: How many identified members report each last round (``_Member.last``), kept as members
+    #: come, go and join: whether the term is established is then a look at a few keys, not a
+    #: pass over every member at every hello (a new leader of a thousand nodes).
+    _support: Counter[tuple[int, int, int]] = field(default_factory=Counter)
     _frames: list[tuple[ConnId, bytes]] = field(default_factory=list)
     _closes: list[tuple[ConnId, str]] = field(default_factory=list)
     _jobs: list[Job] = field(default_factory=list)
@@ -229,6 +234,7 @@ class LeaderTerm:
             self._closes.append((conn, why))
         self.conns.clear()
         self._by_node.clear()
+        self._support.clear()
         self.release_stores()
 
     def release_stores(self) -> None:
@@ -252,8 +258,7 @@ class LeaderTerm:
         member = self.conns.pop(conn, None)
         if member is None or member.node is None:
             return
-        if self._by_node.get(member.node) is member:
-            del self._by_node[member.node]
+        if self._forget(member):
             rnd = self.book.current
             if member.said_bye and (rnd is None or member.node not in rnd.member_set):
                 self._withdrawn(member.node, reason, now)
@@ -474,8 +479,10 @@ class LeaderTerm:
             self.book.withdraw(node)  # its join, if any, comes again on the new connection
         m.node = node
         m.connects_ahead = msg.get("ahead") is True
-        m.last = _last(msg.get("last"))
+        if old is not None:
+            self._forget(old, node)
         self._by_node[node] = m
+        self._set_last(m, _last(msg.get("last")))
         self._hello_since_status.add(node)
         self.book.ips[node] = _ip(msg["ip"])
         self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
@@ -508,7 +515,7 @@ class LeaderTerm:
         self._joined_since_parking.append(m)
         history = req.history
         if history is not None and node in history.members:
-            m.last = (history.epoch, history.round, len(history.members))
+            self._set_last(m, (history.epoch, history.round, len(history.members)))
         if self.book.closed:
             self._answer(m, "closed", why=self.closed_why)
             return
@@ -633,13 +640,15 @@ class LeaderTerm:
             self.established = True
             return
         own = self.own_history
-        lasts = [m.last for m in self._by_node.values() if m.last is not None]
-        if own is not None and self.claim.leader in own.members:
-            lasts.append((own.epoch, own.round, len(own.members)))
+        mine = (own.epoch, own.round, len(own.members)) if own and self.claim.leader in own.members else None
+        lasts = list(self._support)
+        if mine is not None:
+            lasts.append(mine)
         if not lasts:
             return
         latest = max(lasts)
-        support = lasts.count(latest)  # members of that round that follow this term, us included
+        # Members of that round that follow this term, us included.
+        support = self._support[latest] + (latest == mine)
         if 2 * support > latest[2]:
             self.established = True
             log.info(
@@ -668,9 +677,33 @@ class LeaderTerm:
 
     def _drop(self, m: _Member, why: str, now: float) -> None:
         self._close(m, why)
-        if m.node is not None and self._by_node.get(m.node) is m:
-            del self._by_node[m.node]
+        if m.node is not None and self._forget(m):
             self._node_lost(m.node, why, now)
+
+    def _forget(self, m: _Member, node: int | None = None) -> bool:
+        """``m`` is no longer the member of its node (``node``: the one it was before it was
+        superseded); False if it was not."""
+        node = m.node if node is None else node
+        if node is None or self._by_node.get(node) is not m:
+            return False
+        del self._by_node[node]
+        self._count(m.last, -1)
+        return True
+
+    def _set_last(self, m: _Member, last: tuple[int, int, int] | None) -> None:
+        """The last round ``m`` reports, counted if it is its node's member."""
+        counted = m.node is not None and self._by_node.get(m.node) is m
+        if counted:
+            self._count(m.last, -1)
+        m.last = last
+        if counted:
+            self._count(last, 1)
+
+    def _count(self, last: tuple[int, int, int] | None, delta: int) -> None:
+        if last is not None:
+            self._support[last] += delta
+            if not self._support[last]:
+                del self._support[last]
 
     def _node_lost(self, node: int, why: str, now: float, *, hard: bool = False) -> None:
         if node in self.book.left:

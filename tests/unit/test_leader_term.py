@@ -6,7 +6,7 @@ from typing import Any
 
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import RoundBook
+from torch_mingle._rounds import History, RoundBook
 from torch_mingle._wire import FrameReader
 
 LEADER = 0x1
@@ -184,3 +184,32 @@ def test_a_member_of_the_running_round_that_says_bye_is_still_lost():
     term.closed(10, "closed by the peer", 1.0, hard=True)
     assert 2 in term.book.dead and 2 not in term.book.gone  # lost (the round is stale), not gone
     assert term.book.stale
+
+
+def test_a_new_term_is_established_by_a_majority_that_follows_it_now_not_by_every_hello_it_heard():
+    # The new leader was in round 3 (5 members) of epoch 1; it counts itself. Support is kept
+    # as members come and go: a member whose connection closed, or a node that reconnected
+    # (its first connection superseded), is not counted twice.
+    own = History(epoch=1, round=3, members=(LEADER, 2, 3, 4, 5))
+    book = RoundBook(leader=LEADER, epoch=2, min_nodes=2, max_nodes=5, last_call_timeout=1.0)
+    term = LeaderTerm(
+        claim=Claim(2, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0,
+        label="", own_history=own,
+    )  # fmt: skip
+    term.start(0.0)
+
+    def hello(conn: int, node: int, last: dict[str, int] | None, now: float) -> None:
+        term.accepted(conn, now)
+        msg = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}"}
+        term.received(conn, [{**msg, "ip": f"198.18.0.{node}", "last": last}], now)
+
+    round3 = {"epoch": 1, "round": 3, "size": 5}
+    hello(10, 2, round3, 0.1)
+    term.closed(10, "closed by the peer", 0.2)  # it left again: 1 of 5 (the leader)
+    hello(11, 3, round3, 0.3)
+    hello(12, 3, round3, 0.4)  # node 3 again, on a new connection: still 2 of 5
+    hello(13, 6, {"epoch": 1, "round": 2, "size": 5}, 0.5)  # an older round supports nothing
+    hello(14, 7, None, 0.6)
+    assert not term.established
+    hello(15, 4, round3, 0.7)  # 3 of 5: the leader, 3 and 4
+    assert term.established
