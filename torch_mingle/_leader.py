@@ -173,6 +173,8 @@ class LeaderTerm:
     #: come, go and join: whether the term is established is then a look at a few keys, not a
     #: pass over every member at every hello (a new leader of a thousand nodes).
     _support: Counter[tuple[int, int, int]] = field(default_factory=Counter)
+    #: The join each member of the current round was answered with it (node: ticket).
+    _delivered: dict[int, int] = field(default_factory=dict)
     _frames: list[tuple[ConnId, bytes]] = field(default_factory=list)
     _closes: list[tuple[ConnId, str]] = field(default_factory=list)
     _jobs: list[Job] = field(default_factory=list)
@@ -508,6 +510,20 @@ class LeaderTerm:
         if m.join_id is not None:
             self._answer(m, "retry", why="superseded by a newer join of the same node")
         self.counters.joins += 1
+        rnd = self.book.current
+        if rnd is not None and self._delivered.get(node) == ticket and not self.book.closed:
+            # The join this round answered, again, on a new connection: the node closed the
+            # old one as the round was sent (it moved to a rival claim of the same epoch and
+            # back). It is a member: it gets the round again and is not lost, or the others'
+            # agents would wait for it in the round's store (torch's 300 s).
+            log.info(
+                "%s node %s asked again for round %d: sent again", self.label, node_hex(node), rnd.number
+            )
+            self.book.revive(node)
+            m.join_id = ticket
+            self._answer(m, "round", round=rnd)
+            self._mark_status(now)
+            return
         m.join_id = ticket
         m.join_timeout_s = timeout_s
         self._set_deadline(m, now + remaining_s if remaining_s > 0 else None)
@@ -571,9 +587,11 @@ class LeaderTerm:
             dports=form.dports,
             pports=form.pports,
         )
+        self._delivered = {}
         for node in form.members:
             m = self._self if node == self.claim.leader else self._by_node.get(node)
             if m is not None and m.join_id is not None:
+                self._delivered[node] = m.join_id
                 self._answer(m, "round", round=rnd)
         self.book.formed(rnd, now)
         self._round_ports.append(port)

@@ -302,6 +302,8 @@ class RoundBook:
     lost_why: dict[int, str] = field(default_factory=dict)
     ips: dict[int, str] = field(default_factory=dict)
     _returning: set[int] = field(default_factory=set)
+    #: The members whose death or departure made the current round stale.
+    _broken_by: set[int] = field(default_factory=set)
     _min_reached_at: float | None = None
     _reason: str = "waiting for the first join"
     # Kept as ``pending`` changes, so that a join costs O(1) and not O(N) (N joins a round):
@@ -339,6 +341,7 @@ class RoundBook:
         self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self.stale = True  # it left a running round (preempted): the others go on without it
+            self._broken_by.add(node)
 
     def close(self, failed: str = "") -> list[int]:
         """Close the job (``failed``: why it cannot go on); returns the nodes whose pending
@@ -364,7 +367,21 @@ class RoundBook:
         dropped = self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self.stale = True  # (a member that finished and is in the exit barrier stalls no one)
+            self._broken_by.add(node)
         return dropped is not None
+
+    def revive(self, node: int) -> None:
+        """A member of the current round counted lost is in it after all (the leader sent it the
+        round again): its loss is forgotten, and the round is stale only if another broke it."""
+        self.dead.discard(node)
+        self.gone.discard(node)
+        self.lost_why.pop(node, None)
+        if self.drops.get(node, 0) > 1:
+            self.drops[node] -= 1
+        else:
+            self.drops.pop(node, None)
+        self._broken_by.discard(node)
+        self.stale = bool(self._broken_by)
 
     def withdraw(self, node: int) -> None:
         """The node's join ended without a round (it timed out): it is no longer counted."""
@@ -383,6 +400,7 @@ class RoundBook:
             self._returning.discard(node)
         self._rejoined = sum(1 for node in self.pending if node in rnd.member_set)
         self.stale = False
+        self._broken_by = set()
         self.arrived = set()
         self._min_reached_at = None
 

@@ -61,7 +61,7 @@ def test_a_new_node_is_admitted_at_the_next_round(tmp_path):
     job = unique_job("scaleup")
     cmd = _cmd(job, "2:3", tmp_path, steps=40, step_time=0.15, conf={"last_call_timeout": 1})
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(2)]
-    wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
     agents.append(start_agent("newcomer", cmd, tmp_path))
     codes = finish_all(agents)
     assert codes == [0, 0, 0], dump(agents)
@@ -78,7 +78,7 @@ def test_a_spare_beyond_max_nodes_replaces_a_node_that_dies(tmp_path):
     job = unique_job("spare")
     cmd = _cmd(job, "2", tmp_path, steps=40, step_time=0.15)
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
-    wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
     members = [a for a in agents if "joined round 1 as rank" in a.output()]
     (spare,) = [a for a in agents if a not in members]
     (victim,) = [a for a in members if "joined round 1 as rank 1" in a.output()]

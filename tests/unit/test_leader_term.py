@@ -213,3 +213,31 @@ def test_a_new_term_is_established_by_a_majority_that_follows_it_now_not_by_ever
     assert not term.established
     hello(15, 4, round3, 0.7)  # 3 of 5: the leader, 3 and 4
     assert term.established
+
+
+def _rounds_sent(sent: dict[int, list[dict[str, Any]]], conn: int) -> list[tuple[int, int]]:
+    return [(f["id"], f["round"]["round"]) for f in sent.get(conn, []) if f["t"] == "round"]
+
+
+def test_a_member_whose_round_was_lost_with_its_connection_gets_it_again_and_is_not_lost():
+    # Two claims of epoch 1 at start-up: node 2 joined us, moved to the rival as we sent it
+    # round 1 (the frame went down the connection it closed), and came back with the same
+    # join. It is a member of round 1: it gets the round again, and the round stays healthy
+    # (our agent waits for its agent in the round's store).
+    term = _term(2, 2)
+    _store_opened(term, 5001, 0.05)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    _join(term, 10, 7, 0.3)
+    assert _rounds_sent(_sent(term), 10) == [(7, 1)]
+    term.closed(10, "connection reset by peer", 0.31, hard=True)
+    assert (term.book.stale, 2 in term.book.dead) == (True, True)  # lost, as far as we know
+    _connect(term, 11, 2, 0.32)
+    _join(term, 11, 7, 0.33)
+    assert _rounds_sent(_sent(term), 11) == [(7, 1)]
+    assert not term.book.stale and 2 not in term.book.dead and 2 not in term.book.drops
+    assert term.book.current is not None and term.book.current.number == 1
+    # A new join of that node (another ticket) is a re-join, as before.
+    _join(term, 11, 8, 1.0)
+    assert _rounds_sent(_sent(term), 11) == []
+    assert 2 in term.book.pending
