@@ -59,7 +59,7 @@ RUN_TIMEOUT_S = 120.0
 RERDZV_TIMEOUT_S = 40.0
 #: ``--quick`` (a smoke test of every section): mingle trains again within 3 s at N=2, c10d
 #: usually never does, and waiting 40 s for it only makes CI slower.
-QUICK_RERDZV_TIMEOUT_S = 15.0
+QUICK_RERDZV_TIMEOUT_S = 10.0
 
 
 @dataclass

@@ -217,23 +217,23 @@ def test_a_port_held_without_reuse_is_named_with_the_fix(make_handler, port):
     assert "--rdzv_conf port=" in message
 
 
-def test_four_jobs_on_one_group_and_port_complete_and_never_mix(tmp_path):
+def test_four_jobs_of_different_sizes_on_one_group_and_port_complete_and_never_mix(tmp_path):
     port = random_port()
-    jobs = [unique_job(f"j{i}") for i in range(4)]
+    jobs = {unique_job(f"j{i}"): n for i, n in enumerate((3, 2, 2, 2))}
     agents = []
-    for job in jobs:
+    for job, n in jobs.items():
         cmd = torchrun_cmd(
-            job=job, nnodes="2", nproc=1, conf={"interface": "127.0.0.1", "port": port},
+            job=job, nnodes=str(n), nproc=1, conf={"interface": "127.0.0.1", "port": port},
             script_args=["--steps", "2", "--quiet", "--report", str(tmp_path / job)],
         )  # fmt: skip
-        agents += [start_agent(f"{job}-{i}", cmd, tmp_path) for i in range(2)]
+        agents += [start_agent(f"{job}-{i}", cmd, tmp_path) for i in range(n)]
     codes = finish_all(agents, timeout=240)
-    assert codes == [0] * 8, dump(agents)
+    assert codes == [0] * 9, dump(agents)
     ports = set()
-    for job in jobs:
+    for job, n in jobs.items():
         reports = final_reports(tmp_path / job)
-        assert sorted(r["rank"] for r in reports) == [0, 1], dump(agents)
-        assert {r["world_size"] for r in reports} == {2}
+        assert sorted(r["rank"] for r in reports) == list(range(n)), dump(agents)
+        assert {r["world_size"] for r in reports} == {n}
         (master_port,) = {r["env"]["MASTER_PORT"] for r in reports}
         ports.add(master_port)
     assert len(ports) == 4, "two jobs shared a store"

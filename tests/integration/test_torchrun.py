@@ -40,28 +40,6 @@ def test_three_agents_train_ddp_and_agree_on_everything(tmp_path):
     assert {(r["env"]["MINGLE_EPOCH"], r["env"]["MINGLE_ROUND"]) for r in reports} == {("1", "1")}
 
 
-def test_two_jobs_on_one_group_and_port_never_mix(tmp_path):
-    port = random_port()
-    jobs = {"small": (unique_job("small"), 2), "large": (unique_job("large"), 3)}
-    agents = []
-    for name, (job, n) in jobs.items():
-        cmd = torchrun_cmd(
-            job=job, nnodes=str(n), nproc=1, conf={"interface": "127.0.0.1", "port": port},
-            script_args=["--steps", "3", "--report", str(tmp_path / name)],
-        )  # fmt: skip
-        agents += [start_agent(f"{name}{i}", cmd, tmp_path) for i in range(n)]
-    codes = finish_all(agents)
-    assert codes == [0] * 5, dump(agents)
-    for name, (_, n) in jobs.items():
-        reports = final_reports(tmp_path / name)
-        assert sorted(r["rank"] for r in reports) == list(range(n)), dump(agents)
-        assert {r["world_size"] for r in reports} == {n}
-        assert len({r["env"]["MASTER_PORT"] for r in reports}) == 1
-    small_port = final_reports(tmp_path / "small")[0]["env"]["MASTER_PORT"]
-    large_port = final_reports(tmp_path / "large")[0]["env"]["MASTER_PORT"]
-    assert small_port != large_port
-
-
 def test_a_lone_agent_fails_within_join_timeout_with_a_clear_error(tmp_path):
     join_timeout = 4
     cmd = torchrun_cmd(

@@ -50,10 +50,10 @@ def test_an_even_split_trains_on_neither_side_until_it_heals(segment, tmp_path):
     split_at = time.time()
     segment.split(side)
     # Each side loses half the job: the leader's side drops the other two, the other side loses
-    # its leader and elects one. Neither has a majority of round 1: no round forms for 20 s.
+    # its leader and elects one. Neither has a majority of round 1: no round forms for 16 s.
     # Without the quorum rule the leader's side forms at once (its other two are dead) and the
     # other side within its last call (8 s) of electing: both well inside the split.
-    time.sleep(20)  # the partition's length is the test's input, not a wait for a condition
+    time.sleep(16)  # the partition's length is the test's input, not a wait for a condition
     joined = _rounds_joined_after(agents, split_at)
     assert joined == [], f"a side formed a round during the split\n{dump(agents)}"
     healed_at = time.time()
