@@ -511,11 +511,12 @@ class LeaderTerm:
             self._answer(m, "retry", why="superseded by a newer join of the same node")
         self.counters.joins += 1
         rnd = self.book.current
-        if rnd is not None and self._delivered.get(node) == ticket and not self.book.closed:
+        if rnd is not None and self._delivered.get(node) == ticket and self.book.may_resend(node):
             # The join this round answered, again, on a new connection: the node closed the
             # old one as the round was sent (it moved to a rival claim of the same epoch and
             # back). It is a member: it gets the round again and is not lost, or the others'
-            # agents would wait for it in the round's store (torch's 300 s).
+            # agents would wait for it in the round's store (torch's 300 s). Not once another
+            # member broke the round or joined again: then it joins the next round.
             log.info(
                 "%s node %s asked again for round %d: sent again", self.label, node_hex(node), rnd.number
             )

@@ -370,16 +370,31 @@ class RoundBook:
             self._broken_by.add(node)
         return dropped is not None
 
+    def may_resend(self, node: int) -> bool:
+        """Whether ``node``, a member of the current round that asks for it again (its answer
+        was lost with its connection), may still run it: nobody else broke the round, and no
+        member has joined again (then the next round is under way and it joins that)."""
+        rnd = self.current
+        return (
+            rnd is not None
+            and node in rnd.member_set
+            and not self.closed
+            and node not in self.left
+            and self._rejoined == 0
+            and self._broken_by <= {node}
+        )
+
     def revive(self, node: int) -> None:
         """A member of the current round counted lost is in it after all (the leader sent it the
-        round again): its loss is forgotten, and the round is stale only if another broke it."""
-        self.dead.discard(node)
-        self.gone.discard(node)
-        self.lost_why.pop(node, None)
-        if self.drops.get(node, 0) > 1:
-            self.drops[node] -= 1
-        else:
-            self.drops.pop(node, None)
+        round again): its loss is forgotten, and the round is healthy again (``may_resend``)."""
+        if node in self.dead:  # counted lost (not when its new connection superseded the old one)
+            self.dead.discard(node)
+            self.gone.discard(node)
+            self.lost_why.pop(node, None)
+            if self.drops.get(node, 0) > 1:
+                self.drops[node] -= 1
+            else:
+                self.drops.pop(node, None)
         self._broken_by.discard(node)
         self.stale = bool(self._broken_by)
 

@@ -241,3 +241,35 @@ def test_a_member_whose_round_was_lost_with_its_connection_gets_it_again_and_is_
     _join(term, 11, 8, 1.0)
     assert _rounds_sent(_sent(term), 11) == []
     assert 2 in term.book.pending
+
+
+def test_a_lost_answer_is_not_sent_again_once_the_round_was_given_up():
+    # As above, but our agent gave up on round 1 first (it joined again): round 1 is over for
+    # everyone, so node 2's old join is a join of the next round, not round 1 again.
+    term = _term(2, 2)
+    _store_opened(term, 5001, 0.05)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    _join(term, 10, 7, 0.3)
+    term.closed(10, "connection reset by peer", 0.31, hard=True)
+    term.join_local(2, "198.18.0.1", None, 60.0, 60.0, 0.32)
+    _connect(term, 11, 2, 0.33)
+    _join(term, 11, 7, 0.34)
+    assert _rounds_sent(_sent(term), 11) == []
+    assert {1, 2} <= term.book.pending.keys() and term.book.stale  # both wait for round 2
+
+
+def test_a_member_whose_new_connection_came_first_gets_its_round_again_and_keeps_its_drop_count():
+    # The new connection's hello superseded the old one before its close was seen: the node
+    # was never counted lost, and an earlier drop of it in this term still counts.
+    term = _term(2, 2)
+    term.book.drops[2] = 1
+    _store_opened(term, 5001, 0.05)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    _join(term, 10, 7, 0.3)
+    _connect(term, 11, 2, 0.31)
+    term.closed(10, "connection reset by peer", 0.32, hard=True)
+    _join(term, 11, 7, 0.33)
+    assert _rounds_sent(_sent(term), 11) == [(7, 1)]
+    assert term.book.drops == {2: 1} and not term.book.stale
