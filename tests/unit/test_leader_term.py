@@ -39,6 +39,16 @@ def _join(term: LeaderTerm, conn: int, ticket: int, now: float) -> None:
     term.received(conn, [{"t": "join", "id": ticket, "ip": "x", "timeout": 60, "remaining": 60}], now)
 
 
+def _round_of_two() -> LeaderTerm:
+    """Round 1 of the leader and node 2 (connection 10, join 7), on store 5001."""
+    term = _term(2, 2)
+    _store_opened(term, 5001, 0.1)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 10, 2, 0.2)
+    _join(term, 10, 7, 0.3)
+    return term
+
+
 def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     for conn, frame in term.frames():
@@ -92,11 +102,7 @@ def test_an_older_node_that_did_not_ask_for_it_never_gets_a_next_frame():
 
 
 def test_a_spare_parked_behind_a_running_round_is_not_told_until_it_is_admitted():
-    term = _term(2, 2)
-    _store_opened(term, 5001, 0.1)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
-    _connect(term, 10, 2, 0.2)
-    _join(term, 10, 7, 0.3)
+    term = _round_of_two()
     sent = _sent(term)
     assert _nexts(sent, 10) == [5001]
     assert any(f["t"] == "round" for f in sent[10])  # round 1 on store 5001
@@ -110,11 +116,7 @@ def test_a_spare_parked_behind_a_running_round_is_not_told_until_it_is_admitted(
 
 def test_a_running_member_is_told_the_next_rounds_store_once_it_opens():
     """After a failure every member re-joins at once: each has its client of that store already."""
-    term = _term(2, 2)
-    _store_opened(term, 5001, 0.1)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
-    _connect(term, 10, 2, 0.2)
-    _join(term, 10, 7, 0.3)  # round 1 forms on 5001
+    term = _round_of_two()
     _sent(term)
     _store_opened(term, 5002, 0.4)  # the spare for round 2, while round 1 runs
     assert _nexts(_sent(term), 10) == [5002]
@@ -174,11 +176,7 @@ def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropp
 
 
 def test_a_member_of_the_running_round_that_says_bye_is_still_lost():
-    term = _term(2, 2)
-    _store_opened(term, 5001, 0.05)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
-    _connect(term, 10, 2, 0.2)
-    _join(term, 10, 7, 0.3)
+    term = _round_of_two()
     assert _rounds_formed(_sent(term))
     term.received(10, [{"t": "bye"}], 1.0)
     term.closed(10, "closed by the peer", 1.0, hard=True)
@@ -224,11 +222,7 @@ def test_a_member_whose_round_was_lost_with_its_connection_gets_it_again_and_is_
     # round 1 (the frame went down the connection it closed), and came back with the same
     # join. It is a member of round 1: it gets the round again, and the round stays healthy
     # (our agent waits for its agent in the round's store).
-    term = _term(2, 2)
-    _store_opened(term, 5001, 0.05)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
-    _connect(term, 10, 2, 0.2)
-    _join(term, 10, 7, 0.3)
+    term = _round_of_two()
     assert _rounds_sent(_sent(term), 10) == [(7, 1)]
     term.closed(10, "connection reset by peer", 0.31, hard=True)
     assert (term.book.stale, 2 in term.book.dead) == (True, True)  # lost, as far as we know
@@ -246,11 +240,7 @@ def test_a_member_whose_round_was_lost_with_its_connection_gets_it_again_and_is_
 def test_a_lost_answer_is_not_sent_again_once_the_round_was_given_up():
     # As above, but our agent gave up on round 1 first (it joined again): round 1 is over for
     # everyone, so node 2's old join is a join of the next round, not round 1 again.
-    term = _term(2, 2)
-    _store_opened(term, 5001, 0.05)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
-    _connect(term, 10, 2, 0.2)
-    _join(term, 10, 7, 0.3)
+    term = _round_of_two()
     term.closed(10, "connection reset by peer", 0.31, hard=True)
     term.join_local(2, "198.18.0.1", None, 60.0, 60.0, 0.32)
     _connect(term, 11, 2, 0.33)
@@ -262,12 +252,8 @@ def test_a_lost_answer_is_not_sent_again_once_the_round_was_given_up():
 def test_a_member_whose_new_connection_came_first_gets_its_round_again_and_keeps_its_drop_count():
     # The new connection's hello superseded the old one before its close was seen: the node
     # was never counted lost, and an earlier drop of it in this term still counts.
-    term = _term(2, 2)
+    term = _round_of_two()
     term.book.drops[2] = 1
-    _store_opened(term, 5001, 0.05)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
-    _connect(term, 10, 2, 0.2)
-    _join(term, 10, 7, 0.3)
     _connect(term, 11, 2, 0.31)
     term.closed(10, "connection reset by peer", 0.32, hard=True)
     _join(term, 11, 7, 0.33)
