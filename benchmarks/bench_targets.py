@@ -20,7 +20,6 @@ from typing import Any
 #: own defaults (c10d's too). A thousand nodes on two cores starve the leader's loop for
 #: seconds at a time, which shorter heartbeats take for a dead leader (see README, Scale).
 SCALE_KEEP_ALIVE = (5.0, 3)
-SCALE_KEEP_ALIVE_S = SCALE_KEEP_ALIVE[0] * SCALE_KEEP_ALIVE[1]
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class Target:
     unit: str = "s"
 
 
-def scale_targets(keep_alive_s: float = SCALE_KEEP_ALIVE_S) -> tuple[Target, ...]:
+def scale_targets(keep_alive_s: float) -> tuple[Target, ...]:
     """Issue 11 (scale), checked by ``make bench-scale``; leader loss is bounded by the run's
     heartbeat timeout (``keep_alive_interval x keep_alive_max_attempt``) + 2 s."""
     return (

@@ -173,7 +173,7 @@ class LeaderTerm:
     #: come, go and join: whether the term is established is then a look at a few keys, not a
     #: pass over every member at every hello (a new leader of a thousand nodes).
     _support: Counter[tuple[int, int, int]] = field(default_factory=Counter)
-    #: The join each member of the current round was answered with it (node: ticket).
+    #: The join (its ticket) that the current round answered, per member.
     _delivered: dict[int, int] = field(default_factory=dict)
     _frames: list[tuple[ConnId, bytes]] = field(default_factory=list)
     _closes: list[tuple[ConnId, str]] = field(default_factory=list)

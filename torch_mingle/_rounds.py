@@ -288,7 +288,6 @@ class RoundBook:
     closed: bool = False
     #: Why the job failed (closed because a round cannot start), "" if it did not.
     failed: str = ""
-    stale: bool = False
     dead: set[int] = field(default_factory=set)
     left: set[int] = field(default_factory=set)
     #: Dead with evidence that the process ended (its connection was closed or reset by its own
@@ -302,7 +301,7 @@ class RoundBook:
     lost_why: dict[int, str] = field(default_factory=dict)
     ips: dict[int, str] = field(default_factory=dict)
     _returning: set[int] = field(default_factory=set)
-    #: The members whose death or departure made the current round stale.
+    #: The members whose death or departure broke the current round (``stale``).
     _broken_by: set[int] = field(default_factory=set)
     _min_reached_at: float | None = None
     _reason: str = "waiting for the first join"
@@ -340,8 +339,7 @@ class RoundBook:
         self.left.add(node)
         self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
-            self.stale = True  # it left a running round (preempted): the others go on without it
-            self._broken_by.add(node)
+            self._broken_by.add(node)  # it left a running round (preempted): the others go on without it
 
     def close(self, failed: str = "") -> list[int]:
         """Close the job (``failed``: why it cannot go on); returns the nodes whose pending
@@ -366,9 +364,14 @@ class RoundBook:
         self.drops[node] = self.drops.get(node, 0) + 1
         dropped = self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
-            self.stale = True  # (a member that finished and is in the exit barrier stalls no one)
-            self._broken_by.add(node)
+            self._broken_by.add(node)  # (a member that finished and is in the exit barrier stalls no one)
         return dropped is not None
+
+    @property
+    def stale(self) -> bool:
+        """A member of the current round died or left before the exit barrier: the round must
+        be restarted without it."""
+        return bool(self._broken_by)
 
     def may_resend(self, node: int) -> bool:
         """Whether ``node``, a member of the current round that asks for it again (its answer
@@ -396,7 +399,6 @@ class RoundBook:
             else:
                 self.drops.pop(node, None)
         self._broken_by.discard(node)
-        self.stale = bool(self._broken_by)
 
     def withdraw(self, node: int) -> None:
         """The node's join ended without a round (it timed out): it is no longer counted."""
@@ -414,7 +416,6 @@ class RoundBook:
             self._unpend(node)
             self._returning.discard(node)
         self._rejoined = sum(1 for node in self.pending if node in rnd.member_set)
-        self.stale = False
         self._broken_by = set()
         self.arrived = set()
         self._min_reached_at = None

@@ -146,7 +146,7 @@ def test_a_preempted_node_leaves_at_once_and_the_others_keep_their_restarts(tmp_
     conf = {"last_call_timeout": 1, "keep_alive_interval": 5, "keep_alive_max_attempt": 3}
     cmd = _cmd(job, "2:4", tmp_path, steps=60, step_time=0.15, conf=conf, restarts=0)
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(4)]
-    wait_until(lambda: any("step 3/60" in a.output() for a in agents), 120, "round 1 to train", interval=0.2)
+    wait_until(lambda: any("step 3/60" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
     leader = leader_of(agents)
     victim = leader if who == "leader" else next(a for a in agents if a is not leader)
     signalled = time.time()
