@@ -15,7 +15,10 @@ keeps it for the leader's whole term (``_leader.py`` is the other end):
   ``timeout_s`` means it is lost by silence (frozen, powered off, cut off). A connection
   refused, reset or closed by the leader is hard evidence that its process is gone (or
   that it stepped down): the election core fences the claim for good.
-* ``join`` asks for a place in the next round; the leader answers ``round``, ``retry``
+* ``join`` asks for a place in the next round (a join asked before the connection is up
+  goes out right behind the hello: the leader reads a connection's frames in order and drops
+  what follows a hello it rejects, so a node that joins as it connects saves a round trip,
+  which is the last node's critical path); the leader answers ``round``, ``retry``
   (ask the next leader), ``timeout`` (``join_timeout`` passed, with the reason), ``closed``,
   or ``wait`` when this node starts or stops being parked behind a healthy round.
 * ``arrive`` tells the leader that this node's agent enters torch's exit barrier (the
@@ -144,6 +147,11 @@ class FollowerSession:
                 ahead=True,  # send ``next``: this node connects to the next round's store ahead
             )
         )
+        self._frames.extend(self._queued)  # right behind the hello, in order (see the module doc)
+        self._queued.clear()
+        if self._queued_join is not None:
+            self._frames.append(self._queued_join)
+            self._queued_join = None
 
     def closed(self, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
         """The connection ended: ``refused`` (nothing listened), ``by_peer`` (the other end closed it)."""
@@ -217,7 +225,8 @@ class FollowerSession:
         pport: int = 0,
         gone: frozenset[int] = frozenset(),
     ) -> None:
-        """Ask for a place in the next round (before the welcome: sent with it, replacing an older ask).
+        """Ask for a place in the next round (before the connection is up: sent with the hello,
+        replacing an older ask).
 
         ``timeout_s`` is the agent's ``join_timeout`` (each new wait for a round gets all of it),
         ``remaining_s`` what is left of the current one.
@@ -234,7 +243,7 @@ class FollowerSession:
             timeout_s=timeout_s,
             remaining_s=remaining_s,
         )
-        if self.phase == "ready":
+        if self.phase in ("hello", "ready"):
             self._frames.append(frame)
         elif self.phase != "over":
             self._queued_join = frame
@@ -266,10 +275,10 @@ class FollowerSession:
     # ------------------------------------------------------------ helpers
 
     def _request(self, frame: bytes) -> None:
-        if self.phase == "ready":
+        if self.phase in ("hello", "ready"):
             self._frames.append(frame)
         elif self.phase != "over":
-            self._queued.append(frame)  # sent once the leader has welcomed us
+            self._queued.append(frame)  # sent with the hello, once the connection is up
 
     def _dispatch(self, msg: dict[str, Any], now: float) -> None:
         kind = check(msg)
@@ -295,11 +304,6 @@ class FollowerSession:
         self.phase = "ready"
         self._next_beat = now + self.interval_s
         self._events.append(Welcomed(self.status or Status()))
-        self._frames.extend(self._queued)
-        self._queued.clear()
-        if self._queued_join is not None:
-            self._frames.append(self._queued_join)
-            self._queued_join = None
 
     def _ready_frame(self, kind: str, msg: dict[str, Any]) -> None:
         if kind == "hb":

@@ -775,7 +775,7 @@ class Node:
             started=now,
             conn=conn,
         )
-        self._send_join(now)  # queued in the session until the leader welcomes us
+        self._send_join(now)  # queued in the session, sent with the hello
 
     def _leader_lost(self, claim: Claim, reason: str, now: float) -> None:
         if self.session is not None and self.session.claim == claim:

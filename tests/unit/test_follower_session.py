@@ -1,10 +1,14 @@
-"""The follower's session, sans I/O: the next round's store it was told survives a retry."""
+"""The follower's session, sans I/O: what it sends when, and what it keeps from the leader's frames."""
 
 from __future__ import annotations
 
-from torch_mingle._follower import FollowerSession, SessionOver
+from typing import Any
+
+from torch_mingle._follower import Answer, FollowerSession, SessionOver
+from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import Status
+from torch_mingle._rounds import RoundBook, Status
+from torch_mingle._wire import FrameReader
 
 LEADER = 0x1
 
@@ -90,3 +94,76 @@ def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_c
     silent.handle_timer(3.5)
     (over,) = [e for e in silent.events() if isinstance(e, SessionOver)]
     assert "did not answer our hello within 3s" in over.reason and not over.hard
+
+
+def _frames(data: list[bytes]) -> list[dict[str, Any]]:
+    reader = FrameReader()
+    out: list[dict[str, Any]] = []
+    for chunk in data:
+        got = reader.feed(chunk)
+        assert isinstance(got, list), got
+        out.extend(got)
+    return out
+
+
+def _session_to(claim: Claim) -> FollowerSession:
+    return FollowerSession(
+        claim=claim, ip="198.18.0.1", port=4000, node=0x2, own_ip="198.18.0.2", history=None,
+        interval_s=1.0, timeout_s=3.0, connect_timeout_s=3.0, label="", started=0.0,
+    )  # fmt: skip
+
+
+def _leader_of_two(epoch: int) -> LeaderTerm:
+    book = RoundBook(leader=LEADER, epoch=epoch, min_nodes=2, max_nodes=2, last_call_timeout=1.0)
+    term = LeaderTerm(
+        claim=Claim(epoch, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0,
+        label="",
+    )  # fmt: skip
+    term.start(0.0)
+    term.job_done(OpenStore(), 5001, None, 0.0)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.0)
+    term.frames()
+    return term
+
+
+def test_a_join_asked_before_the_connection_is_up_goes_out_with_the_hello_and_gets_its_round():
+    """The last node to start joins as it connects: hello and join leave together, and the
+    leader (which reads them in order) answers welcome and round in one go, a round trip less."""
+    s = _session_to(Claim(1, LEADER))
+    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    assert s.frames() == []  # not connected yet
+    s.connected(0.1)
+    sent = _frames(s.frames())
+    assert [f["t"] for f in sent] == ["hello", "join"]
+    term = _leader_of_two(1)
+    term.accepted(10, 0.1)
+    term.received(10, sent, 0.1)
+    answers = _frames([frame for conn, frame in term.frames() if conn == 10])
+    assert [f["t"] for f in answers if f["t"] in ("welcome", "round")] == ["welcome", "round"]
+    s.received(answers, 0.2)
+    (answer,) = [e for e in s.events() if isinstance(e, Answer)]
+    assert answer.kind == "round" and answer.ticket == 7 and answer.round is not None
+
+
+def test_a_join_asked_while_the_hello_is_unanswered_is_sent_at_once():
+    s = _session_to(Claim(1, LEADER))
+    s.connected(0.1)
+    s.frames()
+    s.join(8, "198.18.0.2", None, 60.0, 60.0)
+    assert [f["t"] for f in _frames(s.frames())] == ["join"]
+
+
+def test_a_join_behind_a_rejected_hello_is_dropped_by_the_leader_and_the_session_ends():
+    """A stale announcement: the node's join never reaches a round of the wrong term."""
+    s = _session_to(Claim(1, LEADER))
+    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    s.connected(0.1)
+    term = _leader_of_two(2)  # leads epoch 2, not the epoch-1 claim the node follows
+    term.accepted(10, 0.1)
+    term.received(10, _frames(s.frames()), 0.1)
+    answers = _frames([frame for conn, frame in term.frames() if conn == 10])
+    assert [f["t"] for f in answers] == ["reject"]
+    assert term.book.pending.keys() == {LEADER}
+    s.received(answers, 0.2)
+    (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
+    assert over.hard
