@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults bytecode bench bench-quick bench-flood bench-scale stress clean
+.PHONY: demo test lint unit integration netns faults bench bench-quick bench-flood bench-scale stress clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,21 +35,16 @@ netns: $(STAMP)
 faults: $(STAMP)
 	$(BIN)/python -m pytest tests/faults
 
-# An installed wheel carries compiled bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1
-# would compile every module again in every agent, and the benchmarks would time the compiler.
-bytecode: $(STAMP)
-	$(BIN)/python -m compileall -q torch_mingle
-
-bench: bytecode
+bench: $(STAMP)
 	$(BIN)/python benchmarks/rendezvous_latency.py
 
-bench-quick: bytecode
+bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/rendezvous_latency.py --quick
 
-bench-scale: bytecode
+bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/scale_rendezvous.py
 
-bench-flood: bytecode
+bench-flood: $(STAMP)
 	$(BIN)/python benchmarks/flood_latency.py
 
 clean:

@@ -38,6 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the flood and the port helper are shared with the tests
 
+from bench_pool import compile_package  # noqa: E402
 from bench_report import fmt_spread  # noqa: E402
 
 from tests.flood import Flood  # noqa: E402
@@ -145,6 +146,7 @@ def main() -> int:
     p.add_argument("--rate", type=int, default=25_000, help="datagrams per second from the flood process")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
+    compile_package()
     args.out.mkdir(parents=True, exist_ok=True)
     # The flood's drops and forged leaders are logged as warnings by design; the table is the point here.
     logging.getLogger("torch_mingle").setLevel(logging.ERROR)

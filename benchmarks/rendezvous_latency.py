@@ -45,6 +45,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the process-tree helpers are shared with the tests
 
+from bench_pool import compile_package  # noqa: E402
 from bench_report import fmt_spread, machine, machine_line  # noqa: E402
 from bench_targets import LATENCY  # noqa: E402
 
@@ -714,6 +715,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="default: results/ (results/quick/ with --quick)")
     p.add_argument("--keep", type=Path, default=None, help="keep agents' logs and stamps in this folder")
     args = p.parse_args()
+    compile_package()
     sections = set(args.sections.split(","))
     if args.quick:
         handler_nodes, e2e_nodes, sim_sizes = [2], [2], [10, 100]

@@ -57,7 +57,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_report  # noqa: E402
 import bench_targets  # noqa: E402
-from bench_pool import Host, HostError, Hosts, isolated_resolver, serve, usage  # noqa: E402
+from bench_pool import Host, HostError, Hosts, compile_package, isolated_resolver, serve, usage  # noqa: E402
 
 SECTIONS = "mingle,c10d,dns"
 READY_TIMEOUT_S = 240.0
@@ -537,6 +537,7 @@ def main() -> int:
         for n in args.dns.split(","):
             print(json.dumps(dns_host(int(n))), flush=True)
         return 0
+    compile_package()
     sections = set(args.sections.split(","))
     sizes = [int(x) for x in args.nodes.split(",")]
     interval, attempts = args.keep_alive.split(",")
