@@ -257,6 +257,7 @@ class FollowerSession:
         return encode_frame("bye") if self.conn_up else None
 
     def leave(self) -> None:
+        self._queued_join = None  # a node that leaves asks for no round (the join is answered)
         self._request(encode_frame("leave"))
 
     def close_job(self, why: str = "", *, failed: bool = False) -> None:

@@ -448,6 +448,13 @@ class LeaderTerm:
             self._send(m, "ack", id=int(msg["id"]))
         elif kind == "bye":
             m.said_bye = True
+            if m.join_id is not None:
+                # Its join goes with the connection (the node joins again where it goes): the
+                # decision at the end of this batch must not put it in a round. A node that
+                # gives up on a slow welcome sends hello, join and bye before we read any.
+                m.join_id = None
+                self._set_deadline(m, None)
+                self.book.withdraw(m.node)
         elif kind == "leave":
             self.book.leave(m.node)
             self._after_departure(now)

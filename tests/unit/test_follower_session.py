@@ -167,3 +167,12 @@ def test_a_join_behind_a_rejected_hello_is_dropped_by_the_leader_and_the_session
     s.received(answers, 0.2)
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
     assert over.hard
+
+
+def test_a_node_that_leaves_before_its_connection_is_up_sends_its_leave_and_no_join():
+    """Its agent's join was answered by the leave: a join sent behind the leave would undo it."""
+    s = _session_to(Claim(1, LEADER))
+    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    s.leave()
+    s.connected(0.1)
+    assert [f["t"] for f in _frames(s.frames())] == ["hello", "leave"]

@@ -175,6 +175,29 @@ def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropp
     assert _rounds_formed(_sent(term)) == {tuple(f"{n:016x}" for n in (LEADER, 2, 3))}
 
 
+def test_a_join_read_in_the_same_batch_as_its_bye_is_withdrawn_not_put_in_a_round():
+    # A node that gave up on a slow welcome (or moved to a rival claim) sent hello, join and bye
+    # before the leader read any: the round this join would complete must not form with it,
+    # or it would break at once (the node is lost with its connection) and hold the node back.
+    history = {"epoch": 0, "round": 4, "members": [f"{n:016x}" for n in (9, LEADER, 2, 3)]}
+    term = _term(2, 8)
+    term.book.last_call_timeout = 30.0
+    _store_opened(term, 5001, 0.0)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _connect(term, 11, 3, 0.2)
+    term.received(11, [{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}], 0.2)
+    term.accepted(10, 0.3)
+    hello = {"t": "hello", "node": f"{2:016x}", "epoch": 1, "leader": f"{LEADER:016x}", "ip": "198.18.0.2"}
+    join = {"t": "join", "id": 2, "ip": "198.18.0.2", "history": history}
+    term.received(10, [hello, join, {"t": "bye"}], 0.3)
+    term.closed(10, "closed by the peer", 0.3, hard=True)
+    assert _rounds_formed(_sent(term)) == set()
+    assert 2 not in term.book.dead and 2 not in term.book.drops
+    _connect(term, 12, 2, 1.0)
+    term.received(12, [{"t": "join", "id": 4, "ip": "198.18.0.2", "history": history}], 1.1)
+    assert _rounds_formed(_sent(term)) == {tuple(f"{n:016x}" for n in (LEADER, 2, 3))}
+
+
 def test_a_member_of_the_running_round_that_says_bye_is_still_lost():
     term = _round_of_two()
     assert _rounds_formed(_sent(term))
