@@ -401,7 +401,8 @@ class RoundBook:
         self._broken_by.discard(node)
 
     def withdraw(self, node: int) -> None:
-        """The node's join ended without a round (it timed out): it is no longer counted."""
+        """The node's join ended without a round (it timed out, or the connection it came on
+        was superseded or said bye): it is no longer counted."""
         self._unpend(node)
 
     def arrive(self, node: int, round_number: int) -> None:

@@ -13,11 +13,15 @@ from torch_mingle._wire import FrameReader
 LEADER = 0x1
 
 
-def _ready_session() -> FollowerSession:
-    s = FollowerSession(
-        claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x2, own_ip="198.18.0.2", history=None,
+def _session_to(claim: Claim) -> FollowerSession:
+    return FollowerSession(
+        claim=claim, ip="198.18.0.1", port=4000, node=0x2, own_ip="198.18.0.2", history=None,
         interval_s=1.0, timeout_s=3.0, connect_timeout_s=3.0, label="", started=0.0,
     )  # fmt: skip
+
+
+def _ready_session() -> FollowerSession:
+    s = _session_to(Claim(1, LEADER))
     s.connected(0.1)
     s.received([{"t": "welcome", "epoch": 1, "status": Status().to_json()}], 0.2)
     assert s.ready, s.events()
@@ -104,13 +108,6 @@ def _frames(data: list[bytes]) -> list[dict[str, Any]]:
         assert isinstance(got, list), got
         out.extend(got)
     return out
-
-
-def _session_to(claim: Claim) -> FollowerSession:
-    return FollowerSession(
-        claim=claim, ip="198.18.0.1", port=4000, node=0x2, own_ip="198.18.0.2", history=None,
-        interval_s=1.0, timeout_s=3.0, connect_timeout_s=3.0, label="", started=0.0,
-    )  # fmt: skip
 
 
 def _leader_of_two(epoch: int) -> LeaderTerm:
