@@ -6,7 +6,7 @@ from typing import Any
 
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import History, RoundBook
+from torch_mingle._rounds import History, Round, RoundBook, node_hex
 from torch_mingle._wire import FrameReader
 
 LEADER = 0x1
@@ -151,7 +151,12 @@ def test_running_members_hear_when_nodes_start_waiting_not_of_every_join():
 
 
 def _rounds_formed(sent: dict[int, list[dict[str, Any]]]) -> set[tuple[str, ...]]:
-    return {tuple(f["round"]["members"]) for frames in sent.values() for f in frames if f["t"] == "round"}
+    return {
+        tuple(map(node_hex, Round.from_json(f["round"]).members))
+        for frames in sent.values()
+        for f in frames
+        if f["t"] == "round"
+    }
 
 
 def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropped():
