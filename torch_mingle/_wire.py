@@ -39,7 +39,9 @@ from typing import Any
 from torch_mingle._record import record
 
 MAGIC = b"MNGL"
-VERSION = 3
+#: 4: rounds travel packed on the control connection (``Round.to_json``), which a node of
+#: version 3 cannot read; nodes of different versions drop each other's datagrams (bad_version).
+VERSION = 4
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01

@@ -739,6 +739,11 @@ def _auth_advice(invalid: Mapping[str, int]) -> str:
             "signed datagrams arrived: the other nodes use a secret and this node has none; give it "
             f"the same secret_file (see {README_SECURITY})"
         )
+    if invalid.get("bad_version"):
+        tips.append(
+            "datagrams of another torch_mingle version arrived: nodes of different versions cannot "
+            "read each other's rounds; install the same version on every node"
+        )
     if invalid.get("outside_replay_window"):
         tips.append(
             f"signed datagrams older or newer than {REPLAY_WINDOW_MS // 1000} s arrived: if they are not "

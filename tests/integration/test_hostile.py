@@ -33,6 +33,7 @@ from torch_mingle._wire import (
     Codec,
     Datagram,
     Query,
+    VERSION,
     derive_key,
 )
 from torch_mingle.config import DEFAULT_GROUP_V4
@@ -204,6 +205,35 @@ def test_mismatched_secrets_fail_within_join_timeout_and_say_why(make_handler, t
     assert time.monotonic() - started < 2 + 5
     assert len(errors) == 2 and all(isinstance(e, MingleTimeoutError) for e in errors), errors
     assert any(says in str(e) for e in errors), [str(e) for e in errors]
+
+
+def test_a_node_of_another_version_is_named_when_the_join_times_out(make_handler, port):
+    """Versions differ in what the control connection carries (version 4 packs rounds): a node
+    that hears only a node of another version says so, instead of a bare timeout."""
+    job = unique_job("versions")
+    h = make_handler(job, 2, join_timeout="2")
+    old = bytearray(Codec().encode(Datagram(job=job, sender=0xA1D, body=Query(epoch_seen=0))))
+    old[4] = VERSION - 1
+    errors: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            h.next_rendezvous()
+        except BaseException as exc:  # checked below
+            errors.append(exc)
+
+    joiner = threading.Thread(target=attempt)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton("127.0.0.1"))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+        joiner.start()
+        deadline = time.monotonic() + 10
+        while joiner.is_alive() and time.monotonic() < deadline:
+            sock.sendto(bytes(old), (DEFAULT_GROUP_V4, port))  # an old node asking, every 0.1 s
+            joiner.join(timeout=0.1)
+    joiner.join(timeout=10)
+    assert len(errors) == 1 and isinstance(errors[0], MingleTimeoutError), errors
+    assert "another torch_mingle version" in str(errors[0]) and "same version" in str(errors[0])
 
 
 def test_a_port_held_without_reuse_is_named_with_the_fix(make_handler, port):
