@@ -29,11 +29,11 @@ from torch_mingle._protocol import MAX_OTHER_JOBS, MAX_PEERS
 from torch_mingle._wire import (
     DUPLICATE_WINDOW_MS,
     MAX_REMEMBERED_NONCES,
+    VERSION,
     Announce,
     Codec,
     Datagram,
     Query,
-    VERSION,
     derive_key,
 )
 from torch_mingle.config import DEFAULT_GROUP_V4
