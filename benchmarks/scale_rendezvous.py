@@ -73,6 +73,8 @@ ELECTION_WINDOW_S = 0.25
 #: processes, which measures this machine, not the rendezvous (with it on, this session's run
 #: took 7.6 s for the first round at 1,024 nodes and 0.18 s at 64; see README, Scale).
 DATA_PATH_TIMEOUT_S = 0.0
+#: The GIL switch interval of the processes that host 64 nodes each (see host_main).
+CROWD_SWITCH_INTERVAL_S = 0.05
 
 
 # ------------------------------------------------------------------------------ host side
@@ -91,6 +93,12 @@ def host_main(spec: dict[str, Any]) -> int:
     from torch_mingle.handler import MingleRendezvousHandler
 
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+    if spec["role"] == "crowd":
+        # 64 nodes' threads share this process's GIL; in the field each node has its own. A
+        # thread waiting for the GIL wakes every switch interval (5 ms by default) to ask for
+        # it: with a hundred waiters that is a storm of futex calls (75 to 100 % system time
+        # here during a burst), which starves the leader's process. See README, Scale.
+        sys.setswitchinterval(CROWD_SWITCH_INTERVAL_S)
     logging.getLogger("torch_mingle").setLevel(logging.ERROR)  # a thousand nodes' warnings are noise here
     if spec["role"] in os.environ.get("SCALE_LOG_ROLES", "").split(","):  # e.g. leader,victim
         logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
