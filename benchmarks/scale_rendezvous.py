@@ -97,7 +97,8 @@ def host_main(spec: dict[str, Any]) -> int:
         # 64 nodes' threads share this process's GIL; in the field each node has its own. A
         # thread waiting for the GIL wakes every switch interval (5 ms by default) to ask for
         # it: with a hundred waiters that is a storm of futex calls (75 to 100 % system time
-        # here during a burst), which starves the leader's process. See README, Scale.
+        # here during a burst), CPU taken from every process, the leader's included. See
+        # README, Scale.
         sys.setswitchinterval(CROWD_SWITCH_INTERVAL_S)
     logging.getLogger("torch_mingle").setLevel(logging.ERROR)  # a thousand nodes' warnings are noise here
     if spec["role"] in os.environ.get("SCALE_LOG_ROLES", "").split(","):  # e.g. leader,victim

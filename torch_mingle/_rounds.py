@@ -84,9 +84,9 @@ def members_of(value: Any) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=4)
 def _parse_members(ids: tuple[Any, ...]) -> tuple[int, ...]:
-    """Every member of a round reports the same list when it re-joins (N joins of N ids each),
-    and the round frame repeats it: the leader checks and parses it once, not N times per
-    round (a hit costs a hash of the ids, in C)."""
+    """Every member of a round reports the same list when it re-joins (N joins of N ids each):
+    the leader checks and parses it once, not N times per round (a hit costs a hash of the
+    ids, in C)."""
     if not all(isinstance(m, str) for m in ids):
         raise ValueError("members: not a list of node ids")
     return tuple(node_id(m) for m in ids)
@@ -181,12 +181,12 @@ class Round:
         return {
             "round": self.number,
             "epoch": self.epoch,
-            "members": "".join(map(node_hex, self.members)),
+            "members": _pack("Q", self.members),
             "store_ip": self.store_ip,
             "store_port": self.store_port,
             "ips": " ".join(self.ips),
-            "dports": _packed_ports(self.dports),
-            "pports": _packed_ports(self.pports),
+            "dports": _pack("H", self.dports),
+            "pports": _pack("H", self.pports),
         }
 
     @classmethod
@@ -198,37 +198,41 @@ class Round:
             store_ip=peer_ip(data["store_ip"]),
             store_port=bounded_int(data["store_port"], 65535, 1),
             ips=_packed_ips(data.get("ips", "")),
-            dports=_ports(data.get("dports", "")),
-            pports=_ports(data.get("pports", "")),
+            dports=_unpack("H", data.get("dports", ""), "ports"),
+            pports=_unpack("H", data.get("pports", ""), "ports"),
         )
 
 
 _HEX = re.compile(r"[0-9a-f]*")
 
 
-def _packed_ports(ports: tuple[int, ...]) -> str:
-    return struct.pack(f">{len(ports)}H", *ports).hex()
+def _pack(code: str, values: tuple[int, ...]) -> str:
+    """Numbers of one ``struct`` code, big-endian, as one hex string (``Q``: a node id's 16 digits)."""
+    return struct.pack(f">{len(values)}{code}", *values).hex()
 
 
-def _ports(raw: Any) -> tuple[int, ...]:
-    """A round's ports: 4 hex digits each (one C call for N ports, not a call per port)."""
-    if not isinstance(raw, str) or len(raw) % 4 or len(raw) > 4 * MAX_MEMBERS or not _HEX.fullmatch(raw):
-        raise ValueError("ports: not a packed list of ports")
-    return struct.unpack(f">{len(raw) // 4}H", bytes.fromhex(raw))
+def _unpack(code: str, raw: Any, what: str) -> tuple[int, ...]:
+    """``_pack``'s string back (one C call for N numbers, not a call per number); ``ValueError``
+    for anything else."""
+    width = 2 * struct.calcsize(code)
+    if not isinstance(raw, str) or len(raw) % width or len(raw) > width * MAX_MEMBERS:
+        raise ValueError(f"{what}: not a packed list")
+    if not _HEX.fullmatch(raw):
+        raise ValueError(f"{what}: not hex digits")
+    return struct.unpack(f">{len(raw) // width}{code}", bytes.fromhex(raw))
 
 
 def _packed_members(raw: Any) -> tuple[int, ...]:
-    """A round's member ids: 16 hex digits each."""
-    if not isinstance(raw, str) or len(raw) % 16 or len(raw) > 16 * MAX_MEMBERS or not _HEX.fullmatch(raw):
-        raise ValueError("members: not a packed list of node ids")
-    return _unpack_members(raw)
+    """A round's member ids; anything but a string is refused by ``_unpack`` (the cache below
+    needs a hashable key)."""
+    return _unpack_members(raw) if isinstance(raw, str) else _unpack("Q", raw, "members")
 
 
 @functools.lru_cache(maxsize=4)
 def _unpack_members(raw: str) -> tuple[int, ...]:
     """Every member of a round parses the same list: a process that hosts several nodes (the
     scale benchmark) parses it once."""
-    members = struct.unpack(f">{len(raw) // 16}Q", bytes.fromhex(raw))
+    members = _unpack("Q", raw, "members")
     if 0 in members:
         raise ValueError("node id 0")
     return members

@@ -723,7 +723,7 @@ class MingleRendezvousHandler(RendezvousHandler):
 
 
 def _auth_advice(invalid: Mapping[str, int]) -> str:
-    """What dropped datagrams say about secrets and clocks, if anything."""
+    """What dropped datagrams say about secrets, versions and clocks, if anything."""
     tips = []
     if invalid.get("bad_tag"):
         tips.append(
