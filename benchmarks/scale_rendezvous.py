@@ -337,6 +337,8 @@ def _phase(answers: list[dict[str, Any]], started: float) -> dict[str, Any]:
         "errors": errors[:3],
         "failed": len(errors),
         "cpu_s_all": sum(a["usage"]["cpu_s"] for a in answers),  # every host, since it started
+        # Datagrams every node received since it started (mingle), to tell each phase's share.
+        "received_all": sum(a["counters"].get("received", 0) for a in answers),
     }
 
 

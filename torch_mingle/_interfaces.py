@@ -13,6 +13,7 @@ import struct
 import sys
 
 from torch_mingle._record import record
+from torch_mingle._wire import parse_ip
 from torch_mingle.errors import README_INSTALL, README_NETWORKS, MingleConfigError
 
 try:
@@ -60,7 +61,7 @@ class Interface:
     def holds_network_of(self, ip: str) -> bool:
         """True if ``ip`` is on one of this interface's subnets (a peer on the same segment)."""
         try:
-            addr = ipaddress.ip_address(ip.split("%", 1)[0])
+            addr = parse_ip(ip)
         except ValueError:
             return False
         return any(addr in net for net in self.networks)

@@ -74,6 +74,11 @@ MAX_UNIDENTIFIED = 1024
 #: A join waits at least this long (a peer's tiny or absent timeout must not spin the timers).
 MIN_JOIN_WAIT_S = 0.5
 STORE_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: The next round's store is opened (and offered to every member, who connects to it ahead)
+#: this long after a round formed, not at once: a thousand members connecting to it would
+#: compete with the new round's own start (its agents and workers connecting to its store,
+#: the leader's accept queue). A round needed sooner opens it at once.
+NEXT_STORE_DELAY_S = 1.0
 
 ConnId = int
 
@@ -199,6 +204,8 @@ class LeaderTerm:
     _seq: int = 0
     _store_failures: int = 0
     _store_retry_at: float | None = None
+    #: When to open the next round's store (``NEXT_STORE_DELAY_S`` after a round formed).
+    _spare_due_at: float | None = None
     _barrier_opened: int = 0
     _stopped: bool = False
     #: What this term has done, for diagnostics and the scale benchmark's cost per join.
@@ -309,6 +316,9 @@ class LeaderTerm:
         if self._store_retry_at is not None and now >= self._store_retry_at:
             self._store_retry_at = None
             self._request_store()
+        if self._spare_due_at is not None and now >= self._spare_due_at:
+            self._spare_due_at = None
+            self._request_store()
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
             self._beat(now)
@@ -325,6 +335,8 @@ class LeaderTerm:
             times.append(self._wait_until)
         if self._store_retry_at is not None:
             times.append(self._store_retry_at)
+        if self._spare_due_at is not None:
+            times.append(self._spare_due_at)
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].join_deadline != deadlines[0][0]:
             heapq.heappop(deadlines)  # that join was answered or its deadline moved
@@ -409,6 +421,10 @@ class LeaderTerm:
 
     def connected_nodes(self) -> int:
         return len(self._by_node)
+
+    def follows(self, node: int) -> bool:
+        """Whether ``node`` is connected to this term (said hello)."""
+        return node in self._by_node
 
     def all_gone(self) -> bool:
         return self.book.all_gone()
@@ -562,6 +578,7 @@ class LeaderTerm:
             if isinstance(decision, Form):
                 if self._spare_port is None:
                     self._wanted_form = decision
+                    self._spare_due_at = None  # wanted now
                     if self._store_retry_at is None:
                         self._request_store()
                     self._wait_until = None
@@ -569,7 +586,7 @@ class LeaderTerm:
                 self._wanted_form = None
                 self._form(decision, self._spare_port, now)
                 self._spare_port = None
-                self._request_store()
+                self._spare_due_at = now + NEXT_STORE_DELAY_S
                 continue
             self._wanted_form = None
             self._wait_until = decision.until

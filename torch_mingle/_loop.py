@@ -403,6 +403,7 @@ class Loop:
         events = self._sel.select(timeout)
         now = self.clock()
         node.core.wall_offset_s = wall_clock() - now  # follows clock steps (NTP)
+        node.batching = True  # one flush for everything this wake-up brought (Node.end_batch)
         for key, mask in events:
             kind, obj = key.data
             if kind == "udp":
@@ -417,6 +418,7 @@ class Loop:
                 if stream is not None:
                     self._stream_ready(stream, mask, now)
             self._run_deferred(now)
+        self._guard("the inputs of a wake-up", lambda: node.end_batch(now), now)
         self._run_calls(now)
         self._housekeeping(now)
         timer = node.next_timer()
@@ -445,7 +447,7 @@ class Loop:
             self._renew_at = now + RENEW_RETRY_S
 
     def _run_calls(self, now: float) -> None:
-        while True:
+        while self._calls:  # read without the lock: a call added meanwhile wakes the next select
             with self._calls_lock:
                 if not self._calls:
                     return

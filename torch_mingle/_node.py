@@ -184,49 +184,54 @@ class Board:
     """Where the loop thread posts results and snapshots, and the agent's thread waits for them."""
 
     def __init__(self, diagnostics: Diagnostics) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # Two conditions on one lock: a snapshot (published a dozen times a second while a
+        # round forms) wakes only those who wait for one, not the agent waiting for its answer.
+        self._snapshots = threading.Condition(lock)
+        self._answers = threading.Condition(lock)
         self._diag = diagnostics
         self.fatal: BaseException | None = None
 
     def publish(self, diag: Diagnostics) -> None:
-        with self._cond:
+        with self._snapshots:
             if self.fatal is not None:  # a failed loop stays failed, whatever is published late
                 diag = replace(diag, loop_alive=False, last_error=str(self.fatal))
             self._diag = diag
-            self._cond.notify_all()
+            self._snapshots.notify_all()
 
     def diagnostics(self) -> Diagnostics:
-        with self._cond:
+        with self._snapshots:
             return self._diag
 
     def wait_for(self, predicate: Callable[[Diagnostics], bool], timeout_s: float) -> Diagnostics | None:
         """The first snapshot that satisfies ``predicate``, or None after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        with self._cond:
+        with self._snapshots:
             while not predicate(self._diag):
                 left = deadline - time.monotonic()
                 if left <= 0 or self.fatal is not None:
                     return None
-                self._cond.wait(left)
+                self._snapshots.wait(left)
             return self._diag
 
     def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:
-        with self._cond:
+        with self._answers:
             if ticket.done:
                 return
             ticket.done, ticket.result, ticket.error = True, result, error
-            self._cond.notify_all()
+            self._answers.notify_all()
 
     def extend(self, ticket: Ticket, deadline: float | None) -> None:
-        with self._cond:
+        with self._answers:
             ticket.deadline = deadline
-            self._cond.notify_all()
+            self._answers.notify_all()
 
     def fail(self, exc: BaseException) -> None:
-        with self._cond:
+        with self._answers:
             self.fatal = exc
             self._diag = replace(self._diag, loop_alive=False, last_error=str(exc))
-            self._cond.notify_all()
+            self._answers.notify_all()
+            self._snapshots.notify_all()
 
     def wait(self, ticket: Ticket, *, grace_s: float, clock: Callable[[], float] = time.monotonic) -> object:
         """Block until the node resolves ``ticket``; every wait has a deadline.
@@ -234,7 +239,7 @@ class Board:
         The node's own deadline (which moves while the node is parked) plus ``grace_s``
         bounds it; a loop that died fails it at once.
         """
-        with self._cond:
+        with self._answers:
             while not ticket.done:
                 if self.fatal is not None:
                     raise MingleStateError(f"the mingle loop stopped: {self.fatal}") from self.fatal
@@ -245,7 +250,7 @@ class Board:
                         f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
                         "this is a bug in torch_mingle"
                     )
-                self._cond.wait(1.0 if limit is None else min(1.0, limit - now))
+                self._answers.wait(1.0 if limit is None else min(1.0, limit - now))
         if ticket.error is not None:
             raise ticket.error
         return ticket.result
@@ -306,6 +311,11 @@ class Node:
         self._now = 0.0
         self._published: tuple[object, ...] = ()
         self._published_at = float("-inf")
+        #: Set by the shell while it hands in the inputs of one wake-up: they are flushed
+        #: together by ``end_batch`` (a new leader woken by a thousand hellos flushes once,
+        #: not a thousand times).
+        self.batching = False
+        self._unflushed = False
         #: Called with every election event (tests and simulations record them).
         self.trace: Callable[[float, object], None] | None = None
 
@@ -323,19 +333,19 @@ class Node:
 
     def on_datagram(self, data: bytes, addr: Dest, now: float) -> None:
         self.core.receive_datagram(data, addr, now)
-        self._flush(now)
+        self._flushed_later(now)
 
     def on_accepted(self, conn: int, now: float) -> None:
         if self.term is None:
             self.net.close(conn)
             return
         self.term.accepted(conn, now)
-        self._flush(now)
+        self._flushed_later(now)
 
     def on_connected(self, conn: int, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
             self.session.connected(now)
-            self._flush(now)
+            self._flushed_later(now)
 
     def on_frames(self, conn: int, frames: list[dict[str, object]] | Invalid, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
@@ -344,14 +354,14 @@ class Node:
                 self.core.leader_alive(now, self.session.claim)
         elif self.term is not None and conn in self.term.conns:
             self.term.received(conn, frames, now)
-        self._flush(now)
+        self._flushed_later(now)
 
     def on_closed(self, conn: int, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
             self.session.closed(reason, refused=refused, by_peer=by_peer, now=now)
         elif self.term is not None:
             self.term.closed(conn, reason, now, hard=refused or by_peer)
-        self._flush(now)
+        self._flushed_later(now)
 
     def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenClient):
@@ -362,7 +372,19 @@ class Node:
             self.term.job_done(job, result, error, now)
         elif isinstance(result, int) and error is None and not isinstance(job, ReleaseStores):
             self.net.submit(ReleaseStores(ports=(result,)), tag)  # a store for a term that ended
-        self._flush(now)
+        self._flushed_later(now)
+
+    def end_batch(self, now: float) -> None:
+        """The shell handed in every input of this wake-up: flush what they decided."""
+        self.batching = False
+        if self._unflushed:
+            self._flush(now)
+
+    def _flushed_later(self, now: float) -> None:
+        if self.batching:
+            self._unflushed = True
+        else:
+            self._flush(now)
 
     def on_timer(self, now: float) -> None:
         timer = self.core.next_timer()
@@ -556,6 +578,7 @@ class Node:
     def _flush(self, now: float) -> None:
         """Hand what the protocol objects decided to the shell, until nothing is left."""
         self._now = now
+        self._unflushed = False
         for _ in range(FLUSH_ROUNDS):
             busy = False
             for data, dest in self.core.datagrams_to_send(now):
@@ -711,7 +734,7 @@ class Node:
             own_history=self.history,
         )
         self.term.start(now)
-        if not self.core.leader_ready(now, s.advertised_ip, port):
+        if not self.core.leader_ready(now, s.advertised_ip, port, self.term.follows):
             self._unlead("the claim was overtaken before the term started", now)
             return
         log.info(
@@ -1009,11 +1032,13 @@ class Node:
 
     def nodes_waiting(self, now: float) -> int:
         """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""
+        return self._nodes_waiting(self._status(now))
+
+    def _nodes_waiting(self, status: Status | None) -> int:
         rnd = self.in_round
         if rnd is None:
             return 0
-        status = self._status(now)
-        if self._failure(now) and status is not None and status.epoch == rnd.epoch:
+        if status is not None and status.failure and status.epoch == rnd.epoch:
             return 1  # its round cannot start: stop the workers (the next join fails with why)
         if self.job_closed:
             return 0
@@ -1039,10 +1064,17 @@ class Node:
         view = self.core.leader
         status = self._status(now)
         rnd = self.in_round
-        waiting = self.nodes_waiting(now)
+        waiting = self._nodes_waiting(status)
+        # What the snapshot shows of the leader; not when it was last heard, which every
+        # announcement changes (a thousand followers would publish at every one).
+        shown = (
+            None
+            if view is None
+            else (view.claim, view.store_ip, view.store_port, view.is_self, view.established)
+        )
         key = (
             self.core.role,
-            view,
+            shown,
             rnd,
             status,
             waiting,

@@ -43,7 +43,6 @@ run hundreds of nodes on a fake network in milliseconds.
 from __future__ import annotations
 
 import enum
-import ipaddress
 import logging
 import random
 from collections import Counter, OrderedDict
@@ -61,6 +60,7 @@ from torch_mingle._wire import (
     Probe,
     Query,
     Resign,
+    parse_ip,
     with_scope_of,
 )
 from torch_mingle.errors import MingleStateError
@@ -210,6 +210,9 @@ class Timing:
     #: How long the members of a round wait for the next member in rank order to take over
     #: from their lost leader: it may detect the loss up to one heartbeat later than they do.
     successor_wait_s: float = 5.25
+    #: How long the members of a round we took over have to follow us (they heard our
+    #: multicast announcement) before each one that does not gets it by unicast.
+    fanout_delay_s: float = 0.25
 
     @classmethod
     def for_keep_alive(cls, election_window_s: float, interval_s: float, attempts: int) -> Timing:
@@ -221,6 +224,7 @@ class Timing:
             leader_timeout_s=interval_s * attempts,
             suspect_ttl_s=interval_s * attempts,
             successor_wait_s=interval_s + max(0.25, 4 * election_window_s),
+            fanout_delay_s=max(0.25, 4 * election_window_s),
         )
 
 
@@ -338,6 +342,10 @@ class Discovery:
         self._election_deadline = 0.0
         self._next_announce = 0.0
         self._burst_left: list[float] = []
+        #: Members of the round we took over, told by unicast at ``_fanout_at`` unless they follow.
+        self._fanout: list[tuple[int, Dest]] = []
+        self._fanout_at = 0.0
+        self._follows: Callable[[int], bool] | None = None
         self._last_mcast_announce = float("-inf")
         self._outbox: list[tuple[bytes, Dest]] = []
         self._events: list[Event] = []
@@ -417,6 +425,12 @@ class Discovery:
             if now >= self._next_announce:
                 self._send_announce(None, now)
                 self._schedule_announce(now)
+            if self._fanout and now >= self._fanout_at:
+                follows = self._follows
+                dests = [dest for node, dest in self._fanout if follows is None or not follows(node)]
+                self._fanout, self._follows = [], None
+                if dests:
+                    self._emit(self._status, dests, now)  # one encoding for them all
         elif (
             self.role is Role.FOLLOWING
             and self.leader is not None
@@ -426,8 +440,14 @@ class Discovery:
                 now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s", hard=False
             )
 
-    def leader_ready(self, now: float, store_ip: str, store_port: int) -> bool:
-        """The shell hosts the store for our claim; returns False if the claim was overtaken."""
+    def leader_ready(
+        self, now: float, store_ip: str, store_port: int, follows: Callable[[int], bool] | None = None
+    ) -> bool:
+        """The shell hosts the store for our claim; returns False if the claim was overtaken.
+
+        ``follows(node)``: whether a node is connected to our term (the shell's word), so that
+        the members of a round we take over are told by unicast only if they need it.
+        """
         if self.role is not Role.CLAIMING or self._own_claim is None:
             return False
         self.role = Role.LEADING
@@ -436,14 +456,23 @@ class Discovery:
             self._status, epoch=self._own_claim.epoch, store_ip=store_ip, store_port=store_port
         )
         self.leader = self._own_view(now)
-        self._burst_left = list(self.timing.announce_burst_s)
+        # A burst of announcements for nodes that missed the first; not when we take over our
+        # round: its members also get one by unicast, and ask us again if they miss both.
+        self._burst_left = [] if self._by_succession else list(self.timing.announce_burst_s)
         self._send_announce(None, now)
         if self._by_succession and self.succession is not None:
-            # The round we took over: tell each member by unicast too, so that it re-forms
-            # where multicast has stopped (a snooping switch that forgot the group).
-            for node, dest in self.succession.dests():
-                if dest is not None and node != self.node_id and node not in self._passed:
-                    self._send_announce(dest, now)
+            # The round we took over: each member that does not follow us soon gets the
+            # announcement by unicast, so that it re-forms where multicast has stopped (a
+            # snooping switch that forgot the group). Not at once to all: where multicast
+            # works they follow within the delay, and a thousand datagrams would wake each
+            # member a second time while we have their hellos to answer.
+            self._fanout = [
+                (node, dest)
+                for node, dest in self.succession.dests()
+                if dest is not None and node != self.node_id and node not in self._passed
+            ]
+            self._fanout_at = now + self.timing.fanout_delay_s
+            self._follows = follows
             self._by_succession = False
         self._schedule_announce(now)
         self._events.append(LeaderFound(self.leader))
@@ -478,7 +507,14 @@ class Discovery:
         self._status = new
         if self.role is Role.LEADING:
             self.leader = self._own_view(now)
-            self._next_announce = min(self._next_announce, now + self.timing.announce_min_gap_s)
+            # Soon, but one multicast per ``query_mcast_gap_s`` at most: a new leader's status
+            # changes a dozen times while a thousand members follow it (their count doubles),
+            # and every announcement wakes every node of the group.
+            soon = max(
+                now + self.timing.announce_min_gap_s,
+                self._last_mcast_announce + self.timing.query_mcast_gap_s,
+            )
+            self._next_announce = min(self._next_announce, soon)
 
     def leader_failed(self, now: float, claim: Claim, reason: str, *, hard: bool) -> None:
         """The shell lost ``claim``'s leader: ``hard`` with evidence that it is gone, else by silence."""
@@ -534,7 +570,7 @@ class Discovery:
         if self.role is Role.DISCOVERING:
             return min(self._next_query, self._election_deadline)
         if self.role is Role.LEADING:
-            return self._next_announce
+            return min(self._next_announce, self._fanout_at) if self._fanout else self._next_announce
         if self.role is Role.FOLLOWING and self.leader is not None:
             return self.leader_heard_at + self.timing.leader_timeout_s
         return None
@@ -646,6 +682,7 @@ class Discovery:
         self.role = Role.DISCOVERING
         self.leader = None
         self._own_claim = None
+        self._fanout, self._follows = [], None  # a term's unicast announcements end with it
         self._candidates = {}
         self._awaiting = None
         self._queried = False
@@ -686,8 +723,10 @@ class Discovery:
             self._election_deadline = max(self._election_deadline, now + self.timing.election_window_s)
         self._queried = True
         self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), None, now)
-        if self._best_candidate(now) != self.node_id:
-            # Someone better is electing: our retries would only add traffic.
+        if self._by_succession or self._best_candidate(now) != self.node_id:
+            # Someone better is electing, or we take over our round, whose members wait for
+            # us (nobody else is electing): retries would only add traffic, a datagram to
+            # every node of the group each (five before the window ended, at 10 ms doubling).
             gap = self.timing.query_retry_max_s
         else:
             gap = self._query_gap
@@ -828,7 +867,9 @@ class Discovery:
         else:
             self._next_announce = now + self.timing.beacon_interval_s
 
-    def _emit(self, body: Query | Announce | Resign, dest: Dest, now: float) -> None:
+    def _emit(self, body: Query | Announce | Resign, dest: Dest | list[Dest], now: float) -> None:
+        """Send ``body`` to ``dest``, or to each of a list of destinations (the same datagram:
+        each receiver sees its nonce once)."""
         dgram = Datagram(
             job=self.job,
             sender=self.node_id,
@@ -836,8 +877,10 @@ class Discovery:
             sent_ms=self._wall_ms(now),
             nonce=self._rng.getrandbits(64),
         )
-        self._outbox.append((self.codec.encode(dgram), dest))
-        self.stats.sent += 1
+        data = self.codec.encode(dgram)
+        dests = dest if isinstance(dest, list) else [dest]
+        self._outbox.extend((data, d) for d in dests)
+        self.stats.sent += len(dests)
 
     def _wall_ms(self, now: float) -> int:
         return max(0, int((now + self.wall_offset_s) * 1000))
@@ -906,7 +949,7 @@ def announced_store_ip(body: Announce, addr: Dest) -> str:
     link-local IPv6 address gets the scope of the interface it was heard on.
     """
     try:
-        unspecified = ipaddress.ip_address(body.store_ip.split("%", 1)[0]).is_unspecified
+        unspecified = parse_ip(body.store_ip).is_unspecified
     except ValueError:
         return body.store_ip
     if unspecified and addr is not None:

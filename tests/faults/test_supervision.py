@@ -59,7 +59,12 @@ def test_a_store_that_fails_to_open_once_is_opened_again_without_resigning(make_
     _faults.arm("worker.open_store", times=1)  # e.g. out of descriptors for a moment
     with caplog.at_level(logging.WARNING, logger="torch_mingle"):
         infos = rendezvous_all(handlers)
+        # The next round's store is opened a moment after the round formed; whichever open
+        # failed, the one tried again is named to the follower, which connects to it ahead.
+        follower = next(h for h in handlers if not h.diagnostics().is_leader)
+        assert follower.wait_diagnostics(lambda d: d.store_ahead, 10.0) is not None, follower.diagnostics()
     assert sorted(i.rank for i in infos) == [0, 1]
+    assert _faults.remaining("worker.open_store") == 0, "the failpoint was never reached"
     assert not any(h.diagnostics().recoveries for h in handlers), "a passing failure made the leader resign"
     assert any("cannot open a round store" in r.getMessage() for r in caplog.records)
 
