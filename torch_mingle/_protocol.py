@@ -342,6 +342,7 @@ class Discovery:
         self._election_deadline = 0.0
         self._next_announce = 0.0
         self._burst_left: list[float] = []
+        self._succession_set: frozenset[int] | None = None
         #: Members of the round we took over, told by unicast at ``_fanout_at`` unless they follow.
         self._fanout: list[tuple[int, Dest]] = []
         self._fanout_at = 0.0
@@ -536,6 +537,7 @@ class Discovery:
         """The round this node is in now: if its leader is lost, the members take over in its
         rank order (the next member claims, the others wait for it and ask it by unicast)."""
         self.succession = succession
+        self._succession_set = None
         self._passed = set()
 
     def abandon(self, now: float) -> None:
@@ -606,8 +608,20 @@ class Discovery:
         self.max_epoch_seen = max(self.max_epoch_seen, d.body.epoch_seen)
         if addr is not None:
             self._send_announce(addr, now)
+        if self._in_our_round(d.sender):
+            # The multicast copy is for nodes that stayed silent (a crowd starting at once);
+            # the members of our round each ask for themselves, and a thousand of them asking
+            # a new leader made it multicast every query_mcast_gap_s, each copy to every node.
+            return
         if now - self._last_mcast_announce >= self.timing.query_mcast_gap_s:
             self._send_announce(None, now)
+
+    def _in_our_round(self, node: int) -> bool:
+        if self.succession is None:
+            return False
+        if self._succession_set is None:
+            self._succession_set = frozenset(self.succession.members)  # once a round, when asked
+        return node in self._succession_set
 
     def _announce_while_electing(self, d: Datagram, addr: Dest, now: float) -> None:
         claim = self._checked_claim(d, now)
