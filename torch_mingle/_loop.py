@@ -419,6 +419,7 @@ class Loop:
                     self._stream_ready(stream, mask, now)
             self._run_deferred(now)
         self._guard("the inputs of a wake-up", lambda: node.end_batch(now), now)
+        node.batching = False  # also when that failed: later inputs flush at once
         self._run_calls(now)
         self._housekeeping(now)
         timer = node.next_timer()

@@ -332,8 +332,16 @@ class Node:
         self._flush(now)
 
     def on_datagram(self, data: bytes, addr: Dest, now: float) -> None:
+        # A datagram may change who leads: what came before it in this wake-up is flushed
+        # first, and what it changed at once (a term overtaken must not take the frames that
+        # follow; a session replaced must not lose the round it was just sent).
+        if self._unflushed:
+            self._flush(now)
         self.core.receive_datagram(data, addr, now)
-        self._flushed_later(now)
+        if self.core.has_events():
+            self._flush(now)
+        else:
+            self._flushed_later(now)
 
     def on_accepted(self, conn: int, now: float) -> None:
         if self.term is None:

@@ -568,6 +568,9 @@ class Discovery:
         out, self._events = self._events, []
         return out
 
+    def has_events(self) -> bool:
+        return bool(self._events)
+
     def next_timer(self) -> float | None:
         if self.role is Role.DISCOVERING:
             return min(self._next_query, self._election_deadline)

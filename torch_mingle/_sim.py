@@ -252,13 +252,20 @@ class Simulation:
             self.now = max(self.now, until)
             return False
         self.now = max(self.now, t)
+        batch: list[SimNode] = []
         for delivery in self.net.pop_due(self.now):
             target = self._by_addr.get(delivery.dst)
             if target is not None and target.alive and target.started:
                 if target.frozen:
                     target.held.append(delivery)
-                else:
-                    self._dispatch(target, delivery)
+                    continue
+                if not target.node.batching:
+                    target.node.batching = True
+                    batch.append(target)
+                self._dispatch(target, delivery)
+        for target in batch:  # as the real loop does: what one wake-up brought, flushed once
+            target.node.end_batch(self.now)
+            self._schedule_timer(target)
         while self._heap and self._heap[0][0] <= self.now:
             _, _, index, action = heapq.heappop(self._heap)
             node = self.nodes[index]

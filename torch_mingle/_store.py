@@ -231,12 +231,10 @@ class AgentStore(Store):
 
 
 #: Nodes of one process that lose the same leader within this long share one scan: it cut
-#: every connection of the process to those stores (a torchrun agent holds one node; the
-#: benchmarks and tests hold up to 64, and 64 scans of 1,000 descriptors starved them). A
-#: node scans only for the ports no scan of the last ``ABORT_COALESCE_S`` covered.
+#: every connection of the process to that store (a torchrun agent holds one node; the
+#: benchmarks and tests hold up to 64, and 64 scans of 1,000 descriptors starved them).
 ABORT_COALESCE_S = 0.5
-#: (address, port) -> when this process last cut its connections to it.
-_last_aborts: dict[tuple[str, int], float] = {}
+_last_aborts: dict[tuple[str, tuple[int, ...]], float] = {}
 _abort_lock = threading.Lock()
 
 
@@ -246,18 +244,15 @@ def abort_connections_to(ip: str, ports: Sequence[int]) -> int:
     A thread blocked in a TCPStore call on such a connection (a frozen leader's store) then
     returns with an error at once. Linux only: elsewhere nothing is done.
     """
+    key = (ip, tuple(sorted(ports)))
     with _abort_lock:
         now = time.monotonic()
-        scan = [
-            p
-            for p in sorted(set(ports))
-            if now - _last_aborts.get((ip, p), float("-inf")) >= ABORT_COALESCE_S
-        ]
-        for port in scan:
-            _last_aborts[(ip, port)] = now
-        while len(_last_aborts) > 256:
+        if now - _last_aborts.get(key, float("-inf")) < ABORT_COALESCE_S:
+            return 0  # another node of this process just cut them all
+        _last_aborts[key] = now
+        if len(_last_aborts) > 64:
             _last_aborts.pop(next(iter(_last_aborts)))
-    return _abort_now(ip, scan) if scan else 0
+    return _abort_now(ip, ports)
 
 
 def _abort_now(ip: str, ports: Sequence[int]) -> int:
