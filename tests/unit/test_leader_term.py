@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch_mingle._leader import LeaderTerm, OpenStore
+from torch_mingle._leader import NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, RoundBook, node_hex
 from torch_mingle._wire import FrameReader
@@ -287,3 +287,23 @@ def test_a_member_whose_new_connection_came_first_gets_its_round_again_and_keeps
     _join(term, 11, 7, 0.33)
     assert _rounds_sent(_sent(term), 11) == [(7, 1)]
     assert term.book.drops == {2: 1} and not term.book.stale
+
+
+def test_the_next_rounds_store_opens_a_moment_after_a_round_and_at_once_when_a_round_wants_it():
+    """A thousand members connecting to the next store must not compete with the new round's
+    start: it opens NEXT_STORE_DELAY_S after the round; a round wanted sooner does not wait."""
+    term = _round_of_two()  # round 1 formed at 0.3
+    assert term.jobs() == []  # not yet
+    term.handle_timer(0.3 + NEXT_STORE_DELAY_S / 2)
+    assert term.jobs() == []
+    next_timer = term.next_timer()
+    assert next_timer is not None and next_timer <= 0.3 + NEXT_STORE_DELAY_S
+    term.handle_timer(0.3 + NEXT_STORE_DELAY_S)
+    assert term.jobs() == [OpenStore()]
+
+    term = _round_of_two()
+    term.closed(10, "its process died", 0.4, hard=True)  # node 2 dies: the round is stale
+    term.join_local(2, "198.18.0.1", None, 60.0, 60.0, 0.5)  # the leader re-joins alone (min 2: it waits)
+    _connect(term, 11, 3, 0.6)
+    _join(term, 11, 9, 0.7)  # a new round is due now: its store opens at once
+    assert term.jobs() == [OpenStore()]
