@@ -11,7 +11,7 @@ import random
 import pytest
 
 from torch_mingle._node import Joined
-from torch_mingle._protocol import BecomeLeader, SteppedDown, Timing
+from torch_mingle._protocol import BecomeLeader, Dest, SteppedDown, Timing
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._transport import Route
 
@@ -290,10 +290,10 @@ def test_a_takeover_sends_the_group_a_handful_of_datagrams_whatever_the_round_si
     ranks = agents.rounds[-1][2]
     successor = next(node for node in sim.nodes if node.core.node_id == ranks[1])
     net = successor.node.net
-    sent: list[tuple[float, object]] = []
+    sent: list[tuple[float, Dest]] = []
     send = net.send_datagram
 
-    def spy(data: bytes, dest: object) -> None:
+    def spy(data: bytes, dest: Dest) -> None:
         sent.append((sim.now, dest))
         send(data, dest)
 
