@@ -265,8 +265,18 @@ def start_training(
 
 
 def leader_of(agents: Sequence[Agent]) -> Agent:
-    """The one agent among ``agents`` whose log says it leads the job."""
-    leaders = [a for a in agents if "this node leads job" in a.output()]
+    """The one agent among ``agents`` that leads the job: the last leader its log names is itself.
+
+    Not "ever logged that it leads": agents that start together may elect two leaders of one
+    epoch for a moment, and the weaker steps down (the lower node id wins before the first
+    round); that node then names the other as its leader.
+    """
+
+    def last_leader(agent: Agent) -> str:
+        named = [line for line in agent.output().splitlines() if "] leader: " in line]
+        return named[-1] if named else ""
+
+    leaders = [a for a in agents if "] leader: this node" in last_leader(a)]
     assert len(leaders) == 1, f"{len(leaders)} leaders among {[a.name for a in agents]}\n{dump(agents)}"
     return leaders[0]
 
