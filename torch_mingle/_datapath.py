@@ -15,7 +15,6 @@ checked, and each check first drains what the previous round's probes left in th
 from __future__ import annotations
 
 import errno
-import ipaddress
 import itertools
 import os
 import selectors
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torch_mingle._record import record
+from torch_mingle._wire import parse_ip
 from torch_mingle.errors import README_NETWORKS, MingleConnectionError
 
 #: Peers each node probes in a large round (every peer when the round is at most this + 1).
@@ -238,7 +238,7 @@ def probe(
 def _address(ip: str, port: int, scope: str | None) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
     """The peer's address to connect to. A link-local IPv6 address gets this node's own
     interface as its scope: the scope the peer advertised is the name of *its* interface."""
-    addr = ipaddress.ip_address(ip.partition("%")[0])
+    addr = parse_ip(ip)
     if addr.version == 4:
         return socket.AF_INET, (str(addr), port)
     text = f"{addr}%{scope}" if addr.is_link_local and scope else str(addr)

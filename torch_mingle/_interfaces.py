@@ -78,13 +78,13 @@ class Interface:
 
 
 def family_of(address: str) -> int:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    ip = parse_ip(address)
     return socket.AF_INET6 if ip.version == 6 else socket.AF_INET
 
 
 def _preferred(addresses: tuple[str, ...]) -> str:
     def rank(addr: str) -> tuple[int, str]:
-        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+        ip = parse_ip(addr)
         return (1 if ip.is_link_local else 0, addr)
 
     return min(addresses, key=rank)
@@ -146,10 +146,10 @@ def _matches(iface: Interface, spec: str) -> bool:
     if iface.name == spec:
         return True
     try:
-        wanted = ipaddress.ip_address(spec.split("%", 1)[0])
+        wanted = parse_ip(spec)
     except ValueError:
         return False
-    return any(ipaddress.ip_address(a.split("%", 1)[0]) == wanted for a in iface.addresses)
+    return any(parse_ip(a) == wanted for a in iface.addresses)
 
 
 def _listing(ifaces: list[Interface]) -> str:

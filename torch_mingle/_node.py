@@ -622,7 +622,7 @@ class Node:
         if rnd is None or self._failure_cut == rnd.number:
             return
         status = self._status(now)
-        if not self._failure(now) or status is None or status.epoch != rnd.epoch:
+        if status is None or not status.failure or status.epoch != rnd.epoch:
             return
         self._failure_cut = rnd.number
         ip = self.settings.connect_ip if self.term is not None else self._last_leader_ip

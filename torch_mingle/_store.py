@@ -36,6 +36,7 @@ from torch.distributed import DistError, DistNetworkError, PrefixStore, Store, T
 
 from torch_mingle import _faults
 from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
+from torch_mingle._wire import parse_ip
 from torch_mingle.errors import MingleClosedError
 
 try:  # torch's exit-barrier keys in an agent store: the counter and "the last one arrived"
@@ -290,7 +291,7 @@ def _abort_now(ip: str, ports: Sequence[int]) -> int:
 
 
 def _plain(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    addr = ipaddress.ip_address(ip.partition("%")[0])
+    addr = parse_ip(ip)
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         return addr.ipv4_mapped
     return addr

@@ -27,6 +27,7 @@ from multicast_expert import McastRxSocket, McastTxSocket, MulticastExpertError
 from torch_mingle._interfaces import Interface
 from torch_mingle._protocol import Dest
 from torch_mingle._record import record
+from torch_mingle._wire import parse_ip
 from torch_mingle.errors import README_NETWORKS, MingleNetworkError
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ class McastTransport:
         """
         if self._rx is None or not sys.platform.startswith("linux"):
             return True
-        group = ipaddress.ip_address(self.group.partition("%")[0]).packed  # a scoped IPv6 group too
+        group = parse_ip(self.group).packed  # a scoped IPv6 group too
         if self.iface.family == socket.AF_INET:
             level, leave, join = socket.IPPROTO_IP, socket.IP_DROP_MEMBERSHIP, socket.IP_ADD_MEMBERSHIP
             # struct ip_mreqn: group, no local address (4 zero bytes), the interface by index

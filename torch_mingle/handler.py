@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import ipaddress
 import itertools
 import logging
 import os
@@ -43,7 +42,7 @@ from torch_mingle._protocol import Discovery, Timing
 from torch_mingle._rounds import Round
 from torch_mingle._store import AgentStore, StoreKeeper, open_client
 from torch_mingle._transport import McastTransport
-from torch_mingle._wire import REPLAY_WINDOW_MS, Codec, derive_key
+from torch_mingle._wire import REPLAY_WINDOW_MS, Codec, derive_key, parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
     README_NETWORKS,
@@ -204,7 +203,7 @@ def _loopback(family: int) -> str:
 
 def _resolve_ip(addr: str, family: int) -> str:
     with contextlib.suppress(ValueError):
-        ipaddress.ip_address(addr.split("%", 1)[0])
+        parse_ip(addr)
         return addr
     try:
         infos = socket.getaddrinfo(addr, None, family, socket.SOCK_STREAM)
@@ -566,7 +565,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             for peer in peers_to_probe(rnd.world_size, rank):
                 ip, port = rnd.ips[peer], rnd.pports[peer]
                 with contextlib.suppress(ValueError):  # a leader on several networks advertises none
-                    if ipaddress.ip_address(ip.split("%", 1)[0]).is_unspecified:
+                    if parse_ip(ip).is_unspecified:
                         ip = joined.leader_ip or self._ip
                 if port:
                     targets.append((peer, ip, port))
