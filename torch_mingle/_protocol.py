@@ -590,11 +590,17 @@ class Discovery:
         self.max_epoch_seen = max(self.max_epoch_seen, d.body.epoch_seen)
         if self._suspects.get(d.sender, float("-inf")) > now:
             return
-        if len(self._candidates) >= MAX_CANDIDATES and d.sender not in self._candidates:
+        new = d.sender not in self._candidates
+        if len(self._candidates) >= MAX_CANDIDATES and new:
             worst = max(self._candidates)
             if d.sender > worst:
                 return
             del self._candidates[worst]
+        if new and addr is not None and self._should_greet(d.sender, now):
+            # The node that will win joined the group after our query, so it never heard us:
+            # tell it we are here, so it can count every node of the job and claim at once
+            # instead of waiting out its window (the others all heard it, and wait for it).
+            self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), addr, now)
         self._candidates[d.sender] = (now, d.body.epoch_seen)
         if (
             self.role is Role.DISCOVERING
@@ -605,6 +611,18 @@ class Discovery:
         ):
             # Every node the job can have has spoken: nobody is left to wait for.
             self._election_deadline = now
+
+    def _should_greet(self, newcomer: int, now: float) -> bool:
+        """Answer a newcomer's first query with ours, by unicast: only in a small job (where
+        every node speaks, so the election can end once all have), once we have queried, and
+        only a newcomer that beats every candidate we know: the one that must hear us all."""
+        return (
+            self.role is Role.DISCOVERING
+            and 0 < self.expected_nodes <= SPEAK_ALL_UP_TO
+            and self._queried
+            and not self._by_succession
+            and newcomer < self._best_candidate(now)
+        )
 
     def _query_while_leading(self, d: Datagram, addr: Dest, now: float) -> None:
         assert isinstance(d.body, Query)  # noqa: S101

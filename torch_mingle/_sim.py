@@ -168,9 +168,9 @@ class Simulation:
         for _ in range(n):
             self.add_node(self.rng.uniform(0.0, start_spread_s))
 
-    def add_node(self, start_at: float, *, job: str | None = None) -> SimNode:
+    def add_node(self, start_at: float, *, job: str | None = None, node_id: int | None = None) -> SimNode:
         index = len(self.nodes)
-        node_id = self.rng.getrandbits(64) or 1
+        node_id = node_id or self.rng.getrandbits(64) or 1
         addr = (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 29477)
         codec = Codec(self.key) if self.key is not None else _SharedDecodeCodec(self._decode_memo)
         core = Discovery(

@@ -282,6 +282,23 @@ def test_when_every_node_of_the_job_has_spoken_the_election_does_not_wait_out_it
     assert sim.leaders() == [lowest]
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_winner_that_joins_last_hears_everyone_and_claims_without_waiting_out_its_window(seed):
+    # Seven of eight nodes have spoken and wait; the eighth, which will win (lowest id), joins
+    # the group after their queries. Their unicast greetings tell it that the whole job is here.
+    sim = Simulation(7, seed=seed, max_nodes=8, expect_all=True)
+    sim.run_until(0.012)
+    assert all(node.core.stats.sent > 0 for node in sim.nodes) and not sim.leaders()
+    sent_before = sum(node.core.stats.sent for node in sim.nodes)
+    late = sim.add_node(0.012, node_id=1)
+    converged_at = sim.run_until_converged(deadline=5.0)
+    assert converged_at is not None and sim.leaders() == [late]
+    assert converged_at - late.start_at < sim.timing.election_window_s  # it used to wait it out
+    # One greeting from each waiting node, the queries and the leader's announcement: no
+    # storm (a greeting is never answered by one, so they cannot ping-pong).
+    assert sum(node.core.stats.sent for node in sim.nodes) - sent_before <= 3 * 8
+
+
 def test_a_new_claim_never_announces_the_standing_of_the_nodes_previous_term():
     # A leader whose round formed (established) steps down before an established epoch 2,
     # then loses that leader by silence (a connect after its link came back found no route)
