@@ -13,8 +13,9 @@ steps down or shuts down. Every other node of the job keeps one TCP connection t
   newer one wins: the node reconnected).
 * **Liveness.** Heartbeats both ways every ``interval_s``. A node whose connection closes
   (its process died: the kernel closed it) or that sends no complete frame for
-  ``timeout_s`` (frozen, cut off, or writing too slowly) is dead: the round book marks it
-  and, if it was in the running round, the round goes stale so the others re-join.
+  ``timeout_s`` (frozen, cut off, or writing too slowly) is dead, dropped when that bound
+  ends (not at the next beat): the round book marks it and, if it was in the running round,
+  the round goes stale so the others re-join.
 * **Joins and rounds.** ``join`` asks for a place in the next round. The ``RoundBook``
   decides; a round forms on a fresh TCPStore (``OpenStore``, opened ahead of time on the
   shell's worker thread) and every admitted node gets its ``round`` frame. A joiner that
@@ -194,6 +195,8 @@ class LeaderTerm:
     _wanted_form: Form | None = None
     _wait_until: float | None = None
     _next_beat: float = 0.0
+    #: A sweep for silent members before the next beat: the first one's bound ends sooner.
+    _sweep_at: float | None = None
     _status: Status | None = None
     _status_dirty: bool = False
     _now: float = 0.0
@@ -321,7 +324,9 @@ class LeaderTerm:
             self._request_store()
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
-            self._beat(now)
+            self._sweep(now, beat=True)
+        elif self._sweep_at is not None and now >= self._sweep_at:
+            self._sweep(now, beat=False)
         self._check_joins(now)
         if self._wait_until is not None and now >= self._wait_until:
             self._wait_until = None
@@ -331,6 +336,8 @@ class LeaderTerm:
         if self._stopped:
             return None
         times = [self._next_beat]
+        if self._sweep_at is not None:
+            times.append(self._sweep_at)
         if self._wait_until is not None:
             times.append(self._wait_until)
         if self._store_retry_at is not None:
@@ -704,19 +711,37 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ liveness
 
-    def _beat(self, now: float) -> None:
+    def _sweep(self, now: float, *, beat: bool) -> None:
+        """Drop the members silent past their bound (``hello_timeout_s`` before the hello,
+        ``timeout_s`` after); with ``beat``, send the others a heartbeat.
+
+        A member is dropped when its bound ends, not at the next beat after it (up to
+        ``interval_s`` later): a bound that ends before the next beat gets a sweep of its own,
+        at least ``interval_s / 10`` after this one, so that a thousand members whose bounds
+        end one after another cost a few passes, not one each.
+        """
+        earliest: float | None = None
         for m in list(self.conns.values()):
             if m.node is None:
-                if now - m.opened > self.hello_timeout_s:
+                due = m.opened + self.hello_timeout_s
+                if now >= due:
                     self._close(m, f"no hello within {self.hello_timeout_s:g}s")
-                continue
-            if now - m.last_heard > self.timeout_s:
-                why = f"no heartbeat for {self.timeout_s:g}s (frozen, cut off or too slow)"
-                self._send(m, "evicted", why=why)
-                self._drop(m, why, now)
-                continue
-            self._send(m, "hb")
-            self.counters.beats_out += 1
+                    continue
+            else:
+                due = m.last_heard + self.timeout_s
+                if now >= due:
+                    why = f"no heartbeat for {self.timeout_s:g}s (frozen, cut off or too slow)"
+                    self._send(m, "evicted", why=why)
+                    self._drop(m, why, now)
+                    continue
+                if beat:
+                    self._send(m, "hb")
+                    self.counters.beats_out += 1
+            earliest = due if earliest is None else min(earliest, due)
+        if earliest is None or earliest >= self._next_beat:
+            self._sweep_at = None
+        else:
+            self._sweep_at = max(earliest, now + self.interval_s / 10)
 
     def _drop(self, m: _Member, why: str, now: float) -> None:
         self._close(m, why)

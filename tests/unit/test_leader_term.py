@@ -307,3 +307,37 @@ def test_the_next_rounds_store_opens_a_moment_after_a_round_and_at_once_when_a_r
     _connect(term, 11, 3, 0.6)
     _join(term, 11, 9, 0.7)  # a new round is due now: its store opens at once
     assert term.jobs() == [OpenStore()]
+
+
+def _run_timers(term: LeaderTerm, start: float, until: float, every_s: float | None = None) -> list[float]:
+    """Drive the term's timers as the loop does, from ``start`` to ``until``; with ``every_s``,
+    node 2 (connection 10) sends a heartbeat that often. Returns the times the term woke."""
+    woke, t, next_hb = [], start, start + (every_s or 0.0)
+    while True:
+        timer = term.next_timer()
+        assert timer is not None
+        t = min(timer, next_hb) if every_s else timer
+        if t > until:
+            return woke
+        if every_s and t == next_hb:
+            term.received(10, [{"t": "hb"}], t)
+            next_hb += every_s
+        if t >= timer:
+            term.handle_timer(t)
+            woke.append(t)
+        if any(f["t"] == "evicted" for f in _sent(term).get(10, [])):
+            return woke
+
+
+def test_a_silent_member_is_dropped_when_its_heartbeat_bound_ends_not_at_the_next_beat():
+    term = _round_of_two()  # node 2 last heard at 0.3; heartbeats every 1 s, bound 3 s
+    woke = _run_timers(term, 0.3, 10.0)
+    assert woke[-1] == 0.3 + 3.0  # it used to be the beat after: 4.0
+
+
+def test_members_that_keep_beating_cost_the_leader_no_wake_up_beside_its_beats():
+    term = _round_of_two()
+    woke = _run_timers(term, 0.3, 10.3, every_s=1.0)
+    beats = [t for t in woke if abs(t - round(t)) < 1e-9]
+    assert len(woke) - len(beats) <= 1, woke  # the next round's store, opened once
+    assert not any(f["t"] == "evicted" for f in _sent(term).get(10, []))
