@@ -312,7 +312,8 @@ def test_the_next_rounds_store_opens_a_moment_after_a_round_and_at_once_when_a_r
 def _run_timers(term: LeaderTerm, start: float, until: float, every_s: float | None = None) -> list[float]:
     """Drive the term's timers as the loop does, from ``start`` to ``until``; with ``every_s``,
     node 2 (connection 10) sends a heartbeat that often. Returns the times the term woke."""
-    woke, t, next_hb = [], start, start + (every_s or 0.0)
+    woke: list[float] = []
+    t, next_hb = start, start + (every_s or 0.0)
     while True:
         timer = term.next_timer()
         assert timer is not None
