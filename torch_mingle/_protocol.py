@@ -600,7 +600,7 @@ class Discovery:
             # The node that will win joined the group after our query, so it never heard us:
             # tell it we are here, so it can count every node of the job and claim at once
             # instead of waiting out its window (the others all heard it, and wait for it).
-            self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), addr, now)
+            self._emit(self._own_query(), addr, now)
         self._candidates[d.sender] = (now, d.body.epoch_seen)
         if (
             self.role is Role.DISCOVERING
@@ -735,7 +735,7 @@ class Discovery:
             # Ask the member we wait for, by unicast: it answers once it leads (so does its
             # announcement to every member); the group is not flooded by a whole round asking.
             self._queried = True
-            self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), dest, now)
+            self._emit(self._own_query(), dest, now)
             self._next_query = now + self.timing.query_retry_max_s * (1.0 + 0.1 * self._rng.random())
             return
         small = 0 < self.expected_nodes <= SPEAK_ALL_UP_TO
@@ -751,13 +751,17 @@ class Discovery:
             return
         self._emit_query(now)
 
+    def _own_query(self) -> Query:
+        """Our query: the newest epoch we know, and our addresses."""
+        return Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs)
+
     def _emit_query(self, now: float) -> None:
         if not self._queried:
             # The window runs from our first query, not from our start: a node whose thread
             # ran late must still give a leader one window to answer before it may claim.
             self._election_deadline = max(self._election_deadline, now + self.timing.election_window_s)
         self._queried = True
-        self._emit(Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs), None, now)
+        self._emit(self._own_query(), None, now)
         if self._by_succession or self._best_candidate(now) != self.node_id:
             # Someone better is electing, or we take over our round, whose members wait for
             # us (nobody else is electing): retries would only add traffic, a datagram to
