@@ -9,7 +9,7 @@ large ones to a bounded number (``peers_to_probe``: ring neighbours first, then 
 power-of-two distances). Connects run at once, non-blocking, under one deadline.
 
 The listener never accepts on its own: the kernel completes the handshake, which is what is
-checked, and each check first drains what the previous round's probes left in the queue.
+checked, and each join first drains what the previous round's probes left in the queue.
 """
 
 from __future__ import annotations

@@ -316,6 +316,10 @@ class FollowerSession:
                 self._events.append(StatusChanged(status))
         elif kind == "round":
             rnd = Round.from_json(msg["round"])
+            status = _status(msg.get("status"))  # the status the round runs under (leader's _form)
+            if status is not None:
+                self.status = status
+                self._events.append(StatusChanged(status))
             self.next_store_port = None  # used by this round, or not by any: named again if due
             self._events.append(Answer("round", int(msg["id"]), round=rnd))
         elif kind in ("retry", "timeout"):

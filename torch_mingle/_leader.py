@@ -28,7 +28,8 @@ steps down or shuts down. Every other node of the job keeps one TCP connection t
   (``arrive``); once every member has arrived or is gone, and some are gone for good, the
   leader opens the barrier (``OpenExitBarrier``) instead of letting the others wait 300 s.
 * **Status.** ``status`` frames carry what ``num_nodes_waiting()`` needs, pushed when it
-  changes, so the agent's frequent polls never wait on the network.
+  changes, so the agent's frequent polls never wait on the network; a ``round`` frame
+  carries the status its round starts under.
 
 Outputs: frames per connection (``frames()``), connections to close (``closes()``), jobs for
 the shell's worker thread (``jobs()``) and answers for the leader's own node (``local()``).
@@ -63,7 +64,7 @@ from torch_mingle._rounds import (
     node_id,
     peer_ip,
 )
-from torch_mingle._wire import Invalid, check, encode_frame
+from torch_mingle._wire import Invalid, check, dumps_compact, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -619,13 +620,18 @@ class LeaderTerm:
             dports=form.dports,
             pports=form.pports,
         )
+        self.book.formed(rnd, now)
+        # Each member's round carries the status it runs under, so that no status frame
+        # follows it (a second read and wake-up on every member as the round starts).
+        status = self.book.status(now)
+        key, status_json = _status_key(status), dumps_compact(status.to_json())
         self._delivered = {}
         for node in form.members:
             m = self._self if node == self.claim.leader else self._by_node.get(node)
             if m is not None and m.join_id is not None:
                 self._delivered[node] = m.join_id
-                self._answer(m, "round", round=rnd)
-        self.book.formed(rnd, now)
+                self._answer(m, "round", round=rnd, status=status_json)
+                m.told = key
         self._round_ports.append(port)
         old, self._round_ports = (
             self._round_ports[:-ROUND_STORES_KEPT],
@@ -860,7 +866,10 @@ class LeaderTerm:
             self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
             return
         if kind == "round":
-            self._send(m, kind, id=ticket, encoded={"round": fields["round"].encoded})
+            encoded = {"round": fields["round"].encoded}
+            if "status" in fields:
+                encoded["status"] = fields["status"]
+            self._send(m, kind, id=ticket, encoded=encoded)
             return
         self._send(m, kind, id=ticket, **fields)
 
@@ -918,7 +927,7 @@ class LeaderTerm:
         rnd = self.book.current
         if rnd is None:
             return
-        key = (status.epoch, status.round, status.size, status.stale, status.closed, min(status.waiting, 1))
+        key = _status_key(status)
         # Each join changes the status, rarely the key: then only members that connected since
         # the last pass can be untold (a pass per join over every member is O(N**2) a round).
         audience: Iterable[int] = (
@@ -936,6 +945,11 @@ class LeaderTerm:
                 frame = encode_frame("status", status=status.to_json())
             m.told = key
             self._frames.append((m.conn, frame))
+
+
+def _status_key(status: Status) -> tuple[object, ...]:
+    """What of a status a running member acts on: a member told this key needs no new frame."""
+    return (status.epoch, status.round, status.size, status.stale, status.closed, min(status.waiting, 1))
 
 
 def _seconds(raw: Any) -> float:

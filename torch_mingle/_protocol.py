@@ -9,12 +9,12 @@ Decisions come out as events (``BecomeLeader``, ``LeaderFound``, ``LeaderLost``,
 ``SteppedDown``). Nothing here touches a socket, a thread or the clock, so a test can
 run hundreds of nodes on a fake network in milliseconds.
 
-* A starting node multicasts ``QUERY`` ("who leads job J?") after a short random delay
-  (``startup_jitter_s``) and retries with backoff. A leader answers at once with
-  ``ANNOUNCE`` (unicast to the asker, and multicast, rate-limited), so a late joiner adopts
-  the existing leader in one round trip. A node that, before its first query, already heard
-  a better candidate (one that knows at least its epoch) stays silent: when thousands start
-  together only a handful speak, not all of them.
+* A starting node multicasts ``QUERY`` ("who leads job J?") at once in a small job, after
+  a short random delay (``startup_jitter_s``) in a large one, and retries with backoff. A
+  leader answers at once with ``ANNOUNCE`` (unicast to the asker, and multicast,
+  rate-limited), so a late joiner adopts the existing leader in one round trip. A node
+  that, before its first query, already heard a better candidate (one that knows at least
+  its epoch) stays silent: when thousands start together only a handful speak.
 * If no leader answers within ``election_window_s`` (or once every node the job can have,
   ``expected_nodes``, has been heard: nobody is left to wait for), the nodes that heard each
   other's queries pick the lowest node id among the candidates heard. That node claims
@@ -722,7 +722,10 @@ class Discovery:
         self._awaiting = None
         self._queried = False
         self._query_gap = self.timing.query_retry_s
-        self._next_query = now + self._rng.uniform(0.0, self.timing.startup_jitter_s)
+        # The jitter lets most of a crowd hear a better candidate before it speaks (and stay
+        # silent); in a small job everyone speaks anyway, and a late joiner would only wait.
+        small = 0 < self.expected_nodes <= SPEAK_ALL_UP_TO
+        self._next_query = now + (0.0 if small else self._rng.uniform(0.0, self.timing.startup_jitter_s))
         self._election_deadline = now + self.timing.election_window_s
 
     def _send_query(self, now: float) -> None:

@@ -9,6 +9,7 @@ agent's store to the round's TCPStore (which the node cuts loose if the leader i
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import functools
 import itertools
@@ -212,6 +213,19 @@ def _resolve_ip(addr: str, family: int) -> str:
     return str(infos[0][4][0])
 
 
+def _load_idna_codec() -> None:
+    """Load the codec that torch's agent needs right after every rendezvous, now.
+
+    torch's agent records an event when ``next_rendezvous()`` returns, with this host's name
+    (``socket.getfqdn``), and the first name lookup of a process imports Python's IDNA codec:
+    about 3 ms of CPU. torch's own backends look a name up in their handlers; mingle never
+    does (it publishes addresses), so without this the agent would pay it just as the
+    round forms, and on a host shared by several agents (the demo, the tests, the
+    benchmark) the ones that left first would take that CPU from those still joining.
+    """
+    codecs.lookup("idna")
+
+
 _ticket_ids = itertools.count(1)
 
 
@@ -247,6 +261,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         secret = config.load_secret()
         if secret is None:
             _warn_unauthenticated_once(config)
+        _load_idna_codec()
         core = Discovery(
             config.run_id,
             self._node_id,
@@ -348,6 +363,10 @@ class MingleRendezvousHandler(RendezvousHandler):
             )
         started = time.monotonic()
         while True:
+            if self._probe is not None:
+                # What the last round's probes left in the queue goes now, while the join
+                # waits, not when the round has formed and every node probes at once.
+                self._probe.drain()
             left = self._config.join_timeout - (time.monotonic() - started)
             outcome = self._ask("join", left, self._node.request_join)
             if isinstance(outcome, TimedOut):
@@ -560,7 +579,6 @@ class MingleRendezvousHandler(RendezvousHandler):
         """
         rnd, timeout = joined.round, self._config.data_path_timeout
         if self._probe is not None and len(rnd.pports) == len(rnd.ips) == rnd.world_size:
-            self._probe.drain()
             targets = []
             for peer in peers_to_probe(rnd.world_size, rank):
                 ip, port = rnd.ips[peer], rnd.pports[peer]

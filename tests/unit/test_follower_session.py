@@ -173,3 +173,21 @@ def test_a_node_that_leaves_before_its_connection_is_up_sends_its_leave_and_no_j
     s.leave()
     s.connected(0.1)
     assert [f["t"] for f in _frames(s.frames())] == ["hello", "leave"]
+
+
+def test_a_round_carries_the_status_it_starts_under_and_no_status_frame_follows_it():
+    """As a round starts, each member reads one frame: the round, with what ``num_nodes_waiting``
+    needs; a status frame behind it cost every member a second read and wake-up."""
+    s = _session_to(Claim(1, LEADER))
+    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    s.connected(0.1)
+    term = _leader_of_two(1)
+    term.accepted(10, 0.1)
+    term.received(10, _frames(s.frames()), 0.1)
+    answers = _frames([frame for conn, frame in term.frames() if conn == 10])
+    assert [f["t"] for f in answers if f["t"] in ("round", "status")] == ["round"]
+    s.received(answers, 0.2)
+    assert s.status is not None and (s.status.epoch, s.status.round, s.status.size) == (1, 1, 2)
+    term.handle_timer(0.5)
+    later = _frames([frame for conn, frame in term.frames() if conn == 10])
+    assert "status" not in [f["t"] for f in later]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 
 import pytest
 
@@ -328,3 +329,20 @@ def test_a_new_claim_never_announces_the_standing_of_the_nodes_previous_term():
     announced = [d.body for d in sent if isinstance(d, Datagram) and isinstance(d.body, Announce)]
     assert announced and all(a.epoch == 3 for a in announced)
     assert not any(a.established or a.followers or a.round for a in announced), announced
+
+
+def test_in_a_small_job_the_first_query_goes_out_at_once_and_a_crowd_waits_its_jitter():
+    """The start-up jitter lets a crowd stay silent behind a better candidate; in a small job
+    everyone speaks anyway, and a late joiner would only wait (the last node of a round)."""
+    timing = Timing(startup_jitter_s=0.01)
+    small = Discovery("job", 0x50, timing=timing, expected_nodes=8, rng=random.Random(3))
+    crowd = Discovery("job", 0x50, timing=timing, expected_nodes=1000, rng=random.Random(3))
+    for core in (small, crowd):
+        core.start(0.0)
+        if core.next_timer() == 0.0:
+            core.handle_timer(0.0)
+    sent = [Codec().decode(data) for data, _ in small.datagrams_to_send(0.0)]
+    assert [type(d.body) for d in sent if isinstance(d, Datagram)] == [Query]
+    assert len(sent) == 1
+    assert crowd.datagrams_to_send(0.0) == []
+    assert 0.0 < (crowd.next_timer() or 0.0) <= 0.01
