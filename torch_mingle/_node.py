@@ -233,6 +233,17 @@ class Board:
             self._answers.notify_all()
             self._snapshots.notify_all()
 
+    def answered_within(self, ticket: Ticket, timeout_s: float) -> bool:
+        """Whether ``ticket`` is resolved (or the loop failed) within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._answers:
+            while not ticket.done and self.fatal is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._answers.wait(left)
+            return True
+
     def wait(self, ticket: Ticket, *, grace_s: float, clock: Callable[[], float] = time.monotonic) -> object:
         """Block until the node resolves ``ticket``; every wait has a deadline.
 

@@ -74,6 +74,8 @@ MAX_LEAVE_WAIT_S = 15.0
 DESCRIPTORS_PER_NODE = 11
 DESCRIPTOR_MARGIN = 256
 MAX_NODES_FOR_DESCRIPTORS = 65536
+#: A join not answered within this long loads what torch's agent needs after the rendezvous.
+PRELOAD_AFTER_S = 0.05
 #: After a failed data path probe, how long to look for the round breaking instead (a peer
 #: that died or left just after the round formed): then the node joins again.
 DATA_PATH_GRACE_S = 1.0
@@ -214,14 +216,16 @@ def _resolve_ip(addr: str, family: int) -> str:
 
 
 def _load_idna_codec() -> None:
-    """Load the codec that torch's agent needs right after every rendezvous, now.
+    """Load, while a join waits, the codec torch's agent needs right after ``next_rendezvous()``.
 
     torch's agent records an event when ``next_rendezvous()`` returns, with this host's name
-    (``socket.getfqdn``), and the first name lookup of a process imports Python's IDNA codec:
+    (``socket.getfqdn``), and a process's first name lookup imports Python's IDNA codec:
     about 3 ms of CPU. torch's own backends look a name up in their handlers; mingle never
-    does (it publishes addresses), so without this the agent would pay it just as the
-    round forms, and on a host shared by several agents (the demo, the tests, the
-    benchmark) the ones that left first would take that CPU from those still joining.
+    does (it publishes addresses), so the agent would pay it just as the round forms, and
+    on a host shared by several agents (the demo, the tests, the benchmark) those that left
+    first would take that CPU from those still joining. A join that waits longer than
+    ``PRELOAD_AFTER_S`` loads it meanwhile; the last node of a round, which waits no longer,
+    keeps paying it after it leaves, when nobody waits for it.
     """
     codecs.lookup("idna")
 
@@ -261,7 +265,6 @@ class MingleRendezvousHandler(RendezvousHandler):
         secret = config.load_secret()
         if secret is None:
             _warn_unauthenticated_once(config)
-        _load_idna_codec()
         core = Discovery(
             config.run_id,
             self._node_id,
@@ -368,7 +371,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 # waits, not when the round has formed and every node probes at once.
                 self._probe.drain()
             left = self._config.join_timeout - (time.monotonic() - started)
-            outcome = self._ask("join", left, self._node.request_join)
+            outcome = self._ask("join", left, self._node.request_join, while_waiting=_load_idna_codec)
             if isinstance(outcome, TimedOut):
                 error = self._timeout_error(started, outcome.why)
                 self._failure = f"its rendezvous timed out: {outcome.why}"
@@ -497,11 +500,18 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     # --------------------------------------------------------------- internals
 
-    def _ask(self, kind: str, timeout_s: float, request: object) -> object:
-        """Queue a request for the node and wait for its answer (bounded: see ``Board.wait``)."""
+    def _ask(
+        self, kind: str, timeout_s: float, request: object, *, while_waiting: Callable[[], None] | None = None
+    ) -> object:
+        """Queue a request for the node and wait for its answer (bounded: see ``Board.wait``).
+
+        ``while_waiting``: work for the agent's thread if no answer came within ``PRELOAD_AFTER_S``.
+        """
         ticket = Ticket(kind, next(_ticket_ids), timeout_s=max(0.001, timeout_s))
         ticket.deadline = time.monotonic() + ticket.timeout_s
         self._loop.call(lambda now: request(ticket, now))  # type: ignore[operator]
+        if while_waiting is not None and not self._board.answered_within(ticket, PRELOAD_AFTER_S):
+            while_waiting()
         return self._board.wait(ticket, grace_s=ANSWER_GRACE_S)
 
     def _arrive_at_exit_barrier(self, round_number: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -144,3 +146,31 @@ def test_shutdown_leaves_no_thread_and_no_socket_behind():
     wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("mingle-")], 10, "threads")
     gc.collect()
     wait_until(lambda: open_fds() <= before, 10, f"sockets to close: {sorted(open_fds() - before)}")
+
+
+def test_a_join_that_waits_loads_the_codec_torchs_agent_needs_after_the_rendezvous(port):
+    """torch's agent looks this host's name up as next_rendezvous() returns, which imports the
+    IDNA codec the first time: a join that waits loads it meanwhile (a fresh process)."""
+    script = f"""
+import sys
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch_mingle.errors import MingleTimeoutError
+from torch_mingle.handler import MingleRendezvousHandler
+before = "encodings.idna" in sys.modules
+params = RendezvousParameters(
+    "mingle", "", {unique_job("idna")!r}, 2, 2, interface="127.0.0.1", port="{port}", join_timeout="1"
+)
+handler = MingleRendezvousHandler.from_params(params)
+try:
+    handler.next_rendezvous()
+except MingleTimeoutError:
+    pass
+finally:
+    handler.shutdown()
+print("before", before, "after", "encodings.idna" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["before", "False", "after", "True"], done.stdout + done.stderr[-3000:]
