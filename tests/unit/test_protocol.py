@@ -31,8 +31,7 @@ def leader_claim(sim: Simulation) -> Claim:
     return leader.core.leader.claim
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 10, 30, 100, 200])
-@pytest.mark.parametrize(
+NETWORKS = pytest.mark.parametrize(
     ("drop", "duplicate", "latency", "spread"),
     [
         (0.0, 0.0, (0.0002, 0.002), 0.0),
@@ -40,9 +39,36 @@ def leader_claim(sim: Simulation) -> Claim:
         (0.3, 0.2, (0.001, 0.02), 1.0),
     ],
 )
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10, 30, 100, 200])
+@NETWORKS
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_starts_converge_on_exactly_one_leader(n, drop, duplicate, latency, spread, seed):
     sim = Simulation(n, seed=seed, drop=drop, duplicate=duplicate, latency_s=latency, start_spread_s=spread)
+    _converges_for_good(sim)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 30, 64])
+@NETWORKS
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_small_job_that_knows_its_size_converges_on_one_leader_without_start_up_jitter(
+    n, drop, duplicate, latency, spread, seed
+):
+    """What the handler runs (``expected_nodes = max_nodes``): up to 64 nodes query at once."""
+    sim = Simulation(
+        n,
+        seed=seed,
+        drop=drop,
+        duplicate=duplicate,
+        latency_s=latency,
+        start_spread_s=spread,
+        expect_all=True,
+    )
+    _converges_for_good(sim)
+
+
+def _converges_for_good(sim: Simulation) -> None:
     converged_at = sim.run_until_converged(deadline=60.0)
     assert converged_at is not None, f"no single leader after 60 s: {len(sim.leaders())} leaders"
     claim = leader_claim(sim)
