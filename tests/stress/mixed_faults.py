@@ -56,6 +56,11 @@ STEPS = 150
 KEEP_ALIVE_S, ATTEMPTS = 1.0, 3
 BOUND_S = KEEP_ALIVE_S * ATTEMPTS + 5.0
 OUTAGE_S = 5.0
+#: How long the fresh round runs before the node that returns may restart it. It must exceed
+#: what the fresh round's workers take to reach their first step, or the returning node undoes
+#: a round that never trained: 5 s did on a 2-core machine whose two new workers needed 4.5 to
+#: 5 s (Python, torch, DDP's torch._dynamo), and training came back only after 14 s.
+REJOIN_DELAY_S = 10.0
 
 
 def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Random) -> dict[str, Any]:
@@ -66,8 +71,9 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
         segment.create_bridge("br0" if fault != "mcast-off" else "brq", mcast_snooping=fault != "mcast-off")
         bridge = segment.bridges[-1]
         hosts = [segment.add_host(f"198.18.0.{11 + i}", bridge=bridge) for i in range(3)]
-        conf = {"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1, "rejoin_delay": 5,
-                "keep_alive_interval": KEEP_ALIVE_S, "keep_alive_max_attempt": ATTEMPTS}  # fmt: skip
+        conf = {"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1,
+                "rejoin_delay": REJOIN_DELAY_S, "keep_alive_interval": KEEP_ALIVE_S,
+                "keep_alive_max_attempt": ATTEMPTS}  # fmt: skip
         cmd = torchrun_cmd(
             job=unique_job("stress"), nnodes="2:3", nproc=1, conf=conf, extra=["--max-restarts=5"],
             script_args=["--steps", str(STEPS), "--step-time", "0.1", "--quiet",
