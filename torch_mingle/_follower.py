@@ -292,6 +292,8 @@ class FollowerSession:
                 self._welcome(msg, now)
             elif kind == "reject":
                 self._end(f"the leader rejected us: {msg['why']}", hard=True)
+            elif kind == "bye":  # it stepped down or shuts down with our hello in flight
+                self._said_bye(msg)
             else:
                 self._end(f"protocol error: {kind} before welcome", hard=True)
             return
@@ -339,13 +341,17 @@ class FollowerSession:
         elif kind == "next":
             self.next_store_port = bounded_int(msg["port"], 65535, low=1)
         elif kind == "bye":
-            self.leader_said_bye = True
-            self.leader_left = msg.get("leaving") is True
-            self.leader_reported_gone = gone_of(msg.get("gone"))
+            self._said_bye(msg)
         elif kind == "evicted":
             self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
         else:
             self._end(f"protocol error: unexpected {kind} from the leader", hard=True)
+
+    def _said_bye(self, msg: dict[str, Any]) -> None:
+        """The leader closes our connection itself; the close that follows ends the session."""
+        self.leader_said_bye = True
+        self.leader_left = msg.get("leaving") is True
+        self.leader_reported_gone = gone_of(msg.get("gone"))
 
     def _end(self, reason: str, *, hard: bool, evicted: bool = False, gone: bool = False) -> None:
         self.phase = "over"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from torch_mingle._follower import Answer, FollowerSession, SessionOver
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
@@ -65,6 +67,22 @@ def test_a_leader_that_steps_down_alive_is_not_gone():
     s.closed("closed by the peer", refused=False, by_peer=True, now=0.4)
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
     assert over.hard and not over.gone  # fenced (its term is over), but it still votes
+
+
+@pytest.mark.parametrize("leaving", [True, False])
+def test_a_bye_before_the_welcome_is_the_leader_leaving_not_a_protocol_error(leaving):
+    """A leader that shuts down or steps down says bye to every connection, also to one whose
+    hello it has not answered yet: that node must read it as the leader leaving (or alive and
+    fenced), not as a broken leader."""
+    s = _session_to(Claim(1, LEADER))
+    s.connected(0.1)
+    s.received([{"t": "bye", "leaving": leaving, "gone": ["00000000000000aa"]}], 0.2)
+    assert not [e for e in s.events() if isinstance(e, SessionOver)]  # the close ends it
+    s.closed("closed by the peer", refused=False, by_peer=True, now=0.3)
+    (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
+    assert "protocol error" not in over.reason
+    assert over.hard and over.gone is leaving
+    assert s.leader_reported_gone == {0xAA}
 
 
 def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_connect_timeout():
