@@ -137,7 +137,10 @@ def probe(
     local: list[Unreachable] = []
     started = time.monotonic()
     deadline = started + timeout_s
-    sel = selectors.DefaultSelector()
+    try:
+        sel = selectors.DefaultSelector()
+    except OSError as exc:  # out of descriptors: this host's problem, not the paths'
+        return [], [Unreachable(*target, f"cannot probe: {exc}") for target in dict.fromkeys(targets)]
     addrs: dict[Target, tuple[socket.AddressFamily, tuple[Any, ...]]] = {}
     waiting: dict[Target, list[socket.socket]] = {}  # the peers not settled, and their connects
     why: dict[Target, str] = {}  # a waiting peer's last failure (an ICMP unreachable)

@@ -362,8 +362,8 @@ class Loop:
     def _open_client(self, job: OpenClient) -> TCPStore:
         return open_client(job.ip or self.keeper.connect_ip, job.port, self.connect_timeout_s, ahead=True)
 
-    def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None:
-        count = abort_connections_to(ip, ports)
+    def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None:
+        count = abort_connections_to(ip, ports, ended=ended)
         if count:
             log.info("%s cut %d connection(s) to the lost leader's stores at %s", self.label, count, ip)
 
@@ -384,6 +384,7 @@ class Loop:
         try:
             while not self._stopping:
                 self._iterate()
+            self._drain_closing()
         except BaseException as exc:
             log.exception("%s the mingle loop failed", self.label)
             self._fail(exc)
@@ -492,6 +493,22 @@ class Loop:
 
     def _begin_stop(self) -> None:
         self._stopping = True
+
+    def _drain_closing(self) -> None:
+        """Stopping: the last frames of connections being closed (a leave, a job's close) still
+        go out, within ``CLOSE_FLUSH_S``; nothing is read or decided any more."""
+        deadline = self.clock() + CLOSE_FLUSH_S
+        while True:
+            pending = [s for s in self._streams.values() if s.closing_by is not None and s.out]
+            now = self.clock()
+            if not pending or now >= deadline:
+                return
+            with selectors.DefaultSelector() as sel:  # only these, for writing: nothing else wakes it
+                for stream in pending:
+                    sel.register(stream.sock, selectors.EVENT_WRITE, stream)
+                ready = [key.data for key, _ in sel.select(deadline - now)]
+            for stream in ready:
+                self._write(stream, self.clock())
 
     def _housekeeping(self, now: float) -> None:
         if self._accept_paused_until is not None and now >= self._accept_paused_until and self._listener:

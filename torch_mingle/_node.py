@@ -66,7 +66,7 @@ class Net(Protocol):
     def send(self, conn: int, data: bytes) -> None: ...
     def close(self, conn: int) -> None: ...
     def submit(self, job: Job, tag: int) -> None: ...
-    def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None: ...
+    def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None: ...
     def local_ip_towards(self, ip: str) -> str: ...
     def discovery_port_towards(self, ip: str) -> int: ...
     def describe(self) -> str: ...
@@ -184,7 +184,9 @@ class Board:
     """Where the loop thread posts results and snapshots, and the agent's thread waits for them."""
 
     def __init__(self, diagnostics: Diagnostics) -> None:
-        lock = threading.Lock()
+        # Re-entrant: the SIGTERM hook (``MingleRendezvousHandler.leave``) waits on the board
+        # from the agent's main thread, which the signal may interrupt inside a board call.
+        lock = threading.RLock()
         # Two conditions on one lock: a snapshot (published a dozen times a second while a
         # round forms) wakes only those who wait for one, not the agent waiting for its answer.
         self._snapshots = threading.Condition(lock)
@@ -502,6 +504,9 @@ class Node:
             self.term.close_job(self.settings.node_id, why, now, failed=self._close_failed)
             self._pending_close = None
         elif self.session is not None and self.session.ready:
+            if self._shutdown is not None and not self._shutdown.done:
+                self._leave_for_good(now)  # the close of a shutdown waited for this leader
+                return
             self.session.close_job(why, failed=self._close_failed)
             self._pending_close = None
 
@@ -514,17 +519,32 @@ class Node:
         if self.term is not None:
             self.term.close_job(self.settings.node_id, why, now)
             self.term.leave_local(now)
-        elif self.session is not None:
-            self.session.close_job(why)
-            self.session.leave()
-            self._flush(now)
-            self._end_session()
-            self.core.stop()
-            self.board.resolve(ticket, result=True)
+        elif (self.session is not None and self.session.ready) or self.job_closed:
+            self._pending_close = None if self.job_closed else why
+            self._close_failed = False
+            self._leave_for_good(now)
         else:
-            self.core.stop()
-            self.board.resolve(ticket, result=True)
+            # Between leaders (ours was just lost): the close goes to the next one, if one
+            # welcomes this node in time; else the others would go on as if it had died.
+            self._pending_close, self._close_failed = why, False
+            self._shutdown_deadline = now + min(close_timeout_s, self.settings.timeout_s)
+            log.info("%s shutting down: waiting for a leader to tell that the job is closed", self.label)
         self._flush(now)
+
+    def _leave_for_good(self, now: float) -> None:
+        """A follower's shutdown: its close (if any) and leave go out, then the session ends."""
+        session = self.session
+        if session is not None and session.ready:
+            if self._pending_close is not None:
+                session.close_job(self._pending_close, failed=self._close_failed)
+                self._pending_close = None
+            session.leave()
+            for frame in session.frames():
+                self.net.send(session.conn, frame)
+        self._end_session()
+        self.core.stop()
+        if self._shutdown is not None:
+            self.board.resolve(self._shutdown, result=True)
 
     def request_leave(self, ticket: Ticket, now: float) -> None:
         """Leave the job at once (a preemption notice), the job going on without this node.
@@ -638,7 +658,7 @@ class Node:
         self._failure_cut = rnd.number
         ip = self.settings.connect_ip if self.term is not None else self._last_leader_ip
         if ip:
-            self.net.abort_connections_to(ip, [rnd.store_port])
+            self.net.abort_connections_to(ip, [rnd.store_port], ended=True)
 
     def _connect_ahead(self) -> None:
         """Unless the leader parked this node, open the agent's client of the store the next
@@ -792,6 +812,12 @@ class Node:
             if self._join is not None and not self._join.done:
                 self._send_join(now)
             return
+        old = self.session.claim if self.session is not None else None
+        if old is not None and old != view.claim:
+            # A better claim won while our leader still answered (we heard it later than the
+            # others, who followed its successor): its round is over for us too, as if lost.
+            log.warning("%s leader %s overtaken by %s", self.label, old, view.claim)
+            self._leader_lost(old, f"overtaken by {view.claim}", now)
         self._end_session()
         self._connect(view, now)
 
@@ -824,16 +850,21 @@ class Node:
             self._end_session()
         if self.in_round_claim == claim:
             self.trouble = f"leader {claim} lost: {reason}"
+            # Published before the cut: an agent woken by it must read that its round is over,
+            # or it would try the frozen store again, and block there.
+            self._publish(now)
             ports = self._store_ports.get(claim, [])
             if self.in_round is not None and ports and self._last_leader_ip:
                 # The agent may sit in a TCPStore call on that leader's store; a frozen store
                 # never answers, and TCPStore's own timeouts do not cover it: cut it loose.
-                self.net.abort_connections_to(self._last_leader_ip, ports)
+                self.net.abort_connections_to(self._last_leader_ip, ports, ended=True)
         ahead = [(ip, port) for c, ip, port in self._ahead_pending.values() if c == claim and ip]
         if self._ahead is not None and self._ahead[0] == claim and self._ahead[1] is not None:
             ahead.append((self._ahead[1], self._ahead[2]))  # open, waiting for the round
         for ip, port in set(ahead):
-            self.net.abort_connections_to(ip, [port])  # a connect ahead to the lost leader
+            # A connect ahead to the lost leader; not ended: if the same leader speaks again
+            # (it was only silent), its next round may use that store.
+            self.net.abort_connections_to(ip, [port])
         if self._join is not None and not self._join.done and self._join.deadline is None:
             self._set_deadline(self._join, now + self._join.timeout_s)  # no longer parked
 
@@ -991,6 +1022,13 @@ class Node:
             self._unlead("the leader shut down", now, leaving=True)
             self.core.resign(now)
         else:
+            if self._pending_close is not None:
+                log.warning(
+                    "%s shut down without telling the job that it closed: no leader welcomed this "
+                    "node in time; the others treat it as lost",
+                    self.label,
+                )
+            self._end_session()
             self.core.stop()
         for data, dest in self.core.datagrams_to_send(now):
             self.net.send_datagram(data, dest)
@@ -1009,6 +1047,9 @@ class Node:
     def _job_closed_seen(self, why: str) -> None:
         self.job_closed = True
         self._closed_answer(why)
+        if self._shutdown is not None and not self._shutdown.done and self.term is None:
+            self._pending_close = None  # closed already: nothing left to tell
+            self._leave_for_good(self._now)
 
     def _closed_answer(self, why: str) -> None:
         if self._join is not None and not self._join.done:

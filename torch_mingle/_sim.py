@@ -53,6 +53,7 @@ class SimNet:
         self.owner = node
         self.readers: dict[int, FrameReader] = {}
         self.aborted = 0
+        self.cuts: list[tuple[str, tuple[int, ...], bool, str | None]] = []
 
     @property
     def _now(self) -> float:
@@ -86,8 +87,10 @@ class SimNet:
             STORE_OPEN_S, self.owner, lambda now: self.owner.node.on_work_done(job, tag, result, None, now)
         )
 
-    def abort_connections_to(self, ip: str, ports: Sequence[int]) -> None:
+    def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None:
         self.aborted += 1
+        # What the agent, woken by this cut, would read on the board at that moment.
+        self.cuts.append((ip, tuple(ports), ended, self.owner.node.board.diagnostics().trouble))
 
     def local_ip_towards(self, ip: str) -> str:
         return str(self.owner.addr[0])

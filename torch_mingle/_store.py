@@ -128,6 +128,11 @@ def open_client(ip: str, port: int, connect_timeout_s: float, *, ahead: bool = F
         _faults.hit("store.connect_ahead" if ahead else "store.connect")
     except _faults.FailpointError as exc:
         raise DistNetworkError(f"{exc}: the client socket has timed out") from None
+    if _is_lost(ip, port):
+        # Its leader was lost (frozen, maybe): a connect would complete in its kernel and
+        # then block in torch for as long as it stays frozen. A connect queued or retried
+        # after the cut must not start.
+        raise DistNetworkError(f"the store at {ip}:{port} belongs to a lost leader")
     store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=connect_timeout_s))
     store.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
     return store
@@ -237,23 +242,55 @@ class AgentStore(Store):
 ABORT_COALESCE_S = 0.5
 _last_aborts: dict[tuple[str, tuple[int, ...]], float] = {}
 _abort_lock = threading.Lock()
+#: How long the store of an ended round stays refused to new clients of this process
+#: (``open_client``). No later round uses an ended round's store, so this only has to
+#: outlast the retries and queued connects that follow a cut.
+LOST_STORE_TTL_S = 120.0
+_lost_stores: dict[tuple[str, int], float] = {}  # (address, port) -> cut at (monotonic)
 
 
-def abort_connections_to(ip: str, ports: Sequence[int]) -> int:
+def abort_connections_to(ip: str, ports: Sequence[int], *, ended: bool = False) -> int:
     """Shut down this process's TCP connections to ``ip`` on ``ports``; returns how many.
 
     A thread blocked in a TCPStore call on such a connection (a frozen leader's store) then
-    returns with an error at once. Linux only: elsewhere nothing is done.
+    returns with an error at once. Linux only: elsewhere nothing is done. ``ended``: the
+    rounds of those stores are over, so ``open_client`` refuses them from now on (a connect
+    retried or queued behind the cut would block on the frozen store again).
     """
     key = (ip, tuple(sorted(ports)))
     with _abort_lock:
         now = time.monotonic()
+        if ended:
+            _remember_lost(ip, ports, now)
         if now - _last_aborts.get(key, float("-inf")) < ABORT_COALESCE_S:
             return 0  # another node of this process just cut them all
         _last_aborts[key] = now
         if len(_last_aborts) > 64:
             _last_aborts.pop(next(iter(_last_aborts)))
     return _abort_now(ip, ports)
+
+
+def _remember_lost(ip: str, ports: Sequence[int], now: float) -> None:
+    """Under ``_abort_lock``: refuse new clients of these stores for ``LOST_STORE_TTL_S``."""
+    with contextlib.suppress(ValueError):
+        target = str(_plain(ip))
+        for port in ports:
+            _lost_stores.pop((target, port), None)
+            _lost_stores[(target, port)] = now  # insertion order: oldest first
+        while _lost_stores and (
+            len(_lost_stores) > 256 or now - next(iter(_lost_stores.values())) > LOST_STORE_TTL_S
+        ):
+            _lost_stores.pop(next(iter(_lost_stores)))
+
+
+def _is_lost(ip: str, port: int) -> bool:
+    try:
+        key = (str(_plain(ip)), port)
+    except ValueError:
+        return False
+    with _abort_lock:
+        cut_at = _lost_stores.get(key)
+        return cut_at is not None and time.monotonic() - cut_at <= LOST_STORE_TTL_S
 
 
 def _abort_now(ip: str, ports: Sequence[int]) -> int:

@@ -12,9 +12,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from torch.distributed import TCPStore
+from torch.distributed import DistError, TCPStore
 
-from torch_mingle._store import abort_connections_to
+from torch_mingle._store import abort_connections_to, open_client
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +61,23 @@ def test_a_call_blocked_on_a_frozen_store_returns_once_its_connections_are_cut()
         server.wait(timeout=30)
         wake_r.close()
         wake_w.close()
+
+
+def test_the_store_of_an_ended_round_is_refused_to_new_clients_but_a_store_cut_ahead_is_not():
+    """A connect that starts after the cut (a retry, a connect queued behind it) would block on
+    a frozen store again: the store of an ended round is refused at once. A store connected
+    ahead for the next round is only cut: a leader that was merely silent may still use it."""
+    server = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    ip = "127.0.0.3"  # its own address: what this process refuses lasts a while
+    port = int(server.port)
+    first = open_client(ip, port, 2.0)
+    abort_connections_to(ip, [port])  # cut as a connect ahead
+    with pytest.raises(DistError):
+        first.set("x", "y")  # the cut client is dead
+    open_client(ip, port, 2.0).set("k", "v")  # a new one may connect
+    abort_connections_to(ip, [port], ended=True)
+    started = time.monotonic()
+    with pytest.raises(DistError, match="lost leader"):
+        open_client(ip, port, 2.0)
+    assert time.monotonic() - started < 1.0  # refused here, no connect tried
+    assert server.get("k") == b"v"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+
+import pytest
 
 from torch_mingle._node import Board, Diagnostics, Ticket
 
@@ -33,3 +37,30 @@ def test_answered_within_returns_at_once_when_the_loop_failed():
     started = time.monotonic()
     assert board.answered_within(Ticket("join", 2), 30.0) is True  # the wait that follows raises why
     assert time.monotonic() - started < 5.0
+
+
+REENTRY = """
+import os, signal
+from torch_mingle._node import Board, Diagnostics, Ticket
+
+board = Board(Diagnostics(node_id="1", job="job", role="idle"))
+ticket = Ticket("leave", 1)
+board.resolve(ticket, result=True)
+seen = []
+signal.signal(signal.SIGUSR1, lambda *_: seen.append(board.wait(ticket, grace_s=1.0)))
+# The predicate runs under the board's lock: the signal's handler runs on this (the main)
+# thread inside that call, as torch's SIGTERM does while the agent polls num_nodes_waiting().
+board.wait_for(lambda d: os.kill(os.getpid(), signal.SIGUSR1) is None and bool(seen), 5.0)
+print("handled", seen)
+"""
+
+
+def test_a_signal_handler_that_waits_on_the_board_inside_a_board_call_does_not_deadlock():
+    """The SIGTERM hook leaves the job from the main thread, which may hold the board's lock."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", REENTRY], capture_output=True, text=True, timeout=20, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the handler deadlocked on the board's lock")
+    assert done.returncode == 0 and "handled [True]" in done.stdout, done.stdout + done.stderr

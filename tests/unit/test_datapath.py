@@ -4,6 +4,8 @@ the round and status fields that carry it."""
 from __future__ import annotations
 
 import errno
+import os
+import selectors
 import socket
 
 import pytest
@@ -127,6 +129,19 @@ def test_an_unanswered_peer_fails_at_the_deadline_even_when_later_connects_canno
     finally:
         for s in [full, *fillers]:
             s.close()
+
+
+def test_a_host_out_of_descriptors_probes_nothing_and_blames_no_pair(monkeypatch):
+    """EMFILE before the first connect (no selector) is this host's problem: the check names
+    the probes it could not make instead of raising from inside ``next_rendezvous``."""
+
+    def no_descriptors() -> selectors.BaseSelector:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(selectors, "DefaultSelector", no_descriptors)
+    failed, local = probe([(1, "127.0.0.1", 9), (2, "127.0.0.1", 9)], 1.0)
+    assert failed == [] and [u.rank for u in local] == [1, 2]
+    assert all("Too many open files" in u.why for u in local)
 
 
 def test_each_target_is_probed_once_and_a_bad_retry_interval_is_refused():

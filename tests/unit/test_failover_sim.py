@@ -11,7 +11,7 @@ import random
 import pytest
 
 from torch_mingle._node import Joined
-from torch_mingle._protocol import BecomeLeader, Dest, SteppedDown, Timing
+from torch_mingle._protocol import BecomeLeader, Dest, LeaderFound, LeaderLost, SteppedDown, Timing
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._transport import Route
 
@@ -112,6 +112,50 @@ def test_a_frozen_leader_is_replaced_and_stays_out_when_it_returns():
     agents.run_until(new[0] + 15.0)
     back = agents.round_formed_after(new[0])
     assert back is not None and back[2][0] != old.core.node_id and old.core.node_id in back[2]
+
+
+def test_an_agent_woken_by_the_cut_of_its_frozen_leaders_store_reads_that_its_round_is_over():
+    """The cut wakes an agent blocked on the frozen store; if the board still showed its round
+    running, it would try that store again and block there for as long as the leader is frozen."""
+    sim, agents = _running(4)
+    (old,) = sim.leaders()
+    t0 = sim.now
+    sim.freeze(old)
+    agents.run_until(t0 + 6.0)
+    assert agents.round_formed_after(t0) is not None
+    for node in sim.nodes:
+        if node is old:
+            continue
+        assert node.net is not None
+        ended = [cut for cut in node.net.cuts if cut[2]]
+        assert ended, f"{node.node.label} did not cut its lost leader's round store"
+        published = all(trouble for _, _, _, trouble in ended)
+        assert published, f"{node.node.label} cut before it published: {ended}"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_member_that_hears_the_successor_before_its_own_timeout_leaves_the_old_round_too(seed):
+    """A member whose last frame from the frozen leader came later than the others' (a late
+    ack, a loop that stalled) still follows that leader when the others' successor, now
+    established, announces: the switch must end its round as losing the leader does (the
+    agent restarts into the new round, the old stores are cut), or its agent waits forever."""
+    sim, agents = _running(5, seed=seed)
+    (old,) = sim.leaders()
+    late = next(n for n in sim.nodes if n.core.node_id == agents.rounds[-1][2][-1])  # not the successor
+    t0 = sim.now
+    sim.freeze(late)  # it reads the leader's last frames late: its clock on the leader starts later
+    agents.run_until(t0 + 0.9)
+    sim.freeze(old)
+    agents.run_until(t0 + 1.5)
+    sim.thaw(late)
+    agents.run_until(t0 + 8.0)
+    seen = [ev for at, ev in late.events if at > t0 and isinstance(ev, LeaderFound | LeaderLost)]
+    assert seen and isinstance(seen[0], LeaderFound), f"it lost the leader by itself: nothing tested {seen}"
+    new = agents.round_formed_after(t0)
+    assert new is not None, agents.rounds
+    assert late.core.node_id in new[2] and old.core.node_id not in new[2], (new, agents.rounds)
+    assert late.net is not None
+    assert any(ended and trouble for _, _, ended, trouble in late.net.cuts), late.net.cuts
 
 
 @pytest.mark.parametrize("drop", [0.0, 0.05, 0.10])
@@ -314,3 +358,20 @@ def test_a_takeover_sends_the_group_a_handful_of_datagrams_whatever_the_round_si
         assert unicast <= n // 8, f"{unicast} unicast datagrams to {n - 2} members"  # before: 62
     else:  # each member learned of it by unicast, once or twice (its own query answered)
         assert n - 2 <= unicast <= 3 * n, f"{unicast} unicast datagrams to {n - 2} members"
+
+
+def test_a_node_that_shuts_down_between_two_leaders_tells_the_next_one_that_the_job_closed():
+    """torch's agent calls shutdown() when it is done, to close the rendezvous for every node
+    (as c10d does); a node whose leader was just lost must tell the next leader, not drop it."""
+    sim, agents = _running(4)
+    (old,) = sim.leaders()
+    others = [n for n in sim.nodes if n is not old]
+    done, rest = others[0], others[1:]
+    t0 = sim.now
+    sim.kill(old)
+    agents.run_until(t0 + 0.005)  # the resets arrived: every survivor is between leaders
+    assert done.node.session is None and done.node.term is None, "not between leaders: nothing tested"
+    shutdown = sim.leave(done, close_timeout_s=30.0)
+    sim.run_until(t0 + 2.0)
+    assert shutdown.done and shutdown.result is True
+    assert all(n.node.job_closed for n in rest), [(n.node.label, n.node.job_closed) for n in rest]
