@@ -816,7 +816,14 @@ class Node:
         if old is not None and old != view.claim:
             # A better claim won while our leader still answered (we heard it later than the
             # others, who followed its successor): its round is over for us too, as if lost.
-            log.warning("%s leader %s overtaken by %s", self.label, old, view.claim)
+            ours = self.in_round_claim == old  # else an election race before our round: routine
+            log.log(
+                logging.WARNING if ours else logging.INFO,
+                "%s leader %s overtaken by %s",
+                self.label,
+                old,
+                view.claim,
+            )
             self._leader_lost(old, f"overtaken by {view.claim}", now)
         self._end_session()
         self._connect(view, now)
