@@ -46,6 +46,7 @@ from torch_mingle._protocol import Dest
 from torch_mingle._record import field, record
 from torch_mingle._store import (
     LISTEN_BACKLOG,
+    EndedStores,
     StoreKeeper,
     abort_connections_to,
     ip_family,
@@ -183,6 +184,7 @@ class Loop:
         self.membership_refresh_s = membership_refresh_s
         self._renew_at = math.inf  # set when the thread starts
         self.keeper = keeper
+        self.ended_stores = EndedStores()
         self.peer_hosts = peers
         self.write_timeout_s = write_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -360,10 +362,13 @@ class Loop:
         (self.connector if isinstance(job, OpenClient) else self.worker).submit(job, done)
 
     def _open_client(self, job: OpenClient) -> TCPStore:
-        return open_client(job.ip or self.keeper.connect_ip, job.port, self.connect_timeout_s, ahead=True)
+        ip = job.ip or self.keeper.connect_ip
+        return open_client(ip, job.port, self.connect_timeout_s, ahead=True, ended=self.ended_stores)
 
     def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None:
-        count = abort_connections_to(ip, ports, ended=ended)
+        if ended:
+            self.ended_stores.add(ip, ports)  # first: a connect that starts after the cut is refused
+        count = abort_connections_to(ip, ports)
         if count:
             log.info("%s cut %d connection(s) to the lost leader's stores at %s", self.label, count, ip)
 
@@ -503,7 +508,11 @@ class Loop:
             now = self.clock()
             if not pending or now >= deadline:
                 return
-            with selectors.DefaultSelector() as sel:  # only these, for writing: nothing else wakes it
+            try:
+                sel = selectors.DefaultSelector()  # only these, for writing: nothing else wakes it
+            except OSError:
+                return  # out of descriptors: what is left is lost, as before this drain
+            with sel:
                 for stream in pending:
                     sel.register(stream.sock, selectors.EVENT_WRITE, stream)
                 ready = [key.data for key, _ in sel.select(deadline - now)]

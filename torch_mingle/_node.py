@@ -519,16 +519,18 @@ class Node:
         if self.term is not None:
             self.term.close_job(self.settings.node_id, why, now)
             self.term.leave_local(now)
-        elif (self.session is not None and self.session.ready) or self.job_closed:
-            self._pending_close = None if self.job_closed else why
-            self._close_failed = False
-            self._leave_for_good(now)
         else:
-            # Between leaders (ours was just lost): the close goes to the next one, if one
-            # welcomes this node in time; else the others would go on as if it had died.
-            self._pending_close, self._close_failed = why, False
-            self._shutdown_deadline = now + min(close_timeout_s, self.settings.timeout_s)
-            log.info("%s shutting down: waiting for a leader to tell that the job is closed", self.label)
+            if self.job_closed:
+                self._pending_close = None
+            elif self._pending_close is None:  # a close still pending (a failed job's) stands
+                self._pending_close, self._close_failed = why, False
+            if (self.session is not None and self.session.ready) or self.job_closed:
+                self._leave_for_good(now)
+            else:
+                # Between leaders (ours was just lost): the close goes to the next one, if one
+                # welcomes this node in time; else the others would go on as if it had died.
+                self._shutdown_deadline = now + min(close_timeout_s, self.settings.timeout_s)
+                log.info("%s shutting down: waiting for a leader to tell that the job closed", self.label)
         self._flush(now)
 
     def _leave_for_good(self, now: float) -> None:
@@ -739,6 +741,11 @@ class Node:
 
     def _lead(self, epoch: int, now: float) -> None:
         s = self.settings
+        if self._shutdown is not None and not self._shutdown.done:
+            # Shutting down between two leaders: it only waits to tell the next one that the
+            # job closed. Leading, it would resign at once, and nobody would hear the close.
+            self.core.abandon(now)
+            return
         try:
             port = self.net.listen(s.bind_ip)
         except OSError as exc:

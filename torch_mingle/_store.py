@@ -117,18 +117,20 @@ def _server_on_own_listener(ip: str, connect_ip: str | None, *, use_libuv: bool)
     return store
 
 
-def open_client(ip: str, port: int, connect_timeout_s: float, *, ahead: bool = False) -> TCPStore:
+def open_client(
+    ip: str, port: int, connect_timeout_s: float, *, ahead: bool = False, ended: EndedStores | None = None
+) -> TCPStore:
     """A client of the round store at ``ip:port``; raises torch's ``DistError`` if it cannot connect.
 
     The connect is bounded by ``connect_timeout_s`` for a port that refuses, and by the node
     (``abort_connections_to``) for a server that accepted and froze. ``ahead``: opened while
-    the join waits (its own failpoint).
+    the join waits (its own failpoint). ``ended``: the node's stores of ended rounds, refused.
     """
     try:
         _faults.hit("store.connect_ahead" if ahead else "store.connect")
     except _faults.FailpointError as exc:
         raise DistNetworkError(f"{exc}: the client socket has timed out") from None
-    if _is_lost(ip, port):
+    if ended is not None and ended.holds(ip, port):
         # Its leader was lost (frozen, maybe): a connect would complete in its kernel and
         # then block in torch for as long as it stays frozen. A connect queued or retried
         # after the cut must not start.
@@ -242,26 +244,17 @@ class AgentStore(Store):
 ABORT_COALESCE_S = 0.5
 _last_aborts: dict[tuple[str, tuple[int, ...]], float] = {}
 _abort_lock = threading.Lock()
-#: How long the store of an ended round stays refused to new clients of this process
-#: (``open_client``). No later round uses an ended round's store, so this only has to
-#: outlast the retries and queued connects that follow a cut.
-LOST_STORE_TTL_S = 120.0
-_lost_stores: dict[tuple[str, int], float] = {}  # (address, port) -> cut at (monotonic)
 
 
-def abort_connections_to(ip: str, ports: Sequence[int], *, ended: bool = False) -> int:
+def abort_connections_to(ip: str, ports: Sequence[int]) -> int:
     """Shut down this process's TCP connections to ``ip`` on ``ports``; returns how many.
 
     A thread blocked in a TCPStore call on such a connection (a frozen leader's store) then
-    returns with an error at once. Linux only: elsewhere nothing is done. ``ended``: the
-    rounds of those stores are over, so ``open_client`` refuses them from now on (a connect
-    retried or queued behind the cut would block on the frozen store again).
+    returns with an error at once. Linux only: elsewhere nothing is done.
     """
     key = (ip, tuple(sorted(ports)))
     with _abort_lock:
         now = time.monotonic()
-        if ended:
-            _remember_lost(ip, ports, now)
         if now - _last_aborts.get(key, float("-inf")) < ABORT_COALESCE_S:
             return 0  # another node of this process just cut them all
         _last_aborts[key] = now
@@ -270,27 +263,42 @@ def abort_connections_to(ip: str, ports: Sequence[int], *, ended: bool = False) 
     return _abort_now(ip, ports)
 
 
-def _remember_lost(ip: str, ports: Sequence[int], now: float) -> None:
-    """Under ``_abort_lock``: refuse new clients of these stores for ``LOST_STORE_TTL_S``."""
-    with contextlib.suppress(ValueError):
-        target = str(_plain(ip))
-        for port in ports:
-            _lost_stores.pop((target, port), None)
-            _lost_stores[(target, port)] = now  # insertion order: oldest first
-        while _lost_stores and (
-            len(_lost_stores) > 256 or now - next(iter(_lost_stores.values())) > LOST_STORE_TTL_S
-        ):
-            _lost_stores.pop(next(iter(_lost_stores)))
+class EndedStores:
+    """One node's stores of ended rounds whose leader was lost: ``open_client`` refuses them.
 
+    The cut (``abort_connections_to``) frees what is blocked at that moment; a connect that
+    starts later (a retry, a connect queued behind it) would block on the frozen store again.
+    No later round uses an ended round's store, so an entry only has to outlast those, and is
+    per node: another node of the process (benchmarks, tests) may still be in that round.
+    """
 
-def _is_lost(ip: str, port: int) -> bool:
-    try:
-        key = (str(_plain(ip)), port)
-    except ValueError:
-        return False
-    with _abort_lock:
-        cut_at = _lost_stores.get(key)
-        return cut_at is not None and time.monotonic() - cut_at <= LOST_STORE_TTL_S
+    TTL_S = 30.0
+    MAX_ENTRIES = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the loop adds, the agent's thread and the connector ask
+        self._cut_at: dict[tuple[str, int], float] = {}  # (address, port) -> monotonic, oldest first
+
+    def add(self, ip: str, ports: Sequence[int]) -> None:
+        now = time.monotonic()
+        with contextlib.suppress(ValueError), self._lock:
+            target = str(_plain(ip))
+            for port in ports:
+                self._cut_at.pop((target, port), None)
+                self._cut_at[(target, port)] = now
+            while len(self._cut_at) > self.MAX_ENTRIES or (
+                self._cut_at and now - next(iter(self._cut_at.values())) > self.TTL_S
+            ):
+                self._cut_at.pop(next(iter(self._cut_at)))
+
+    def holds(self, ip: str, port: int) -> bool:
+        try:
+            key = (str(_plain(ip)), port)
+        except ValueError:
+            return False
+        with self._lock:
+            cut_at = self._cut_at.get(key)
+        return cut_at is not None and time.monotonic() - cut_at <= self.TTL_S
 
 
 def _abort_now(ip: str, ports: Sequence[int]) -> int:

@@ -645,7 +645,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         base = min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout)
         for attempt in range(1, STORE_CONNECT_ATTEMPTS):
             try:
-                return open_client(ip, joined.round.store_port, base * attempt)
+                return open_client(ip, joined.round.store_port, base * attempt, ended=self._loop.ended_stores)
             except DistError as exc:
                 diag = self._board.diagnostics()
                 same_round = (
@@ -662,7 +662,9 @@ class MingleRendezvousHandler(RendezvousHandler):
                     self._label, ip, joined.round.store_port, attempt, STORE_CONNECT_ATTEMPTS,
                     str(exc).splitlines()[0],
                 )  # fmt: skip
-        return open_client(ip, joined.round.store_port, base * STORE_CONNECT_ATTEMPTS)
+        return open_client(
+            ip, joined.round.store_port, base * STORE_CONNECT_ATTEMPTS, ended=self._loop.ended_stores
+        )
 
     def _settle(self, iface: Interface, why: str) -> None:
         """Use ``iface`` for this node's address and its workers' traffic (several interfaces only)."""

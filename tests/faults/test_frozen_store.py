@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import DistError, TCPStore
 
-from torch_mingle._store import abort_connections_to, open_client
+from torch_mingle._store import EndedStores, abort_connections_to, open_client
 
 pytestmark = pytest.mark.integration
 
@@ -63,21 +63,22 @@ def test_a_call_blocked_on_a_frozen_store_returns_once_its_connections_are_cut()
         wake_w.close()
 
 
-def test_the_store_of_an_ended_round_is_refused_to_new_clients_but_a_store_cut_ahead_is_not():
+def test_the_store_of_an_ended_round_is_refused_to_new_clients_of_the_node_but_a_store_cut_ahead_is_not():
     """A connect that starts after the cut (a retry, a connect queued behind it) would block on
-    a frozen store again: the store of an ended round is refused at once. A store connected
-    ahead for the next round is only cut: a leader that was merely silent may still use it."""
+    a frozen store again: the node refuses the store of an ended round at once. A store
+    connected ahead for the next round is only cut: a leader that was merely silent may still
+    use it. Another node of the process (which may still be in that round) is not refused."""
     server = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    ip = "127.0.0.3"  # its own address: what this process refuses lasts a while
     port = int(server.port)
-    first = open_client(ip, port, 2.0)
-    abort_connections_to(ip, [port])  # cut as a connect ahead
+    ours, another = EndedStores(), EndedStores()
+    first = open_client("127.0.0.1", port, 2.0, ended=ours)
+    abort_connections_to("127.0.0.1", [port])  # cut as a connect ahead
     with pytest.raises(DistError):
         first.set("x", "y")  # the cut client is dead
-    open_client(ip, port, 2.0).set("k", "v")  # a new one may connect
-    abort_connections_to(ip, [port], ended=True)
+    open_client("127.0.0.1", port, 2.0, ended=ours).set("k", "v")  # a new one may connect
+    ours.add("127.0.0.1", [port])  # its round ended with its leader
     started = time.monotonic()
     with pytest.raises(DistError, match="lost leader"):
-        open_client(ip, port, 2.0)
+        open_client("127.0.0.1", port, 2.0, ended=ours)
     assert time.monotonic() - started < 1.0  # refused here, no connect tried
-    assert server.get("k") == b"v"
+    assert open_client("127.0.0.1", port, 2.0, ended=another).get("k") == b"v"

@@ -360,18 +360,22 @@ def test_a_takeover_sends_the_group_a_handful_of_datagrams_whatever_the_round_si
         assert n - 2 <= unicast <= 3 * n, f"{unicast} unicast datagrams to {n - 2} members"
 
 
-def test_a_node_that_shuts_down_between_two_leaders_tells_the_next_one_that_the_job_closed():
+@pytest.mark.parametrize("who", ["the successor", "another member"])
+def test_a_node_that_shuts_down_between_two_leaders_tells_the_next_one_that_the_job_closed(who):
     """torch's agent calls shutdown() when it is done, to close the rendezvous for every node
-    (as c10d does); a node whose leader was just lost must tell the next leader, not drop it."""
+    (as c10d does); a node whose leader was just lost must tell the next leader, not drop it.
+    The successor in rank order does not lead then: it would resign at once, heard by nobody."""
     sim, agents = _running(4)
     (old,) = sim.leaders()
-    others = [n for n in sim.nodes if n is not old]
-    done, rest = others[0], others[1:]
+    ranks = agents.rounds[-1][2]
+    by_id = {n.core.node_id: n for n in sim.nodes}
+    done = by_id[ranks[1]] if who == "the successor" else by_id[ranks[2]]
+    rest = [n for n in sim.nodes if n is not old and n is not done]
     t0 = sim.now
     sim.kill(old)
     agents.run_until(t0 + 0.005)  # the resets arrived: every survivor is between leaders
     assert done.node.session is None and done.node.term is None, "not between leaders: nothing tested"
     shutdown = sim.leave(done, close_timeout_s=30.0)
-    sim.run_until(t0 + 2.0)
+    sim.run_until(t0 + FAST.successor_wait_s + 2.0)
     assert shutdown.done and shutdown.result is True
     assert all(n.node.job_closed for n in rest), [(n.node.label, n.node.job_closed) for n in rest]
