@@ -15,7 +15,8 @@ The control plane (joins, rounds, heartbeats) runs on mingle's own connection to
 * A TCPStore call against a frozen server blocks for as long as the server stays frozen,
   whatever its timeout (see ``../shared/NOTES.md``). When the node loses the leader,
   ``abort_connections_to`` shuts down this process's sockets to that leader's stores, so a
-  call blocked in them (ours or the agent's) fails at once instead.
+  call blocked in them (ours or the agent's) fails at once instead; and the node's
+  ``EndedStores`` refuses the stores of its ended rounds to any connect that starts later.
 """
 
 from __future__ import annotations
