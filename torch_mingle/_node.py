@@ -504,11 +504,10 @@ class Node:
             self.term.close_job(self.settings.node_id, why, now, failed=self._close_failed)
             self._pending_close = None
         elif self.session is not None and self.session.ready:
-            if self._shutdown is not None and not self._shutdown.done:
-                self._leave_for_good(now)  # the close of a shutdown waited for this leader
-                return
             self.session.close_job(why, failed=self._close_failed)
             self._pending_close = None
+            if self._shutdown is not None and not self._shutdown.done:
+                self._leave_for_good(now)  # the close of a shutdown waited for this leader
 
     def request_shutdown(self, ticket: Ticket, close_timeout_s: float, why: str, now: float) -> None:
         """``shutdown()``: close the job and leave; a leader first waits for the others to leave."""
@@ -525,7 +524,9 @@ class Node:
             elif self._pending_close is None:  # a close still pending (a failed job's) stands
                 self._pending_close, self._close_failed = why, False
             if (self.session is not None and self.session.ready) or self.job_closed:
-                self._leave_for_good(now)
+                self._deliver_close(now)  # and leaves, once its close (if any) is out
+                if not ticket.done:
+                    self._leave_for_good(now)  # the job closed already: nothing to tell
             else:
                 # Between leaders (ours was just lost): the close goes to the next one, if one
                 # welcomes this node in time; else the others would go on as if it had died.
@@ -534,12 +535,9 @@ class Node:
         self._flush(now)
 
     def _leave_for_good(self, now: float) -> None:
-        """A follower's shutdown: its close (if any) and leave go out, then the session ends."""
+        """A follower's shutdown, its close (if any) delivered: its leave goes out, the session ends."""
         session = self.session
         if session is not None and session.ready:
-            if self._pending_close is not None:
-                session.close_job(self._pending_close, failed=self._close_failed)
-                self._pending_close = None
             session.leave()
             for frame in session.frames():
                 self.net.send(session.conn, frame)

@@ -52,7 +52,6 @@ class SimNet:
         self.sim = sim
         self.owner = node
         self.readers: dict[int, FrameReader] = {}
-        self.aborted = 0
         self.cuts: list[tuple[str, tuple[int, ...], bool, str | None]] = []
 
     @property
@@ -88,7 +87,6 @@ class SimNet:
         )
 
     def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None:
-        self.aborted += 1
         # What the agent, woken by this cut, would read on the board at that moment.
         self.cuts.append((ip, tuple(ports), ended, self.owner.node.board.diagnostics().trouble))
 

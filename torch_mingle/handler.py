@@ -643,9 +643,10 @@ class MingleRendezvousHandler(RendezvousHandler):
         A frozen leader ends the first attempt at once (the node cuts its sockets, see
         ``abort_connections_to``) and is then no longer the leader, so nothing is retried."""
         base = min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout)
+        connect = functools.partial(open_client, ip, joined.round.store_port, ended=self._loop.ended_stores)
         for attempt in range(1, STORE_CONNECT_ATTEMPTS):
             try:
-                return open_client(ip, joined.round.store_port, base * attempt, ended=self._loop.ended_stores)
+                return connect(base * attempt)
             except DistError as exc:
                 diag = self._board.diagnostics()
                 same_round = (
@@ -662,9 +663,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                     self._label, ip, joined.round.store_port, attempt, STORE_CONNECT_ATTEMPTS,
                     str(exc).splitlines()[0],
                 )  # fmt: skip
-        return open_client(
-            ip, joined.round.store_port, base * STORE_CONNECT_ATTEMPTS, ended=self._loop.ended_stores
-        )
+        return connect(base * STORE_CONNECT_ATTEMPTS)
 
     def _settle(self, iface: Interface, why: str) -> None:
         """Use ``iface`` for this node's address and its workers' traffic (several interfaces only)."""
