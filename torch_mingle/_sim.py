@@ -18,7 +18,7 @@ from torch_mingle._leader import Job, OpenStore
 from torch_mingle._node import Node, NodeSettings, Ticket
 from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
 from torch_mingle._record import field, record
-from torch_mingle._transport import Delivery, InMemoryNetwork, RouteHook
+from torch_mingle._simnet import Delivery, InMemoryNetwork, RouteHook
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
 
 STORE_OPEN_S = 0.002
@@ -52,6 +52,9 @@ class SimNet:
         self.sim = sim
         self.owner = node
         self.readers: dict[int, FrameReader] = {}
+        #: Every stream end this process opened or accepted (a restarted process on the same
+        #: host never reads its predecessor's).
+        self.ends: set[int] = set()
         self.cuts: list[tuple[str, tuple[int, ...], bool, str | None]] = []
 
     @property
@@ -71,6 +74,7 @@ class SimNet:
     def connect(self, ip: str, port: int) -> int:
         end = self.sim.net.connect(self.owner.addr, ip, port, self._now)
         self.readers[end] = FrameReader()
+        self.ends.add(end)
         return end
 
     def send(self, conn: int, data: bytes) -> None:
@@ -166,13 +170,23 @@ class Simulation:
         self._seq = 0
         self._ports = itertools.count(50000)
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
+        self._observers: dict[object, Any] = {}
         for _ in range(n):
             self.add_node(self.rng.uniform(0.0, start_spread_s))
 
-    def add_node(self, start_at: float, *, job: str | None = None, node_id: int | None = None) -> SimNode:
+    def add_node(
+        self,
+        start_at: float,
+        *,
+        job: str | None = None,
+        node_id: int | None = None,
+        addr: tuple[str, int] | None = None,
+    ) -> SimNode:
+        """A node starting at ``start_at``; ``addr``: a host's address that an earlier process had
+        (a restart on the same host)."""
         index = len(self.nodes)
         node_id = node_id or self.rng.getrandbits(64) or 1
-        addr = (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 29477)
+        addr = addr or (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 29477)
         codec = Codec(self.key) if self.key is not None else _SharedDecodeCodec(self._decode_memo)
         core = Discovery(
             job or self.job,
@@ -206,6 +220,24 @@ class Simulation:
         """The node's process dies: its sockets close, its timers stop."""
         node.alive = False
         self.net.detach(node.addr, self.now)
+
+    def power_off(self, node: SimNode) -> None:
+        """The node's host loses power: nothing it had answers any more, and nothing says so."""
+        node.alive = False
+        self.net.power_off(node.addr)
+
+    def restart(self, old: SimNode, at: float, *, node_id: int | None = None) -> SimNode:
+        """A new process of the agent on ``old``'s host, starting at ``at`` (``old`` is dead by then)."""
+        return self.add_node(at, node_id=node_id, addr=old.addr)
+
+    def step_clock(self, node: SimNode, seconds: float) -> None:
+        """The node's wall clock steps (NTP, a VM resumed): what signed datagrams carry."""
+        node.node.core.wall_offset_s += seconds
+
+    def observe(self, addr: tuple[str, int], receive: Any) -> None:
+        """A host that is not a node (a hostile peer): ``receive(delivery)`` gets what reaches ``addr``."""
+        self._observers[addr] = receive
+        self.net.attach(addr)
 
     def freeze(self, node: SimNode) -> None:
         """SIGSTOP: the node's sockets stay open, but it reads, sends and decides nothing."""
@@ -256,6 +288,9 @@ class Simulation:
         batch: list[SimNode] = []
         for delivery in self.net.pop_due(self.now):
             target = self._by_addr.get(delivery.dst)
+            if target is None and delivery.dst in self._observers:
+                self._observers[delivery.dst](delivery)
+                continue
             if target is not None and target.alive and target.started:
                 if target.frozen:
                     target.held.append(delivery)
@@ -346,10 +381,15 @@ class Simulation:
         n, now = node.node, self.now
         net = node.net
         assert net is not None  # noqa: S101
-        if d.kind == "datagram":
+        if d.kind in ("connected", "data", "closed") and (
+            d.end not in net.ends or self.net.end_gen(d.end) != d.gen
+        ):
+            pass  # a connection of an earlier process on this host, or bytes voided by a reset
+        elif d.kind == "datagram":
             n.on_datagram(d.data, d.src, now)  # type: ignore[arg-type]
         elif d.kind == "accepted":
             net.readers[d.end] = FrameReader()
+            net.ends.add(d.end)
             n.on_accepted(d.end, now)
         elif d.kind == "connected":
             n.on_connected(d.end, now)

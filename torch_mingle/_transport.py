@@ -1,32 +1,26 @@
-"""Datagram transports: real multicast sockets, and an in-memory network for simulations.
+"""The datagram transport: real multicast sockets (the simulated network is ``_simnet``).
 
 ``McastTransport`` wraps multicast-expert's sockets pinned to one interface: the receive
 socket joins the group on that interface only, and the send socket sets the outgoing
 interface and the TTL, so discovery never leaks onto another network. Unicast replies
 reach a node at its send socket's address (the source address of its datagrams).
-
-``InMemoryNetwork`` delivers datagrams between simulated nodes on a fake clock; a seeded
-RNG drops, duplicates and delays them, and partitions cut it in pieces.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import heapq
 import ipaddress
 import logging
-import random
 import socket
 import struct
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from multicast_expert import McastRxSocket, McastTxSocket, MulticastExpertError
 
 from torch_mingle._interfaces import Interface
 from torch_mingle._protocol import Dest
-from torch_mingle._record import record
 from torch_mingle._wire import parse_ip
 from torch_mingle.errors import README_NETWORKS, MingleNetworkError
 
@@ -220,212 +214,3 @@ def _broadcast_address(iface: Interface) -> str | None:
         if isinstance(net, ipaddress.IPv4Network) and net.prefixlen <= 30:
             return str(net.broadcast_address)
     return None
-
-
-# --------------------------------------------------------------------------- simulation
-
-
-@record
-class Route:
-    """What the network does with one datagram: deliver after each delay (none: dropped)."""
-
-    delays: tuple[float, ...]
-
-
-RouteHook = Callable[[object, object, bytes, random.Random], Route | None]
-
-
-@record
-class Delivery:
-    """Something the in-memory network hands to the node at ``dst`` (``Simulation`` dispatches it).
-
-    ``kind``: ``datagram`` (data from ``src``), ``accepted`` / ``connected`` (stream end ``end``
-    is open), ``data`` (bytes on ``end``), ``closed`` (``end`` ended; ``refused`` if nothing
-    listened).
-    """
-
-    kind: str
-    dst: object
-    end: int = 0
-    data: bytes = b""
-    src: object = None
-    refused: bool = False
-    reason: str = ""
-
-
-@record(frozen=False)
-class _End:
-    owner: object
-    peer: int
-    open: bool = True
-    broken: bool = False
-    last_at: float = 0.0
-
-
-class InMemoryNetwork:
-    """A simulated segment on a fake clock: datagrams and TCP-like streams between nodes.
-
-    ``drop``, ``duplicate`` and the latency range apply to every datagram, drawn from a
-    seeded RNG; ``route_hook(src, dst, data, rng)`` may override the route of any one.
-    ``partition(groups)`` lets datagrams and stream bytes through only inside a group (a
-    stream that loses bytes to a partition stays silent, as TCP behind a cut cable does).
-    ``multicast = False`` drops every datagram sent to the group (a snooping switch that forgot
-    it) while unicast still passes.
-    Streams deliver in order, after the latency; closing an end tells the other one.
-    """
-
-    def __init__(
-        self,
-        *,
-        seed: int = 0,
-        latency_s: tuple[float, float] = (0.0002, 0.002),
-        drop: float = 0.0,
-        duplicate: float = 0.0,
-        route_hook: RouteHook | None = None,
-    ) -> None:
-        self.rng = random.Random(seed)
-        self.latency_s = latency_s
-        self.drop = drop
-        self.duplicate = duplicate
-        self.route_hook = route_hook
-        self.members: dict[object, None] = {}  # insertion-ordered set
-        self._queue: list[tuple[float, int, Delivery]] = []
-        self._seq = 0
-        self._side: dict[object, int] = {}
-        self._listeners: dict[tuple[str, int], object] = {}
-        self._ends: dict[int, _End] = {}
-        self._next_end = 0
-        self._next_port = 40000
-        self.datagrams_sent = 0
-        self.deliveries = 0
-        self.multicast = True
-
-    def attach(self, addr: object) -> None:
-        self.members[addr] = None
-
-    def detach(self, addr: object, now: float = 0.0) -> None:
-        """``addr`` is gone (its process died): its listeners vanish, its streams' peers see a reset."""
-        self.members.pop(addr, None)
-        for key in [k for k, owner in self._listeners.items() if owner == addr]:
-            del self._listeners[key]
-        for end in list(self._ends.values()):
-            if end.owner == addr and end.open:
-                end.open = False
-                self._close_peer(end, now, "connection reset (the peer's process died)")
-
-    def partition(self, *groups: Iterable[object]) -> None:
-        self._side = {addr: n for n, group in enumerate(groups) for addr in group}
-
-    def heal(self) -> None:
-        self._side = {}
-
-    def cut(self, a: object, b: object) -> bool:
-        return bool(self._side) and self._side.get(a, -1) != self._side.get(b, -2)
-
-    # ------------------------------------------------------------ datagrams
-
-    def _route(self, src: object, dst: object, data: bytes) -> Route:
-        if self.cut(src, dst):
-            return Route(delays=())
-        if self.route_hook is not None:
-            hooked = self.route_hook(src, dst, data, self.rng)
-            if hooked is not None:
-                return hooked
-        if self.rng.random() < self.drop:
-            return Route(delays=())
-        low, high = self.latency_s
-        delays = [self.rng.uniform(low, high)]
-        if self.rng.random() < self.duplicate:
-            delays.append(self.rng.uniform(low, high) * 2)
-        return Route(delays=tuple(delays))
-
-    def send(self, src: object, data: bytes, dest: Dest, now: float) -> None:
-        """A datagram from ``src`` to ``dest`` (None: every other member, as multicast)."""
-        self.datagrams_sent += 1
-        if dest is None and not self.multicast:
-            return
-        targets = [m for m in self.members if m != src] if dest is None else [dest]
-        for dst in targets:
-            if dst not in self.members:
-                continue
-            for delay in self._route(src, dst, data).delays:
-                self._push(now + delay, Delivery("datagram", dst, data=data, src=src))
-
-    # ------------------------------------------------------------ streams
-
-    def listen(self, owner: object, ip: str) -> int:
-        self._next_port += 1
-        self._listeners[(ip, self._next_port)] = owner
-        return self._next_port
-
-    def unlisten(self, owner: object) -> None:
-        for key in [k for k, o in self._listeners.items() if o == owner]:
-            del self._listeners[key]
-
-    def connect(self, owner: object, ip: str, port: int, now: float) -> int:
-        """Open a stream to ``ip:port``; returns this side's end (outcome: ``connected`` or ``closed``)."""
-        client, server = self._next_end, self._next_end + 1
-        self._next_end += 2
-        self._ends[client] = _End(owner=owner, peer=server)
-        target = self._listeners.get((ip, port))
-        latency = self._latency()
-        if target is None or target not in self.members:
-            self._ends[client].open = False
-            self._push(now + latency, Delivery("closed", owner, end=client, refused=True, reason="refused"))
-            return client
-        self._ends[server] = _End(owner=target, peer=client)
-        if self.cut(owner, target):
-            return client  # the handshake never arrives: the client's own timeout decides
-        self._push(now + latency, Delivery("accepted", target, end=server))
-        self._push(now + 2 * latency, Delivery("connected", owner, end=client))
-        return client
-
-    def stream_send(self, end_id: int, data: bytes, now: float) -> None:
-        end = self._ends.get(end_id)
-        if end is None or not end.open:
-            return
-        peer = self._ends.get(end.peer)
-        if peer is None or not peer.open or end.broken:
-            return
-        if self.cut(end.owner, peer.owner):
-            end.broken = True  # bytes lost behind a cut: the stream goes silent for good
-            return
-        at = max(now + self._latency(), peer.last_at)
-        peer.last_at = at
-        self._push(at, Delivery("data", peer.owner, end=end.peer, data=data))
-
-    def stream_close(self, end_id: int, now: float) -> None:
-        end = self._ends.get(end_id)
-        if end is None or not end.open:
-            return
-        end.open = False
-        self._close_peer(end, now, "closed by the peer")
-
-    def _close_peer(self, end: _End, now: float, reason: str) -> None:
-        peer = self._ends.get(end.peer)
-        if peer is None or not peer.open or end.broken or self.cut(end.owner, peer.owner):
-            return
-        peer.open = False
-        at = max(now + self._latency(), peer.last_at)
-        self._push(at, Delivery("closed", peer.owner, end=end.peer, reason=reason))
-
-    # ------------------------------------------------------------ the queue
-
-    def _latency(self) -> float:
-        low, high = self.latency_s
-        return self.rng.uniform(low, high)
-
-    def _push(self, at: float, delivery: Delivery) -> None:
-        self._seq += 1
-        heapq.heappush(self._queue, (at, self._seq, delivery))
-
-    def next_delivery(self) -> float | None:
-        return self._queue[0][0] if self._queue else None
-
-    def pop_due(self, now: float) -> list[Delivery]:
-        out = []
-        while self._queue and self._queue[0][0] <= now:
-            _, _, delivery = heapq.heappop(self._queue)
-            self.deliveries += 1
-            out.append(delivery)
-        return out

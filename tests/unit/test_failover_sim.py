@@ -13,7 +13,7 @@ import pytest
 from torch_mingle._node import Joined
 from torch_mingle._protocol import BecomeLeader, Dest, LeaderFound, LeaderLost, SteppedDown, Timing
 from torch_mingle._sim import SimNode, Simulation
-from torch_mingle._transport import Route
+from torch_mingle._simnet import Route
 
 FAST = Timing(beacon_interval_s=1.0, leader_timeout_s=3.0, suspect_ttl_s=3.0, successor_wait_s=1.25)
 MONITOR_S = 0.1
