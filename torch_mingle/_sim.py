@@ -22,7 +22,6 @@ from torch_mingle._simnet import Delivery, InMemoryNetwork, RouteHook
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
 
 STORE_OPEN_S = 0.002
-_tickets = itertools.count(1)
 
 
 class _SharedDecodeCodec(Codec):
@@ -171,6 +170,7 @@ class Simulation:
         self._ports = itertools.count(50000)
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         self._observers: dict[object, Any] = {}
+        self._tickets = itertools.count(1)  # per simulation: a replay sends the same frames
         for _ in range(n):
             self.add_node(self.rng.uniform(0.0, start_spread_s))
 
@@ -255,19 +255,26 @@ class Simulation:
 
     def join(self, node: SimNode, timeout_s: float = 60.0) -> Ticket:
         """``next_rendezvous()`` on ``node``: the ticket resolves as the simulation runs."""
-        ticket = Ticket("join", next(_tickets), timeout_s=timeout_s)
+        ticket = Ticket("join", next(self._tickets), timeout_s=timeout_s)
         self._call(node, lambda now: node.node.request_join(ticket, now))
         return ticket
 
     def leave(self, node: SimNode, close_timeout_s: float = 5.0) -> Ticket:
         """``shutdown()`` on ``node``."""
-        ticket = Ticket("shutdown", next(_tickets), timeout_s=close_timeout_s)
+        ticket = Ticket("shutdown", next(self._tickets), timeout_s=close_timeout_s)
         self._call(node, lambda now: node.node.request_shutdown(ticket, close_timeout_s, "finished", now))
+        return ticket
+
+    def arrive(self, node: SimNode, round_number: int, timeout_s: float = 5.0) -> Ticket:
+        """torch's agent enters the exit barrier of round ``round_number`` on ``node``."""
+        ticket = Ticket("arrive", next(self._tickets), timeout_s=timeout_s)
+        self._call(node, lambda now: node.node.request_arrive(ticket, round_number, now))
         return ticket
 
     def preempt(self, node: SimNode, timeout_s: float = 15.0) -> Ticket:
         """SIGTERM to ``node``'s agent: it leaves the job at once (``MingleRendezvousHandler.leave``)."""
-        ticket = Ticket("leave", next(_tickets), timeout_s=timeout_s)
+        ticket = Ticket("leave", next(self._tickets), timeout_s=timeout_s)
+        ticket.deadline = self.now + timeout_s  # as the handler's ``_ask`` sets it
         self._call(node, lambda now: node.node.request_leave(ticket, now))
         return ticket
 

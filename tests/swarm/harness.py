@@ -1,0 +1,734 @@
+"""Runs one scenario: the production ``Node`` of every host in the simulator, torch's agents
+reduced to what the rendezvous sees of them, the scenario's faults, and the invariants.
+
+The agents act as torch's elastic agent does: ``next_rendezvous`` (a join), then the round
+runs until ``num_nodes_waiting() > 0`` (polled every ``MONITOR_S``) or a worker fails, and
+the agent joins again; at the end each arrives at the exit barrier and shuts down. An agent
+whose join times out shuts down (torch's launcher does, and that closes the job); SIGTERM
+leaves; a crash does nothing. Every check runs after every monitor step (``MONITOR_S`` of
+simulated time); the first violation stops the run.
+
+Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken rule by
+``tests/swarm/test_swarm.py``):
+
+* ``one-round``: no two rounds of the job train at the same time: a round trains from the
+  moment every member's agent runs it until the first member stops running it (it joins
+  again, dies, leaves, or its workers finish).
+* ``ranks``: a round's ranks are 0..n-1, each node once; rank 0 is the leader that formed
+  it, and the store is at rank 0's address.
+* ``token``: the fencing token (epoch, round) handed to workers only grows: per agent, and
+  from one training round to the next (the round number too: it grows across terms).
+* ``secret``: a host without the secret never has a connection the leader identified: so it
+  is never in a round, never evicts a member, never makes ``num_nodes_waiting()`` non-zero.
+* ``bounded-wait``: every agent call returns within its bound of README's "Every wait" table.
+* ``recovery``: after the last fault heals, if a majority of the last round's members are
+  alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
+  as a spare beside a full one) within ``recovery_bound_s()``.
+* ``resources``: per-node state (peers, suspects, store ports, connections, pending joins,
+  remembered nonces) stays under bounds that do not grow with time or rounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.swarm import scenario as sc
+from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
+from torch_mingle._node import JOIN_GRACE_S, JobClosed, Joined, Ticket, TimedOut
+from torch_mingle._protocol import MAX_SUSPECTS, Timing
+from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, node_hex
+from torch_mingle._sim import SimNode, Simulation
+from torch_mingle._simnet import DROP, RESET, Delivery, Impairment
+from torch_mingle._wire import (
+    MAX_REMEMBERED_NONCES,
+    Announce,
+    Codec,
+    Datagram,
+    Resign,
+    derive_key,
+    encode_frame,
+)
+
+MONITOR_S = 0.1
+ROGUE_ADDR = ("10.255.0.1", 29477)
+SECRET = b"the swarm's shared secret"
+#: What torchrun's agent gives a node to leave (SIGTERM) and to report its exit barrier.
+LEAVE_TIMEOUT_S = min(sc.CLOSE_TIMEOUT_S, 15.0)
+ARRIVE_TIMEOUT_S = min(5.0, sc.INTERVAL_S * sc.ATTEMPTS)
+#: Scheduling slack on top of a bound: the agent's own poll (``MONITOR_S``) and the loop.
+SLACK_S = 2 * MONITOR_S + 0.05
+#: How long the swarm lets a job run in peace after recovery before it finishes.
+DWELL_S = 1.0
+
+INVARIANTS = ("one-round", "ranks", "token", "secret", "bounded-wait", "recovery", "resources")
+
+
+def timing() -> Timing:
+    return Timing.for_keep_alive(sc.ELECTION_WINDOW_S, sc.INTERVAL_S, sc.ATTEMPTS)
+
+
+def recovery_bound_s(hosts: int) -> float:
+    """README's bound on "every live node is in one round" after the last fault heals:
+    detection on both sides, one successor wait per member passed over, a suspicion to run
+    out, the last call, and the longest hold of a returning node (``rejoin_delay`` doubled
+    for each time it was dropped, at most ``MAX_HOLD_DOUBLINGS`` times)."""
+    t = timing()
+    detect = 2 * t.leader_timeout_s
+    elect = (hosts + 1) * t.successor_wait_s + t.claim_wait_s + t.suspect_ttl_s
+    hold = sc.REJOIN_DELAY_S * 2**MAX_HOLD_DOUBLINGS
+    return float(detect + elect + sc.LAST_CALL_S + hold + 1.0)
+
+
+class Violation(Exception):
+    def __init__(self, invariant: str, detail: str, at: float) -> None:
+        super().__init__(f"{invariant} at {at:.3f}s: {detail}")
+        self.invariant = invariant
+        self.detail = detail
+        self.at = at
+
+
+@dataclass
+class Outcome:
+    scenario: sc.Scenario
+    violation: Violation | None
+    sim_s: float
+    node_s: float
+    faults: Counter[str]
+    checks: int
+    rounds: int
+    isolated_overlaps: int
+    recovered_after_s: float | None
+
+
+@dataclass
+class _Round:
+    key: tuple[int, int, int]  # (epoch, leader, number)
+    members: tuple[int, ...]
+    #: Rounds descend from one another through their members; a node that never heard of the
+    #: job (it claimed epoch 1, and no member of its round ran one before) starts a lineage of
+    #: its own: an isolated start, which nothing can tell from the first node of a new job.
+    lineage: int = 0
+    delivered: set[int] = field(default_factory=set)
+    training_since: float | None = None
+    ended: bool = False
+
+
+@dataclass
+class _Agent:
+    host: int
+    node: SimNode
+    state: str = "joining"  # joining, running, arriving, shutting, leaving, exited
+    ticket: Ticket | None = None
+    #: When the bound of the pending call started, and how long it is.
+    since: float = 0.0
+    bound_s: float = 0.0
+    round: _Round | None = None
+    tokens: list[tuple[int, int]] = field(default_factory=list)
+    thawed_at: float = 0.0
+    left: bool = False
+
+    @property
+    def node_id(self) -> int:
+        return self.node.core.node_id
+
+
+class World:
+    def __init__(self, scenario: sc.Scenario, *, inherit_identity: bool = False) -> None:
+        self.sc = scenario
+        self.inherit_identity = inherit_identity
+        self.rng = random.Random(scenario.seed ^ 0x5EED)
+        self.sim = Simulation(
+            0,
+            seed=scenario.seed,
+            timing=timing(),
+            key=derive_key(SECRET) if scenario.secret else None,
+            min_nodes=scenario.min_nodes,
+            max_nodes=scenario.max_nodes,
+            last_call_timeout_s=sc.LAST_CALL_S,
+            rejoin_delay_s=sc.REJOIN_DELAY_S,
+            expect_all=True,
+        )
+        self.agents: list[_Agent] = []
+        self.by_host: dict[int, _Agent] = {}
+        self.rounds: dict[tuple[int, int, int], _Round] = {}
+        self.trained: list[_Round] = []
+        #: The lineage of the last round each node ran (see ``_Round.lineage``).
+        self.node_lineage: dict[int, int] = {}
+        self._lineages = itertools.count(1)
+        #: Rounds of two lineages that trained at the same time (isolated starts: counted).
+        self.isolated_overlaps = 0
+        self.faults: Counter[str] = Counter()
+        self.checks = 0
+        self._actions: list[tuple[float, int, Callable[[], object]]] = []
+        self._seq = itertools.count()
+        self._cut_ids = itertools.count(1)
+        self.ids_ever: set[int] = set()
+        self.rogue_ids: set[int] = set()
+        self.rogue_ends: set[int] = set()
+        self.captured: list[bytes] = []
+        self.recovered_at: float | None = None
+        self.finishing = False
+        #: An agent shut down: the job is closed (the others run their last round to its end).
+        self.closed = False
+        #: What the agents did (time, host, what): printed with a violation when replayed with -v.
+        self.trace: list[tuple[float, int, str]] = []
+        self._rogue_mimic = False
+        self._rogue_claims: dict[int, LeaderTerm] = {}  # the rogue's stream ends, to the term it calls
+        self.sim.observe(ROGUE_ADDR, self._rogue_receive)
+        for host, start in enumerate(scenario.starts):
+            self._spawn(host, start)
+        for event in scenario.events:
+            self._at(event.at, functools.partial(self._fire, event))
+
+    # ------------------------------------------------------------ running
+
+    def run(self) -> Outcome:
+        violation = None
+        heal = self.sc.heal_at
+        bound = recovery_bound_s(self.sc.hosts)
+        hard_stop = heal + bound + sc.JOIN_TIMEOUT_S + 4 * sc.CLOSE_TIMEOUT_S + 10.0
+        try:
+            while True:
+                now = self.sim.now
+                target = now + MONITOR_S
+                if self._actions and self._actions[0][0] < target:
+                    target = max(now, self._actions[0][0])
+                self.sim.run_until(target)
+                while self._actions and self._actions[0][0] <= self.sim.now:
+                    _, _, fn = heapq.heappop(self._actions)
+                    fn()
+                self._tick()
+                self._check(heal, bound)
+                if self._all_exited() and self.sim.now >= heal:
+                    break
+                if self.sim.now > hard_stop:
+                    self._check_all_ended()
+                    break
+        except Violation as exc:
+            violation = exc
+        node_s = sum(max(0.0, self.sim.now - a.node.start_at) for a in self.agents)
+        return Outcome(
+            self.sc,
+            violation,
+            self.sim.now,
+            node_s,
+            self.faults,
+            self.checks,
+            len(self.trained),
+            self.isolated_overlaps,
+            None if self.recovered_at is None else self.recovered_at - heal,
+        )
+
+    def _check_all_ended(self) -> None:
+        pending = [a for a in self.agents if a.state != "exited" and a.node.alive]
+        if pending:
+            running = ", ".join(f"host {a.host} {a.state}" for a in pending)
+            raise Violation("bounded-wait", f"agents still running at the end: {running}", self.sim.now)
+
+    def _at(self, t: float, fn: Callable[[], object]) -> None:
+        heapq.heappush(self._actions, (t, next(self._seq), fn))
+
+    def _all_exited(self) -> bool:
+        return all(a.state == "exited" for a in self.agents)
+
+    # ------------------------------------------------------------ agents
+
+    def _spawn(self, host: int, at: float, *, node_id: int | None = None) -> _Agent:
+        if host in self.by_host:
+            node = self.sim.restart(self.by_host[host].node, at, node_id=node_id)
+        else:
+            node = self.sim.add_node(at, node_id=node_id)
+        agent = _Agent(host, node, since=at, bound_s=sc.JOIN_TIMEOUT_S + JOIN_GRACE_S)
+        agent.ticket = self.sim.join(node, sc.JOIN_TIMEOUT_S)
+        self.agents.append(agent)
+        self.by_host[host] = agent
+        self.ids_ever.add(node.core.node_id)
+        self._note(agent, f"starts node {node_hex(node.core.node_id)[:6]}")
+        return agent
+
+    def _tick(self) -> None:
+        now = self.sim.now
+        for agent in self.agents:
+            node = agent.node
+            if agent.state == "exited" or not node.started:
+                continue
+            if not node.alive:
+                self._exit(agent, "died")
+                continue
+            if node.frozen:
+                continue
+            ticket = agent.ticket
+            if agent.state == "joining":
+                if node.node.parked:
+                    agent.since = now  # waits for the job, not for a timeout (README)
+                if ticket is not None and ticket.done:
+                    self._joined(agent, ticket)
+            elif agent.state == "running":
+                if node.node.nodes_waiting(now) > 0:
+                    self._rejoin(agent)
+            elif agent.state in ("arriving", "shutting", "leaving") and ticket is not None and ticket.done:
+                if agent.state == "arriving":
+                    self._call(
+                        agent, "shutting", self.sim.leave(node, sc.CLOSE_TIMEOUT_S), sc.CLOSE_TIMEOUT_S
+                    )
+                else:
+                    self._exit(agent, agent.state, kill=True)
+
+    def _joined(self, agent: _Agent, ticket: Ticket) -> None:
+        result = ticket.result
+        if ticket.error is not None:
+            self._rejoin(agent)  # superseded: join again
+        elif isinstance(result, Joined):
+            self._deliver(agent, result)
+        elif isinstance(result, TimedOut | JobClosed):
+            # torch's launcher shuts the handler down when the agent fails (that closes the
+            # job for every node), and also after a closed rendezvous.
+            self._shut(agent)
+        else:
+            raise Violation("bounded-wait", f"host {agent.host}: join answered {result!r}", self.sim.now)
+
+    def _shut(self, agent: _Agent) -> None:
+        self._call(agent, "shutting", self.sim.leave(agent.node, sc.CLOSE_TIMEOUT_S), sc.CLOSE_TIMEOUT_S)
+
+    def _note(self, agent: _Agent | None, what: str) -> None:
+        self.trace.append((self.sim.now, agent.host if agent is not None else -1, what))
+
+    def _rejoin(self, agent: _Agent) -> None:
+        self._note(agent, "joins again" + (f" (ends {_show(agent.round)})" if agent.round else ""))
+        self._end_round(agent)
+        agent.state = "joining"
+        agent.since, agent.bound_s = self.sim.now, sc.JOIN_TIMEOUT_S + JOIN_GRACE_S
+        agent.ticket = self.sim.join(agent.node, sc.JOIN_TIMEOUT_S)
+
+    def _call(self, agent: _Agent, state: str, ticket: Ticket, bound_s: float) -> None:
+        self._note(agent, state)
+        if state == "shutting":
+            self.closed = True  # torch's contract: a handler's shutdown() closes the job for all
+        self._end_round(agent)
+        agent.state, agent.ticket, agent.since, agent.bound_s = state, ticket, self.sim.now, bound_s
+
+    def _exit(self, agent: _Agent, why: str, *, kill: bool = False) -> None:
+        self._note(agent, f"exits ({why})")
+        self._end_round(agent)
+        agent.state, agent.ticket = "exited", None
+        if kill and agent.node.alive:
+            self.sim.kill(agent.node)  # the process exits: its kernel closes its sockets
+
+    def _end_round(self, agent: _Agent) -> None:
+        rnd, agent.round = agent.round, None
+        if rnd is not None and not rnd.ended:
+            rnd.ended = True
+
+    # ------------------------------------------------------------ rounds and safety
+
+    def _deliver(self, agent: _Agent, joined: Joined) -> None:
+        now = self.sim.now
+        rnd, claim = joined.round, joined.claim
+        members = rnd.members
+        where = f"round {rnd.number} (epoch {rnd.epoch}) delivered to host {agent.host}"
+        self.checks += 1
+        if len(set(members)) != len(members) or agent.node_id not in members:
+            raise Violation("ranks", f"{where}: members {[node_hex(m) for m in members]}", now)
+        if members[0] != claim.leader or rnd.epoch != claim.epoch:
+            raise Violation("ranks", f"{where}: rank 0 is {node_hex(members[0])}, formed by {claim}", now)
+        leader_hosts = {a.node.addr[0] for a in self.agents if a.node_id == members[0]}
+        if rnd.store_ip not in leader_hosts:
+            raise Violation("ranks", f"{where}: store at {rnd.store_ip}, rank 0 on {leader_hosts}", now)
+        token = (rnd.epoch, rnd.number)
+        self.checks += 1
+        if agent.tokens and token <= agent.tokens[-1]:
+            raise Violation("token", f"{where}: token {token} after {agent.tokens[-1]} on that agent", now)
+        agent.tokens.append(token)
+        key = (rnd.epoch, claim.leader, rnd.number)
+        log = self.rounds.get(key)
+        if log is None:
+            log = self.rounds[key] = _Round(key, members, self._lineage_of(members, rnd.epoch))
+        elif log.members != members:
+            raise Violation("ranks", f"{where}: members differ from the same round's elsewhere", now)
+        log.delivered.add(agent.node_id)
+        self.node_lineage[agent.node_id] = log.lineage
+        self._note(agent, f"runs {_show(log)}")
+        agent.state, agent.round, agent.ticket = "running", log, None
+        if log.delivered == set(members) and not log.ended:
+            self._training(log)
+
+    def _lineage_of(self, members: tuple[int, ...], epoch: int) -> int:
+        known = [self.node_lineage[m] for m in members if m in self.node_lineage]
+        if known:
+            return min(known)
+        if epoch == 1 or not self.trained:
+            return next(self._lineages)  # its leader heard of no epoch: an isolated start
+        return self.trained[-1].lineage  # it knew the job ran: it is held to the job's rounds
+
+    def _training(self, log: _Round) -> None:
+        now = self.sim.now
+        self.checks += 2
+        training = [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
+        others = [r for r in training if r.lineage == log.lineage]
+        if len(others) < len(training):
+            self.isolated_overlaps += 1
+        if others:
+            other = others[0]
+            raise Violation(
+                "one-round",
+                f"rounds {_show(other)} (training since {other.training_since:.3f}s) and {_show(log)} "
+                "train at the same time",
+                now,
+            )
+        lineage = [r for r in self.trained if r.lineage == log.lineage]
+        if lineage:
+            last = lineage[-1]
+            new, old = (log.key[0], log.key[2]), (last.key[0], last.key[2])
+            if new <= old or log.key[2] <= last.key[2]:
+                raise Violation("token", f"{_show(log)} trains after {_show(last)}: the token went back", now)
+        log.training_since = now
+        self.trained.append(log)
+
+    # ------------------------------------------------------------ checks
+
+    def _check(self, heal: float, bound: float) -> None:
+        now = self.sim.now
+        for agent in self.agents:
+            if agent.state in ("exited", "running") or not agent.node.alive or not agent.node.started:
+                continue
+            if agent.node.frozen:
+                agent.thawed_at = now
+                continue
+            self.checks += 1
+            start = max(agent.since, agent.thawed_at)
+            if now > start + agent.bound_s + SLACK_S:
+                raise Violation(
+                    "bounded-wait",
+                    f"host {agent.host} ({agent.node.node.label}) {agent.state} since {start:.3f}s, "
+                    f"bound {agent.bound_s:g}s",
+                    now,
+                )
+        self._check_rogue()
+        if int(now / MONITOR_S) % 10 == 0:
+            self._check_resources()
+        if now >= heal and not self.finishing:
+            self._check_recovery(heal, bound)
+
+    def _check_rogue(self) -> None:
+        if not self.rogue_ends:
+            return
+        self.checks += 1
+        for node in self.sim.nodes:
+            term = node.node.term
+            if not node.alive or term is None:
+                continue
+            for conn, member in term.conns.items():
+                if conn in self.rogue_ends and member.node is not None:
+                    raise Violation(
+                        "secret",
+                        f"the leader on {node.addr[0]} identified a connection of a host without the "
+                        f"secret as node {node_hex(member.node)}",
+                        self.sim.now,
+                    )
+
+    def _check_recovery(self, heal: float, bound: float) -> None:
+        now = self.sim.now
+        live = [a for a in self.agents if a.state in ("joining", "running") and a.node.alive]
+        live = [a for a in live if a.node.started and not a.node.frozen]
+        current = self.trained[-1] if self.trained else None
+        self.checks += 1
+        if current is not None and not current.ended and live:
+            members = set(current.members)
+            full = len(current.members) >= self.sc.max_nodes
+            if all(
+                (a.state == "running" and a.round is current)
+                or (full and a.state == "joining" and a.node_id not in members)
+                for a in live
+            ):
+                self._finish()
+                return
+        if not live or self.closed:
+            self._finish()
+            return
+        if now <= heal + bound:
+            return
+        if self._may_recover(current, live):
+            states = ", ".join(
+                f"host {a.host} {a.state}"
+                + (f" in {_show(a.round)}" if a.round else f" ({a.node.node.board.diagnostics().status})")
+                for a in live
+            )
+            raise Violation(
+                "recovery",
+                f"{bound:.1f}s after the last fault healed the live agents are not in one round: {states}",
+                now,
+            )
+        self._finish()
+
+    def _may_recover(self, last: _Round | None, live: list[_Agent]) -> bool:
+        if len(live) < self.sc.min_nodes:
+            return False
+        if last is None:
+            return True
+        left = {a.node_id for a in self.agents if a.left}
+        voters = set(last.members) - left
+        alive = {a.node_id for a in live} & voters
+        return not voters or 2 * len(alive) > len(voters)
+
+    def _finish(self) -> None:
+        if self.recovered_at is None:
+            self.recovered_at = self.sim.now
+        self.finishing = True
+        self._at(self.sim.now + DWELL_S, self._finish_now)
+
+    def _finish_now(self) -> None:
+        for agent in self.agents:
+            if agent.state == "running" and agent.round is not None and agent.node.alive:
+                number = agent.round.key[2]
+                self._call(
+                    agent, "arriving", self.sim.arrive(agent.node, number, ARRIVE_TIMEOUT_S), ARRIVE_TIMEOUT_S
+                )
+
+    def _check_resources(self) -> None:
+        ids = len(self.ids_ever) + len(self.rogue_ids)
+        live_ids = len({a.node_id for a in self.agents if a.node.alive})
+        for sim_node in self.sim.nodes:
+            if not sim_node.alive or not sim_node.started:
+                continue
+            node, core = sim_node.node, sim_node.node.core
+            sizes: dict[str, tuple[int, int]] = {
+                "peers": (len(core.peers), ids),
+                "suspects": (len(core._suspects), live_ids + 8),
+                "suspected claims": (len(core._suspected_claims), MAX_SUSPECTS),
+                "candidates": (len(core._candidates), ids),
+                "store ports": (sum(map(len, node._store_ports.values())), 4 * (ROUND_STORES_KEPT + 1)),
+                "connects ahead": (len(node._ahead_pending), 8),
+                "arrivals": (len(node._arrivals), 4),
+                "nonces": (core.codec.remembered, MAX_REMEMBERED_NONCES),
+                "readers": (len(sim_node.net.readers) if sim_node.net else 0, 2 * ids + 8),
+            }
+            if node.term is not None:
+                sizes.update(_term_sizes(node.term, ids))
+            self.checks += len(sizes)
+            for what, (size, bound) in sizes.items():
+                if size > bound:
+                    raise Violation(
+                        "resources", f"{node.label} holds {size} {what}, more than {bound}", self.sim.now
+                    )
+
+    # ------------------------------------------------------------ faults
+
+    def _fire(self, e: sc.Event) -> None:
+        agent = self.by_host.get(e.node) if e.node >= 0 else None
+        node = agent.node if agent is not None else None
+        usable = node is not None and node.alive and node.started
+        handler = getattr(self, f"_do_{e.kind}")
+        if e.node >= 0 and not usable and e.kind not in ("partition",):
+            self.faults[f"{e.kind} (no-op)"] += 1
+            return
+        self.faults[e.kind] += 1
+        self._note(
+            agent,
+            f"FAULT {e.kind}{' ' + str(list(e.args)) if e.args else ''}{f' for {e.dur:g}s' if e.dur else ''}",
+        )
+        handler(e, agent)
+
+    def _do_crash(self, e: sc.Event, agent: _Agent) -> None:
+        self.sim.kill(agent.node)
+        self._exit(agent, "crashed")
+        if e.args:
+            self._at(e.ends, lambda: self._respawn(agent))
+
+    def _do_power(self, e: sc.Event, agent: _Agent) -> None:
+        self.sim.power_off(agent.node)
+        self._exit(agent, "powered off")
+        if e.args:
+            self._at(e.ends, lambda: self._respawn(agent))
+
+    def _do_restart(self, e: sc.Event, agent: _Agent) -> None:
+        self.sim.kill(agent.node)
+        self._exit(agent, "restarted")
+        self._at(e.ends, lambda: self._respawn(agent))
+
+    def _respawn(self, old: _Agent) -> None:
+        if self.by_host.get(old.host) is old:
+            inherit = old.node.core.node_id if self.inherit_identity else None
+            self._spawn(old.host, self.sim.now, node_id=inherit)
+
+    def _do_freeze(self, e: sc.Event, agent: _Agent) -> None:
+        self.sim.freeze(agent.node)
+        self._at(e.ends, lambda: self._thaw(agent))
+
+    def _thaw(self, agent: _Agent) -> None:
+        if agent.node.frozen:
+            self.sim.thaw(agent.node)
+            agent.thawed_at = self.sim.now
+
+    def _do_partition(self, e: sc.Event, agent: _Agent | None) -> None:
+        mode, oneway, groups = e.args
+        assert isinstance(groups, list)
+        addrs = [[self._addr(h) for h in group] for group in groups]
+        pairs: list[tuple[object, object]] = []
+        for i, side in enumerate(addrs):
+            for j, other in enumerate(addrs):
+                if i != j and (not oneway or i == 0):
+                    pairs.extend((a, b) for a in side for b in other)
+        cut = next(self._cut_ids)
+        self.sim.net.block(cut, pairs, RESET if mode == "reset" else DROP)
+        self._at(e.ends, lambda: self.sim.net.unblock(cut, self.sim.now))
+
+    def _do_isolate(self, e: sc.Event, agent: _Agent) -> None:
+        me = agent.node.addr
+        others = [self._addr(h) for h in range(self.sc.hosts) if h != agent.host]
+        cut = next(self._cut_ids)
+        self.sim.net.block(cut, [(me, o) for o in others] + [(o, me) for o in others], DROP)
+        self._at(e.ends, lambda: self.sim.net.unblock(cut, self.sim.now))
+
+    def _do_impair(self, e: sc.Event, agent: _Agent) -> None:
+        drop, dup, spike = e.args
+        addr = agent.node.addr
+        self.sim.net.impaired[addr] = Impairment(float(drop), float(dup), (0.0, float(spike)))  # type: ignore[arg-type]
+        self._at(e.ends, functools.partial(self.sim.net.impaired.pop, addr, None))
+
+    def _do_stall(self, e: sc.Event, agent: _Agent) -> None:
+        addr = agent.node.addr
+        self.sim.net.stalled[addr] = float(e.args[0])  # type: ignore[arg-type]
+        self._at(e.ends, functools.partial(self.sim.net.stalled.pop, addr, None))
+
+    def _do_reset_conns(self, e: sc.Event, agent: _Agent) -> None:
+        self.sim.net.reset_connections(agent.node.addr, self.sim.now)
+
+    def _do_clock(self, e: sc.Event, agent: _Agent) -> None:
+        self.sim.step_clock(agent.node, float(e.args[0]))  # type: ignore[arg-type]
+
+    def _do_workers_fail(self, e: sc.Event, agent: _Agent) -> None:
+        if agent.state == "running":
+            self._rejoin(agent)
+
+    def _do_sigterm(self, e: sc.Event, agent: _Agent) -> None:
+        if agent.state in ("joining", "running"):
+            agent.left = True
+            self._call(agent, "leaving", self.sim.preempt(agent.node, LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S)
+
+    def _do_shutdown(self, e: sc.Event, agent: _Agent) -> None:
+        if agent.state in ("joining", "running"):
+            agent.left = True
+            self._shut(agent)
+
+    def _addr(self, host: int) -> tuple[str, int]:
+        return self.by_host[host].node.addr
+
+    # ------------------------------------------------------------ the hostile host
+
+    def _rogue_receive(self, d: Delivery) -> None:
+        if d.kind == "datagram":
+            self.captured.append(d.data)
+            if len(self.captured) > 200:
+                del self.captured[:100]
+        elif d.kind == "connected":
+            self._rogue_speak(d.end)
+
+    def _do_forge(self, e: sc.Event, agent: _Agent | None) -> None:
+        count = int(e.args[0])  # type: ignore[call-overload]
+        wrong = Codec(derive_key(b"not the secret")) if self.sc.secret else None
+        unsigned = Codec(None)
+        for _ in range(count):
+            pick = self.rng.random()
+            if pick < 0.4 or not self.captured:
+                data = self.rng.randbytes(self.rng.randint(0, 300))
+            elif pick < 0.7:
+                raw = self.rng.choice(self.captured)
+                data = raw[: self.rng.randint(0, len(raw) - 1)]
+            elif wrong is not None:
+                # Well-formed, but signed with another key or not at all: a host without the secret.
+                epoch = self.rng.randint(1, 50)
+                body: Announce | Resign = (
+                    Announce(epoch=epoch, store_ip=ROGUE_ADDR[0], store_port=9, established=True)
+                    if pick < 0.85
+                    else Resign(epoch=epoch)
+                )
+                sent_ms = int((self.sim.now + 1.7e9) * 1000)
+                dgram = Datagram(self.sim.job, self._rogue_id(), body, sent_ms, self.rng.getrandbits(64))
+                data = (wrong if pick < 0.95 else unsigned).encode(dgram)
+            else:
+                data = self.rng.randbytes(40)
+            self.sim.net.send(ROGUE_ADDR, data, self._rogue_dest(), self.sim.now)
+
+    def _do_replay(self, e: sc.Event, agent: _Agent | None) -> None:
+        for _ in range(int(e.args[0])):  # type: ignore[call-overload]
+            if self.captured:
+                data = self.rng.choice(self.captured)
+                self.sim.net.send(ROGUE_ADDR, data, self._rogue_dest(), self.sim.now)
+
+    def _rogue_dest(self) -> tuple[str, int] | None:
+        if self.rng.random() < 0.5:
+            return None
+        return self._addr(self.rng.randrange(self.sc.hosts))
+
+    def _do_rogue(self, e: sc.Event, agent: _Agent | None) -> None:
+        """Connects to every leader's control port it heard announced (the announcements are
+        signed, not encrypted) and speaks the protocol without knowing the secret."""
+        self._rogue_mimic = bool(e.args[0])
+        for node in self.sim.nodes:
+            view = node.core.leader
+            if node.alive and node.node.term is not None and view is not None and view.is_self:
+                end = self.sim.net.connect(ROGUE_ADDR, node.addr[0], view.store_port, self.sim.now)
+                self.rogue_ends.add(end + 1)  # the leader's end of it
+                self._rogue_claims[end] = node.node.term
+                self._at(e.ends, functools.partial(self._rogue_hang_up, end))
+
+    def _rogue_hang_up(self, end: int) -> None:
+        self.sim.net.stream_close(end, self.sim.now)
+
+    def _rogue_speak(self, end: int) -> None:
+        term = self._rogue_claims.get(end)
+        if term is None:
+            return
+        members = [a.node_id for a in self.agents if a.node.alive and a.node_id != term.claim.leader]
+        node = self.rng.choice(members) if self._rogue_mimic and members else self._rogue_id()
+        frames = [
+            encode_frame(
+                "hello",
+                node=node_hex(node),
+                epoch=term.claim.epoch,
+                leader=node_hex(term.claim.leader),
+                ip=ROGUE_ADDR[0],
+                ahead=True,
+            ),
+            encode_frame("join", id=1, ip=ROGUE_ADDR[0], timeout_s=30, remaining_s=30),
+            encode_frame("hb"),
+            encode_frame(self.rng.choice(("leave", "close", "bye", "hb")), why="rogue"),
+        ]
+        for frame in frames:
+            self.sim.net.stream_send(end, frame, self.sim.now)
+
+    def _rogue_id(self) -> int:
+        node = self.rng.getrandbits(64) or 1
+        self.rogue_ids.add(node)
+        return node
+
+
+def _term_sizes(term: LeaderTerm, ids: int) -> dict[str, tuple[int, int]]:
+    book = term.book
+    return {
+        "leader's connections": (len(term.conns), 2 * ids + 8),
+        "pending joins": (len(book.pending), ids),
+        "dead": (len(book.dead), ids),
+        "left": (len(book.left), ids),
+        "gone": (len(book.gone), ids),
+        "drops": (len(book.drops), ids),
+        "join deadlines": (len(term._deadlines), 4 * (len(term._by_node) + 16)),
+    }
+
+
+def _show(r: _Round | None) -> str:
+    if r is None:
+        return "none"
+    epoch, _, number = r.key
+    return f"epoch {epoch} round {number} [{' '.join(node_hex(m)[:6] for m in r.members)}]"
+
+
+def run(scenario: sc.Scenario, **kw: Any) -> Outcome:
+    return World(scenario, **kw).run()

@@ -1,0 +1,169 @@
+"""What one seed of the swarm runs: a cluster, a workload and a schedule of faults, all drawn
+from the seed, so that a seed (and the events kept of it) replays exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+
+#: Heartbeats of the simulated agents (``keep_alive_interval`` x ``keep_alive_max_attempt``).
+INTERVAL_S, ATTEMPTS = 0.5, 3
+ELECTION_WINDOW_S = 0.02
+#: Longer than the heartbeat timeout, as torch's default (30 s) is against ours (15 s): a job's
+#: survivors notice a lost leader before a round of newcomers waits out its last call.
+LAST_CALL_S = 2.5
+REJOIN_DELAY_S = 0.5
+JOIN_TIMEOUT_S = 20.0
+CLOSE_TIMEOUT_S = 3.0
+#: Faults start within this window of the job's start.
+FAULTS_FROM_S, FAULTS_UNTIL_S = 0.5, 12.0
+
+#: Fault kinds and how often each is drawn. ``rogue`` (a host without the secret that
+#: connects to the leader's control port) only runs in clusters with a secret: without one,
+#: any host on the segment may join by design (README#security).
+KINDS: dict[str, int] = {
+    "crash": 8,  # SIGKILL of the agent: connections closed by its kernel, datagrams unanswered
+    "power": 4,  # the host loses power: silence
+    "freeze": 10,  # SIGSTOP of the process tree, SIGCONT later
+    "restart": 6,  # the agent dies and a new process starts on the same host
+    "partition": 14,  # sides, silent or resetting, both ways or one way; heals later
+    "isolate": 6,  # one host's link down (a silent cut from every other host)
+    "impair": 6,  # datagram loss, duplication, delay spikes on one host's link
+    "stall": 6,  # a slow reader or writer: one host's stream bytes arrive late
+    "reset_conns": 5,  # a middlebox drops one host's connections: resets, frames in flight lost
+    "clock": 4,  # one host's wall clock steps
+    "forge": 3,  # garbage and forged datagrams
+    "replay": 3,  # datagrams seen earlier, sent again
+    "rogue": 5,  # a host without the secret connects to the control port and sends any frame
+    "workers_fail": 6,  # a worker fails: the agent re-joins at once
+    "sigterm": 3,  # a preemption notice: the agent leaves gracefully
+    "shutdown": 1,  # an agent's shutdown(): the job closes for every node
+}
+FAULT_KINDS = frozenset(KINDS) - {"workers_fail", "sigterm", "shutdown"}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One fault or workload event: what, when, on which host, for how long, with what."""
+
+    at: float
+    kind: str
+    node: int = -1
+    dur: float = 0.0
+    args: tuple[object, ...] = ()
+
+    @property
+    def ends(self) -> float:
+        return self.at + self.dur
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    hosts: int
+    min_nodes: int
+    max_nodes: int
+    secret: bool
+    #: When each host's first agent starts (late joiners start later).
+    starts: tuple[float, ...]
+    events: tuple[Event, ...]
+    #: Indices of the generated events this run keeps (all of them, unless shrunk).
+    kept: tuple[int, ...] = ()
+
+    @property
+    def heal_at(self) -> float:
+        """When the last fault has ended (the network whole, every frozen process thawed)."""
+        ends = [e.ends for e in self.events if e.kind in FAULT_KINDS]
+        return max([*ends, max(self.starts)])
+
+    def only(self, keep: Iterable[int]) -> Scenario:
+        """The same scenario with only the events of these indices (of the full schedule)."""
+        full = generate(self.seed)
+        wanted = sorted(set(keep))
+        return replace(full, events=tuple(full.events[i] for i in wanted), kept=tuple(wanted))
+
+    def kept_indices(self) -> tuple[int, ...]:
+        return self.kept or tuple(range(len(self.events)))
+
+    def describe(self) -> str:
+        shape = f"{self.hosts} hosts, min {self.min_nodes} max {self.max_nodes}"
+        shape += ", secret" if self.secret else ", no secret"
+        late = [f"{i}@{t:.1f}s" for i, t in enumerate(self.starts) if t > 1.0]
+        if late:
+            shape += f", late {' '.join(late)}"
+        lines = [f"seed {self.seed}: {shape}"]
+        for index, e in zip(self.kept_indices(), self.events, strict=True):
+            args = f" {json.dumps(list(e.args))}" if e.args else ""
+            dur = f" for {e.dur:.2f}s" if e.dur else ""
+            node = f" host {e.node}" if e.node >= 0 else ""
+            lines.append(f"  [{index}] {e.at:6.2f}s {e.kind}{node}{dur}{args}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def generate(seed: int) -> Scenario:
+    """The scenario of ``seed``: 3 to 9 hosts, elastic or fixed, with or without spares and a
+    secret, and 1 to 10 faults and workload events, several at once."""
+    rng = random.Random(seed)
+    hosts = rng.randint(3, 9)
+    shape = rng.choice(("elastic", "elastic", "fixed", "spares"))
+    if shape == "fixed":
+        min_nodes = max_nodes = hosts
+    elif shape == "spares":
+        max_nodes = rng.randint(2, hosts - 1)
+        min_nodes = rng.randint(1, max_nodes)
+    else:
+        max_nodes = hosts
+        min_nodes = rng.randint(1, hosts)
+    secret = rng.random() < 0.4
+    starts = tuple(
+        rng.uniform(1.0, 8.0) if rng.random() < 0.15 else rng.uniform(0.0, 0.3) for _ in range(hosts)
+    )
+    kinds = [k for k in KINDS if secret or k != "rogue"]
+    weights = [KINDS[k] for k in kinds]
+    events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
+    events.sort(key=lambda e: e.at)
+    return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events))
+
+
+def _event(rng: random.Random, kind: str, hosts: int) -> Event:
+    at = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3)
+    node = rng.randrange(hosts)
+    if kind in ("crash", "power"):
+        # Half the time the host runs a new agent later (the scheduler restarts it).
+        back = round(rng.uniform(1.0, 6.0), 3) if rng.random() < 0.5 else 0.0
+        return Event(at, kind, node, dur=back, args=("restart",) if back else ())
+    if kind == "restart":
+        return Event(at, kind, node, dur=round(rng.uniform(0.2, 4.0), 3))
+    if kind == "freeze":
+        return Event(at, kind, node, dur=round(rng.uniform(0.3, 6.0), 3))
+    if kind == "partition":
+        order = list(range(hosts))
+        rng.shuffle(order)
+        sides = rng.choice((2, 2, 3)) if hosts >= 3 else 2
+        cuts = sorted(rng.sample(range(1, hosts), sides - 1))
+        groups = [order[a:b] for a, b in zip([0, *cuts], [*cuts, hosts], strict=True)]
+        mode = rng.choice(("drop", "reset"))
+        oneway = rng.random() < 0.25
+        return Event(at, kind, dur=round(rng.uniform(0.5, 8.0), 3), args=(mode, oneway, groups))
+    if kind == "isolate":
+        return Event(at, kind, node, dur=round(rng.uniform(0.5, 6.0), 3))
+    if kind == "impair":
+        drop = round(rng.choice((0.0, 0.2, 0.5)), 2)
+        dup = round(rng.choice((0.0, 0.2)), 2)
+        spike = round(rng.choice((0.0, 0.05, 0.5)), 2)
+        return Event(at, kind, node, dur=round(rng.uniform(1.0, 6.0), 3), args=(drop, dup, spike))
+    if kind == "stall":
+        extra = round(rng.uniform(0.1, 3.0), 3)
+        return Event(at, kind, node, dur=round(rng.uniform(0.5, 4.0), 3), args=(extra,))
+    if kind == "clock":
+        return Event(at, kind, node, args=(round(rng.choice((-1, 1)) * rng.uniform(1.0, 120.0), 1),))
+    if kind in ("forge", "replay"):
+        return Event(at, kind, args=(rng.randint(1, 20),))
+    if kind == "rogue":
+        return Event(at, kind, node, dur=round(rng.uniform(0.5, 5.0), 3), args=(rng.random() < 0.5,))
+    return Event(at, kind, node)  # workers_fail, sigterm, shutdown, reset_conns
