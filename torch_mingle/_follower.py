@@ -13,8 +13,9 @@ keeps it for the leader's whole term (``_leader.py`` is the other end):
   at once may need.
 * Heartbeats both ways every ``interval_s``; no complete frame from the leader for
   ``timeout_s`` means it is lost by silence (frozen, powered off, cut off). A connection
-  refused, reset or closed by the leader is hard evidence that its process is gone (or
-  that it stepped down): the election core fences the claim for good.
+  refused, reset or closed ends the session too, and proves no more than silence (a partition
+  produces all three); only the leader's own ``bye`` or ``reject`` says that its claim is over
+  (``_evidence.judge`` decides what each one proves).
 * ``join`` asks for a place in the next round (a join asked before the connection is up
   goes out right behind the hello: the leader reads a connection's frames in order and drops
   what follows a hello it rejects, so a node that joins as it connects saves a round trip,
@@ -38,6 +39,7 @@ import logging
 from typing import Any
 
 from torch_mingle import _faults
+from torch_mingle._evidence import Evidence
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import History, Round, Status, bounded_int, gone_of
@@ -69,14 +71,12 @@ class StatusChanged:
 
 @record
 class SessionOver:
-    """The session ended: the leader is lost (``hard``: its process is gone), or it evicted us."""
+    """The session ended: the leader is lost (``evidence``: what was seen, for ``_evidence.judge``),
+    or it evicted us."""
 
     reason: str
-    hard: bool
+    evidence: Evidence
     evicted: bool = False
-    #: The leader's process is gone: its host closed or reset the connection, and the leader
-    #: did not say ``bye`` first (as one that steps down alive does). It no longer votes.
-    gone: bool = False
 
 
 SessionEvent = Welcomed | Answer | StatusChanged | SessionOver
@@ -153,24 +153,23 @@ class FollowerSession:
             self._frames.append(self._queued_join)
             self._queued_join = None
 
-    def closed(self, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
-        """The connection ended: ``refused`` (nothing listened), ``by_peer`` (the other end closed it)."""
+    def closed(self, reason: str, evidence: Evidence, now: float) -> None:
+        """The connection ended; ``evidence``: what the transport saw."""
         self.conn_up = False
         if self.phase == "over":
             return
-        # Refused, reset or closed by the leader's side: its process is gone or it closed the
-        # term. A connect that timed out, found no route, or that we gave up on ourselves (the
-        # leader stopped reading) says nothing of the leader's process.
-        hard = refused or (by_peer and self.phase in ("hello", "ready"))
-        gone = (hard and not self.leader_said_bye) or self.leader_left
-        self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", hard=hard, gone=gone)
+        if self.leader_left:
+            evidence = Evidence.LEFT  # its bye said so before it closed
+        elif self.leader_said_bye:
+            evidence = Evidence.STEPPED_DOWN
+        self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", evidence)
 
     def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         if self.phase in ("over", "connecting"):
             return
         _faults.hit("follower.frame")
         if isinstance(frames, Invalid):
-            self._end(f"protocol error from the leader: {frames.reason}", hard=True)
+            self._end(f"protocol error from the leader: {frames.reason}", Evidence.BROKEN)
             return
         for msg in frames:
             if self.phase == "over":
@@ -183,20 +182,20 @@ class FollowerSession:
                 self._end(
                     f"the leader {self.ip}:{self.port} did not accept our connection "
                     f"within {self.connect_timeout_s:g}s",
-                    hard=False,
+                    Evidence.UNREACHABLE,
                 )
             return
         if self.phase == "hello":
             if now >= self.last_heard + self.timeout_s:  # last_heard: the accept
                 self._end(
                     f"the leader {self.ip}:{self.port} did not answer our hello within {self.timeout_s:g}s",
-                    hard=False,
+                    Evidence.SILENT,
                 )
             return
         if self.phase != "ready":
             return
         if now >= self.last_heard + self.timeout_s:  # the same sum as next_timer(): no float gap
-            self._end(f"no heartbeat from the leader for {self.timeout_s:g}s", hard=False)
+            self._end(f"no heartbeat from the leader for {self.timeout_s:g}s", Evidence.SILENT)
             return
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
@@ -284,23 +283,25 @@ class FollowerSession:
     def _dispatch(self, msg: dict[str, Any], now: float) -> None:
         kind = check(msg)
         if kind is None:
-            self._end(f"protocol error from the leader: a bad {str(msg.get('t'))[:20]!r} frame", hard=True)
+            self._end(
+                f"protocol error from the leader: a bad {str(msg.get('t'))[:20]!r} frame", Evidence.BROKEN
+            )
             return
         self.last_heard = now
         if self.phase == "hello":
             if kind == "welcome" and msg["epoch"] == self.claim.epoch:
                 self._welcome(msg, now)
             elif kind == "reject":
-                self._end(f"the leader rejected us: {msg['why']}", hard=True)
+                self._end(f"the leader rejected us: {msg['why']}", Evidence.STEPPED_DOWN)
             elif kind == "bye":  # it stepped down or shuts down with our hello in flight
                 self._said_bye(msg)
             else:
-                self._end(f"protocol error: {kind} before welcome", hard=True)
+                self._end(f"protocol error: {kind} before welcome", Evidence.BROKEN)
             return
         try:
             self._ready_frame(kind, msg)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            self._end(f"protocol error from the leader: bad {kind} frame ({exc})", hard=True)
+            self._end(f"protocol error from the leader: bad {kind} frame ({exc})", Evidence.BROKEN)
 
     def _welcome(self, msg: dict[str, Any], now: float) -> None:
         self.status = _status(msg["status"])
@@ -343,9 +344,9 @@ class FollowerSession:
         elif kind == "bye":
             self._said_bye(msg)
         elif kind == "evicted":
-            self._end(f"the leader declared this node dead: {msg['why']}", hard=False, evicted=True)
+            self._end(f"the leader declared this node dead: {msg['why']}", Evidence.SILENT, evicted=True)
         else:
-            self._end(f"protocol error: unexpected {kind} from the leader", hard=True)
+            self._end(f"protocol error: unexpected {kind} from the leader", Evidence.BROKEN)
 
     def _said_bye(self, msg: dict[str, Any]) -> None:
         """The leader closes our connection itself; the close that follows ends the session."""
@@ -353,11 +354,11 @@ class FollowerSession:
         self.leader_left = msg.get("leaving") is True
         self.leader_reported_gone = gone_of(msg.get("gone"))
 
-    def _end(self, reason: str, *, hard: bool, evicted: bool = False, gone: bool = False) -> None:
+    def _end(self, reason: str, evidence: Evidence, *, evicted: bool = False) -> None:
         self.phase = "over"
         self._queued.clear()
         self._queued_join = None
-        self._events.append(SessionOver(reason, hard=hard, evicted=evicted, gone=gone))
+        self._events.append(SessionOver(reason, evidence, evicted=evicted))
 
 
 def _status(raw: Any) -> Status | None:

@@ -11,11 +11,11 @@ steps down or shuts down. Every other node of the job keeps one TCP connection t
   attach a node to the wrong term. A node that does not say hello within
   ``hello_timeout_s`` is dropped, and so is a second connection of the same node (the
   newer one wins: the node reconnected).
-* **Liveness.** Heartbeats both ways every ``interval_s``. A node whose connection closes
-  (its process died: the kernel closed it) or that sends no complete frame for
-  ``timeout_s`` (frozen, cut off, or writing too slowly) is dead, dropped when that bound
-  ends (not at the next beat): the round book marks it and, if it was in the running round,
-  the round goes stale so the others re-join.
+* **Liveness.** Heartbeats both ways every ``interval_s``. A node whose connection ends
+  (closed, reset: its process died, or a firewall or NAT between us) or that sends no complete
+  frame for ``timeout_s`` (frozen, cut off, or writing too slowly) is lost, dropped when that
+  bound ends (not at the next beat): the round book marks it and, if it was in the running
+  round, the round goes stale so the others re-join. It keeps its vote (``_evidence``).
 * **Joins and rounds.** ``join`` asks for a place in the next round. The ``RoundBook``
   decides; a round forms on a fresh TCPStore (``OpenStore``, opened ahead of time on the
   shell's worker thread) and every admitted node gets its ``round`` frame. A joiner that
@@ -266,8 +266,10 @@ class LeaderTerm:
             return
         self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now)
 
-    def closed(self, conn: ConnId, reason: str, now: float, *, hard: bool = False) -> None:
-        """A member's connection ended; ``hard``: closed or reset by its host (its process is gone)."""
+    def closed(self, conn: ConnId, reason: str, now: float) -> None:
+        """A member's connection ended. Whatever ended it (a reset, a close, a refusal), it proves
+        nothing a partition could not produce (``_evidence.judge``): the node is lost for the
+        running round, and keeps its vote; only its own ``leave`` takes that."""
         member = self.conns.pop(conn, None)
         if member is None or member.node is None:
             return
@@ -276,7 +278,7 @@ class LeaderTerm:
             if member.said_bye and (rnd is None or member.node not in rnd.member_set):
                 self._withdrawn(member.node, reason, now)
             else:
-                self._node_lost(member.node, reason, now, hard=hard and not member.said_bye)
+                self._node_lost(member.node, reason, now)
 
     def received(self, conn: ConnId, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         member = self.conns.get(conn)
@@ -779,13 +781,13 @@ class LeaderTerm:
             if not self._support[last]:
                 del self._support[last]
 
-    def _node_lost(self, node: int, why: str, now: float, *, hard: bool = False) -> None:
+    def _node_lost(self, node: int, why: str, now: float) -> None:
         if node in self.book.left:
             return
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
-            log.warning("%s node %s is gone: %s", self.label, node_hex(node), why)
-        self.book.died(node, why, hard=hard)
+            log.warning("%s node %s is lost: %s", self.label, node_hex(node), why)
+        self.book.died(node, why)
         self._after_departure(now)
         self._decide(now)
 

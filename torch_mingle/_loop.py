@@ -39,6 +39,7 @@ from typing import Any
 from torch.distributed import TCPStore
 
 from torch_mingle import _faults
+from torch_mingle._evidence import Evidence, of_errno
 from torch_mingle._interfaces import Interface
 from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node
@@ -325,11 +326,7 @@ class Loop:
         if code in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             self._watch(stream)
         else:
-            self._defer_close(
-                stream,
-                f"connect failed: {errno.errorcode.get(code, code)}",
-                refused=code == errno.ECONNREFUSED,
-            )
+            self._defer_close(stream, f"connect failed: {errno.errorcode.get(code, code)}", of_errno(code))
         return stream.id
 
     def send(self, conn: int, data: bytes) -> None:
@@ -530,7 +527,8 @@ class Loop:
             if stream.closing_by is not None and now >= stream.closing_by:
                 self._drop(stream)
             elif stream.stalled_since is not None and now - stream.stalled_since > self.write_timeout_s:
-                self._defer_close(stream, f"the peer stopped reading for {self.write_timeout_s:g}s")
+                why = f"the peer stopped reading for {self.write_timeout_s:g}s"
+                self._defer_close(stream, why, Evidence.UNREACHABLE)
 
     # ------------------------------------------------------------ datagrams
 
@@ -634,9 +632,7 @@ class Loop:
             code = stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if code:
                 self._defer_close(
-                    stream,
-                    f"connect failed: {errno.errorcode.get(code, code)}",
-                    refused=code == errno.ECONNREFUSED,
+                    stream, f"connect failed: {errno.errorcode.get(code, code)}", of_errno(code)
                 )
                 return
             stream.connecting = False
@@ -657,12 +653,10 @@ class Loop:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._defer_close(stream, f"connection error: {exc.strerror or exc}", by_peer=_by_peer(exc))
+            self._defer_close(stream, f"connection error: {exc.strerror or exc}", of_errno(exc.errno))
             return
         if not data:
-            self._defer_close(
-                stream, "closed by the peer (its process exited, was killed, or closed it)", by_peer=True
-            )
+            self._defer_close(stream, "closed by the peer (or by something on the way)", Evidence.CLOSED)
             return
         if stream.closing_by is not None:
             return  # we are done with it; only its output still drains
@@ -678,7 +672,7 @@ class Loop:
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                self._defer_close(stream, f"connection error: {exc.strerror or exc}", by_peer=_by_peer(exc))
+                self._defer_close(stream, f"connection error: {exc.strerror or exc}", of_errno(exc.errno))
                 return
             del stream.out[:sent]
             if sent:
@@ -686,28 +680,22 @@ class Loop:
             elif stream.stalled_since is None:
                 stream.stalled_since = now
             if len(stream.out) > MAX_OUTPUT_BYTES:
-                self._defer_close(stream, f"the peer stopped reading ({len(stream.out)} bytes waiting)")
+                why = f"the peer stopped reading ({len(stream.out)} bytes waiting)"
+                self._defer_close(stream, why, Evidence.UNREACHABLE)
                 return
         if stream.closing_by is not None and not stream.out:
             self._drop(stream)
             return
         self._watch(stream)
 
-    def _defer_close(
-        self, stream: _Stream, reason: str, *, refused: bool = False, by_peer: bool = False
-    ) -> None:
-        """Close ``stream`` now; tell the node after its current call (if it still cares).
-
-        ``by_peer``: the other end closed or reset it (evidence about the peer's process),
-        as opposed to our giving up on it (it stopped reading, no route).
-        """
+    def _defer_close(self, stream: _Stream, reason: str, evidence: Evidence) -> None:
+        """Close ``stream`` now; tell the node after its current call (if it still cares), with
+        what was seen (``evidence``: the node's ``_evidence.judge`` decides what it proves)."""
         notify = stream.closing_by is None
         self._drop(stream)
         node = self.node
         if notify and node is not None:
-            self._deferred.append(
-                lambda now: node.on_closed(stream.id, reason, refused=refused, by_peer=by_peer, now=now)
-            )
+            self._deferred.append(lambda now: node.on_closed(stream.id, reason, evidence, now))
 
     def _drop(self, stream: _Stream) -> None:
         if self._streams.pop(stream.id, None) is None:
@@ -728,10 +716,6 @@ class Loop:
         with contextlib.suppress(OSError):
             self._wake_w.close()
         self._sel.close()
-
-
-def _by_peer(exc: OSError) -> bool:
-    return exc.errno in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED)
 
 
 def wall_clock() -> float:

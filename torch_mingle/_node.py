@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from torch_mingle._evidence import Evidence, judge
 from torch_mingle._follower import Answer, FollowerSession, SessionEvent, SessionOver, StatusChanged, Welcomed
 from torch_mingle._leader import ControlCounters, Job, LeaderTerm, OpenClient, ReleaseStores
 from torch_mingle._protocol import (
@@ -311,8 +312,8 @@ class Node:
         #: Connects ahead not finished yet, by tag: cut when their leader is lost, current or not.
         self._ahead_pending: dict[int, tuple[Claim, str | None, int]] = {}
         self._last_leader_ip: str | None = None
-        #: Leaders of our last round whose process is known to be gone: they no longer vote
-        #: on the next round (sent with every join).
+        #: Leaders of our last round that left the job (their ``bye`` said so): they no longer
+        #: vote on the next round (sent with every join).
         self._gone: set[int] = set()
         #: The highest round of the job this node heard of (led, joined, or announced to it).
         self._round_seen = 0
@@ -377,11 +378,12 @@ class Node:
             self.term.received(conn, frames, now)
         self._flushed_later(now)
 
-    def on_closed(self, conn: int, reason: str, *, refused: bool, by_peer: bool, now: float) -> None:
+    def on_closed(self, conn: int, reason: str, evidence: Evidence, now: float) -> None:
+        """A connection ended; ``evidence``: what the transport saw (``_evidence.judge`` decides)."""
         if self.session is not None and self.session.conn == conn:
-            self.session.closed(reason, refused=refused, by_peer=by_peer, now=now)
+            self.session.closed(reason, evidence, now)
         elif self.term is not None:
-            self.term.closed(conn, reason, now, hard=refused or by_peer)
+            self.term.closed(conn, reason, now)
         self._flushed_later(now)
 
     def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
@@ -609,7 +611,7 @@ class Node:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
         if self.session is not None and self.session.claim == claim:
             self._end_session()
-            self.core.leader_failed(now, claim, why, hard=False)
+            self.core.leader_failed(now, claim, why, fence=False)
         self._flush(now)
 
     # ------------------------------------------------------------ flush
@@ -839,7 +841,7 @@ class Node:
         try:
             conn = self.net.connect(ip, view.store_port)
         except OSError as exc:
-            self.core.leader_failed(now, view.claim, f"cannot connect to the leader {ip}: {exc}", hard=False)
+            self.core.leader_failed(now, view.claim, f"cannot connect to the leader {ip}: {exc}", fence=False)
             return
         self.session = FollowerSession(
             claim=view.claim,
@@ -908,10 +910,11 @@ class Node:
                     self._connect(view, now)
             else:
                 log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
-                if ev.gone:
-                    self._gone.add(session.claim.leader)
+                verdict = judge(ev.evidence)
+                if not verdict.votes:
+                    self._gone.add(session.claim.leader)  # it left: the next leader does not wait for it
                 self._gone |= session.leader_reported_gone
-                self.core.leader_failed(now, session.claim, ev.reason, hard=ev.hard)
+                self.core.leader_failed(now, session.claim, ev.reason, fence=verdict.fence)
 
     def _answer(
         self,

@@ -31,11 +31,11 @@ run hundreds of nodes on a fake network in milliseconds.
   came late claims the same epoch as the running leader, which its followers outweigh. A
   node that fenced a live leader still wins with its higher epoch, so a false fence never
   strands it alone.
-* Losing a leader: hard evidence (its process is gone: the connection was refused or reset,
-  it resigned, it said it is no longer leader) raises the *fence*: announcements at or below
-  it are never followed again. Silence (a heartbeat timeout) only *suspects* the claim for
-  ``suspect_ttl_s``: if it speaks again later it was alive all along (the silence was ours),
-  and it may be followed once more if nothing better is known.
+* Losing a leader: the leader's own word (it resigned, it said ``bye``, it rejected our claim)
+  raises the *fence*: announcements at or below it are never followed again. Anything else
+  (silence, a connection closed, reset or refused, which a partition produces as well:
+  ``_evidence.judge``) only *suspects* the claim for ``suspect_ttl_s``: if it speaks again
+  later it was alive all along, and it may be followed once more if nothing better is known.
 * Epochs are bounded: a datagram whose epoch is more than ``MAX_EPOCH_STEP`` above
   everything this node knows is dropped, so forged datagrams cannot exhaust the epoch space.
 """
@@ -438,7 +438,7 @@ class Discovery:
             and now >= self.leader_heard_at + self.timing.leader_timeout_s
         ):
             self.leader_failed(
-                now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s", hard=False
+                now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s", fence=False
             )
 
     def leader_ready(
@@ -517,11 +517,12 @@ class Discovery:
             )
             self._next_announce = min(self._next_announce, soon)
 
-    def leader_failed(self, now: float, claim: Claim, reason: str, *, hard: bool) -> None:
-        """The shell lost ``claim``'s leader: ``hard`` with evidence that it is gone, else by silence."""
+    def leader_failed(self, now: float, claim: Claim, reason: str, *, fence: bool) -> None:
+        """The shell lost ``claim``'s leader: ``fence`` when the leader itself said that its claim
+        is over (``_evidence.judge``), else it is only suspected (it may speak again)."""
         if claim.leader == self.node_id:
             return  # we know we are alive; our own store failing is the shell's business
-        if hard:
+        if fence:
             self._raise_fence(claim)
         else:
             self._suspect_claim(claim, now)

@@ -336,8 +336,8 @@ class RoundBook:
     failed: str = ""
     dead: set[int] = field(default_factory=set)
     left: set[int] = field(default_factory=set)
-    #: Dead with evidence that the process ended (its connection was closed or reset by its own
-    #: host), here or as joiners reported: unlike a silent node, it cannot be across a partition.
+    #: Left the job, as joiners reported (a leader whose ``bye`` said it leaves): like ``left``,
+    #: they no longer vote.
     gone: set[int] = field(default_factory=set)
     #: Members of the current round known to be in torch's exit barrier.
     arrived: set[int] = field(default_factory=set)
@@ -398,14 +398,12 @@ class RoundBook:
         self._reason = "closed"
         return nodes
 
-    def died(self, node: int, why: str, *, hard: bool = False) -> bool:
-        """Mark ``node`` dead (``hard``: its process is known to be gone, not just silent); True
-        if it had a pending join (to be answered "retry")."""
+    def died(self, node: int, why: str) -> bool:
+        """Mark ``node`` lost (its connection ended or went silent: it keeps its vote, see
+        ``_evidence``); True if it had a pending join (to be answered "retry")."""
         if node in self.left:
             return False
         self.dead.add(node)
-        if hard:
-            self.gone.add(node)
         self.lost_why[node] = why
         self.drops[node] = self.drops.get(node, 0) + 1
         dropped = self._unpend(node)

@@ -14,6 +14,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from torch_mingle._evidence import Evidence
 from torch_mingle._leader import Job, OpenStore
 from torch_mingle._node import Node, NodeSettings, Ticket
 from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
@@ -406,7 +407,8 @@ class Simulation:
                 n.on_frames(d.end, reader.feed(d.data), now)
         elif d.kind == "closed":
             if net.readers.pop(d.end, None) is not None or d.refused:
-                n.on_closed(d.end, d.reason, refused=d.refused, by_peer=not d.refused, now=now)
+                seen = Evidence.REFUSED if d.refused else Evidence.RESET if d.reset else Evidence.CLOSED
+                n.on_closed(d.end, d.reason, seen, now)
         elif d.kind == "call":
             d.src(now)  # type: ignore[operator]
         self._schedule_timer(node)

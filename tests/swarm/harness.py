@@ -111,9 +111,11 @@ class Outcome:
 class _Round:
     key: tuple[int, int, int]  # (epoch, leader, number)
     members: tuple[int, ...]
-    #: Rounds descend from one another through their members; a node that never heard of the
-    #: job (it claimed epoch 1, and no member of its round ran one before) starts a lineage of
-    #: its own: an isolated start, which nothing can tell from the first node of a new job.
+    #: Rounds descend from one another through their members. A first round (none of its
+    #: members ran one before) starts a lineage of its own: before its first round a job is a
+    #: set of strangers, and a side of a network split at start-up cannot tell itself from a
+    #: new job (README, "What does not survive"). Rounds of two lineages that train at the same
+    #: time are counted, not failed.
     lineage: int = 0
     delivered: set[int] = field(default_factory=set)
     training_since: float | None = None
@@ -175,6 +177,8 @@ class World:
         self.captured: list[bytes] = []
         self.recovered_at: float | None = None
         self.finishing = False
+        #: The job's work is done: every agent that runs a round arrives at its exit barrier.
+        self.finished = False
         #: An agent shut down: the job is closed (the others run their last round to its end).
         self.closed = False
         #: What the agents did (time, host, what): printed with a violation when replayed with -v.
@@ -271,7 +275,9 @@ class World:
                 if ticket is not None and ticket.done:
                     self._joined(agent, ticket)
             elif agent.state == "running":
-                if node.node.nodes_waiting(now) > 0:
+                if self.finished:
+                    self._arrive_if_running(agent)  # a round that formed after the work was done
+                elif node.node.nodes_waiting(now) > 0:
                     self._rejoin(agent)
             elif agent.state in ("arriving", "shutting", "leaving") and ticket is not None and ticket.done:
                 if agent.state == "arriving":
@@ -349,7 +355,7 @@ class World:
         key = (rnd.epoch, claim.leader, rnd.number)
         log = self.rounds.get(key)
         if log is None:
-            log = self.rounds[key] = _Round(key, members, self._lineage_of(members, rnd.epoch))
+            log = self.rounds[key] = _Round(key, members, self._lineage_of(members))
         elif log.members != members:
             raise Violation("ranks", f"{where}: members differ from the same round's elsewhere", now)
         log.delivered.add(agent.node_id)
@@ -359,13 +365,11 @@ class World:
         if log.delivered == set(members) and not log.ended:
             self._training(log)
 
-    def _lineage_of(self, members: tuple[int, ...], epoch: int) -> int:
+    def _lineage_of(self, members: tuple[int, ...]) -> int:
+        """A round continues the lineage of its members' last rounds; a round none of whose
+        members ever ran one is a first round: it starts a lineage of its own."""
         known = [self.node_lineage[m] for m in members if m in self.node_lineage]
-        if known:
-            return min(known)
-        if epoch == 1 or not self.trained:
-            return next(self._lineages)  # its leader heard of no epoch: an isolated start
-        return self.trained[-1].lineage  # it knew the job ran: it is held to the job's rounds
+        return min(known) if known else next(self._lineages)
 
     def _training(self, log: _Round) -> None:
         now = self.sim.now
@@ -435,25 +439,14 @@ class World:
 
     def _check_recovery(self, heal: float, bound: float) -> None:
         now = self.sim.now
-        live = [a for a in self.agents if a.state in ("joining", "running") and a.node.alive]
-        live = [a for a in live if a.node.started and not a.node.frozen]
-        current = self.trained[-1] if self.trained else None
         self.checks += 1
-        if current is not None and not current.ended and live:
-            members = set(current.members)
-            full = len(current.members) >= self.sc.max_nodes
-            if all(
-                (a.state == "running" and a.round is current)
-                or (full and a.state == "joining" and a.node_id not in members)
-                for a in live
-            ):
-                self._finish()
-                return
-        if not live or self.closed:
-            self._finish()
+        live = self._live()
+        if not live or self.closed or self._in_one_round(live):
+            self._finish(check_again=bool(live) and not self.closed)
             return
         if now <= heal + bound:
             return
+        current = self.trained[-1] if self.trained else None
         if self._may_recover(current, live):
             states = ", ".join(
                 f"host {a.host} {a.state}"
@@ -465,7 +458,27 @@ class World:
                 f"{bound:.1f}s after the last fault healed the live agents are not in one round: {states}",
                 now,
             )
-        self._finish()
+        self._finish(check_again=False)  # the job cannot go on: its agents end within their bounds
+
+    def _live(self) -> list[_Agent]:
+        return [
+            a
+            for a in self.agents
+            if a.state in ("joining", "running") and a.node.alive and a.node.started and not a.node.frozen
+        ]
+
+    def _in_one_round(self, live: list[_Agent]) -> bool:
+        """Every live agent runs the last round that trained, or waits as a spare beside it (full)."""
+        current = self.trained[-1] if self.trained else None
+        if current is None or current.ended:
+            return False
+        members = set(current.members)
+        full = len(current.members) >= self.sc.max_nodes
+        return all(
+            (a.state == "running" and a.round is current)
+            or (full and a.state == "joining" and a.node_id not in members)
+            for a in live
+        )
 
     def _may_recover(self, last: _Round | None, live: list[_Agent]) -> bool:
         if len(live) < self.sc.min_nodes:
@@ -477,19 +490,28 @@ class World:
         alive = {a.node_id for a in live} & voters
         return not voters or 2 * len(alive) > len(voters)
 
-    def _finish(self) -> None:
-        if self.recovered_at is None:
-            self.recovered_at = self.sim.now
+    def _finish(self, *, check_again: bool) -> None:
+        """The job finishes after ``DWELL_S`` (its agents arrive at the exit barrier and shut
+        down); ``check_again``: only if every live agent is still in one round by then."""
         self.finishing = True
-        self._at(self.sim.now + DWELL_S, self._finish_now)
+        self._at(self.sim.now + DWELL_S, functools.partial(self._finish_now, check_again))
 
-    def _finish_now(self) -> None:
+    def _finish_now(self, check_again: bool) -> None:
+        live = self._live()
+        if check_again and live and not self.closed and not self._in_one_round(live):
+            self.finishing = False  # it changed meanwhile: recovery goes on, under the same bound
+            return
+        if self.recovered_at is None:
+            self.recovered_at = self.sim.now - DWELL_S
+        self.finished = True
         for agent in self.agents:
-            if agent.state == "running" and agent.round is not None and agent.node.alive:
-                number = agent.round.key[2]
-                self._call(
-                    agent, "arriving", self.sim.arrive(agent.node, number, ARRIVE_TIMEOUT_S), ARRIVE_TIMEOUT_S
-                )
+            self._arrive_if_running(agent)
+
+    def _arrive_if_running(self, agent: _Agent) -> None:
+        """The job's work is done: an agent that runs a round enters its exit barrier."""
+        if agent.state == "running" and agent.round is not None and agent.node.alive:
+            ticket = self.sim.arrive(agent.node, agent.round.key[2], ARRIVE_TIMEOUT_S)
+            self._call(agent, "arriving", ticket, ARRIVE_TIMEOUT_S)
 
     def _check_resources(self) -> None:
         ids = len(self.ids_ever) + len(self.rogue_ids)

@@ -169,7 +169,7 @@ def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropp
     term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
     _connect(term, 10, 2, 0.2)
     term.received(10, [{"t": "bye"}], 0.3)
-    term.closed(10, "closed by the peer", 0.3, hard=True)
+    term.closed(10, "closed by the peer", 0.3)
     _connect(term, 11, 3, 0.4)
     term.received(11, [{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}], 0.5)
     _store_opened(term, 5002, 0.6)
@@ -195,7 +195,7 @@ def test_a_join_read_in_the_same_batch_as_its_bye_is_withdrawn_not_put_in_a_roun
     hello = {"t": "hello", "node": f"{2:016x}", "epoch": 1, "leader": f"{LEADER:016x}", "ip": "198.18.0.2"}
     join = {"t": "join", "id": 2, "ip": "198.18.0.2", "history": history}
     term.received(10, [hello, join, {"t": "bye"}], 0.3)
-    term.closed(10, "closed by the peer", 0.3, hard=True)
+    term.closed(10, "closed by the peer", 0.3)
     assert _rounds_formed(_sent(term)) == set()
     assert 2 not in term.book.dead and 2 not in term.book.drops
     _connect(term, 12, 2, 1.0)
@@ -207,7 +207,7 @@ def test_a_member_of_the_running_round_that_says_bye_is_still_lost():
     term = _round_of_two()
     assert _rounds_formed(_sent(term))
     term.received(10, [{"t": "bye"}], 1.0)
-    term.closed(10, "closed by the peer", 1.0, hard=True)
+    term.closed(10, "closed by the peer", 1.0)
     assert 2 in term.book.dead and 2 not in term.book.gone  # lost (the round is stale), not gone
     assert term.book.stale
 
@@ -252,7 +252,7 @@ def test_a_member_whose_round_was_lost_with_its_connection_gets_it_again_and_is_
     # (our agent waits for its agent in the round's store).
     term = _round_of_two()
     assert _rounds_sent(_sent(term), 10) == [(7, 1)]
-    term.closed(10, "connection reset by peer", 0.31, hard=True)
+    term.closed(10, "connection reset by peer", 0.31)
     assert (term.book.stale, 2 in term.book.dead) == (True, True)  # lost, as far as we know
     _connect(term, 11, 2, 0.32)
     _join(term, 11, 7, 0.33)
@@ -269,7 +269,7 @@ def test_a_lost_answer_is_not_sent_again_once_the_round_was_given_up():
     # As above, but our agent gave up on round 1 first (it joined again): round 1 is over for
     # everyone, so node 2's old join is a join of the next round, not round 1 again.
     term = _round_of_two()
-    term.closed(10, "connection reset by peer", 0.31, hard=True)
+    term.closed(10, "connection reset by peer", 0.31)
     term.join_local(2, "198.18.0.1", None, 60.0, 60.0, 0.32)
     _connect(term, 11, 2, 0.33)
     _join(term, 11, 7, 0.34)
@@ -283,7 +283,7 @@ def test_a_member_whose_new_connection_came_first_gets_its_round_again_and_keeps
     term = _round_of_two()
     term.book.drops[2] = 1
     _connect(term, 11, 2, 0.31)
-    term.closed(10, "connection reset by peer", 0.32, hard=True)
+    term.closed(10, "connection reset by peer", 0.32)
     _join(term, 11, 7, 0.33)
     assert _rounds_sent(_sent(term), 11) == [(7, 1)]
     assert term.book.drops == {2: 1} and not term.book.stale
@@ -302,7 +302,7 @@ def test_the_next_rounds_store_opens_a_moment_after_a_round_and_at_once_when_a_r
     assert term.jobs() == [OpenStore()]
 
     term = _round_of_two()
-    term.closed(10, "its process died", 0.4, hard=True)  # node 2 dies: the round is stale
+    term.received(10, [{"t": "leave"}], 0.4)  # node 2 leaves (its vote with it): the round is stale
     term.join_local(2, "198.18.0.1", None, 60.0, 60.0, 0.5)  # the leader re-joins alone (min 2: it waits)
     _connect(term, 11, 3, 0.6)
     _join(term, 11, 9, 0.7)  # a new round is due now: its store opens at once

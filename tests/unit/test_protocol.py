@@ -177,7 +177,7 @@ def test_reported_leader_failure_fences_that_claim():
     assert sim.run_until_converged(deadline=5.0) is not None
     old = leader_claim(sim)
     follower = next(n for n in sim.live() if n.core.role is Role.FOLLOWING)
-    follower.core.leader_failed(sim.now, old, "store refused the connection", hard=True)
+    follower.core.leader_failed(sim.now, old, "store refused the connection", fence=True)
     assert follower.core.role is Role.DISCOVERING
     assert follower.core.fence == old
     sim.run_until(sim.now + 5.0)
@@ -341,7 +341,7 @@ def test_a_new_claim_never_announces_the_standing_of_the_nodes_previous_term():
     assert core.role is Role.FOLLOWING and SteppedDown in [type(e) for e in core.events()]
     core.datagrams_to_send(1.0)
     assert core.leader is not None
-    core.leader_failed(1.1, core.leader.claim, "cannot connect: no route to host", hard=False)
+    core.leader_failed(1.1, core.leader.claim, "cannot connect: no route to host", fence=False)
     t = 1.1
 
     def role() -> Role:  # read afresh (the timers change it)

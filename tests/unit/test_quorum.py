@@ -1,12 +1,13 @@
 """The round rule with a quorum (pure): a round after the first needs a majority of the
-previous round's members; a member known to be gone leaves the voting set, a silent one does not.
+previous round's members; a member that left leaves the voting set, a lost one (silent, or
+its connection closed or reset: ``_evidence``) does not.
 
 The model check drives real ``RoundBook``s (one per would-be leader) through every mix of
-deaths, silences and partitions among up to 5 nodes that hypothesis draws, and checks that
+departures, losses and partitions among up to 5 nodes that hypothesis draws, and checks that
 no two leaders form a round from the same previous round, and that a side holding a majority
-does form one. Reports of a death are true by construction here: the protocol keeps them
-true (a node says ``bye`` before every close of its own, a leader that leaves says so in its
-``bye``), which ``test_follower_session.py`` checks.
+does form one. Reports of a departure are true by construction here: only the node itself
+says it leaves (a leader that leaves says so in its ``bye``), which
+``test_follower_session.py`` checks.
 """
 
 from __future__ import annotations
@@ -56,14 +57,33 @@ def test_three_of_four_go_on_and_the_silent_fourth_keeps_its_vote():
     assert b.voters() == {1, 2, 3, 4}  # node 1 (the old leader) is silent, not known gone
 
 
-def test_members_known_gone_leave_the_voting_set_so_kills_one_by_one_go_down_to_min_nodes():
+def test_members_that_leave_leave_the_voting_set_so_leaves_one_by_one_go_down_to_min_nodes():
     b = book(1)
     for node in (1, 2, 3, 4):
         join(b, node, history=None)
     members = form(b, settle(b))
     assert members == (1, 2, 3, 4)
-    for dead, survivors in ((4, (1, 2, 3)), (3, (1, 2)), (2, (1,))):
-        b.died(dead, "connection reset", hard=True)
+    for gone, survivors in ((4, (1, 2, 3)), (3, (1, 2)), (2, (1,))):
+        b.leave(gone)
+        last = b.current
+        assert last is not None
+        for node in survivors:
+            join(b, node, history=History(epoch=2, round=last.number, members=last.members))
+        d = settle(b)
+        assert isinstance(d, Form) and d.members == survivors, d
+        form(b, d, 20.0 + gone)
+
+
+def test_a_reset_is_not_a_departure_so_kills_one_by_one_stop_at_half_of_the_last_round():
+    """A connection closed or reset proves nothing a partition could not produce: a member
+    killed keeps its vote. Three of four go on, two of three go on, one of two waits (it may be
+    one half of a partition) until the other returns or leaves, or join_timeout ends."""
+    b = book(1)
+    for node in (1, 2, 3, 4):
+        join(b, node, history=None)
+    form(b, settle(b))
+    for dead, survivors in ((4, (1, 2, 3)), (3, (1, 2))):
+        b.died(dead, "connection reset by peer")
         last = b.current
         assert last is not None
         for node in survivors:
@@ -71,6 +91,10 @@ def test_members_known_gone_leave_the_voting_set_so_kills_one_by_one_go_down_to_
         d = settle(b)
         assert isinstance(d, Form) and d.members == survivors, d
         form(b, d, 20.0 + dead)
+    b.died(2, "connection reset by peer")
+    join(b, 1, history=History(epoch=2, round=b.last_round_number, members=(1, 2)))
+    d = settle(b)
+    assert isinstance(d, Wait) and "no quorum: 1 of the 2 voting members" in d.reason
 
 
 def test_a_silent_member_is_not_gone_so_two_of_four_wait():
@@ -90,7 +114,7 @@ def test_a_joiner_reports_its_lost_leader_gone_and_the_survivor_of_two_goes_on()
     two = History(epoch=1, round=5, members=(1, 2))
     join(b, 2, history=two)
     assert isinstance(settle(b), Wait)  # leader 1 may be alive across a partition
-    join(b, 2, gone=frozenset({1}), history=two)  # its connection was reset: its process ended
+    join(b, 2, gone=frozenset({1}), history=two)  # its bye said it leaves the job
     d = settle(b)
     assert isinstance(d, Form) and d.members == (2,)
 
@@ -142,7 +166,7 @@ NODES = (1, 2, 3, 4, 5)
 
 @st.composite
 def scenarios(draw):
-    """A previous round, who died (and which deaths were seen as such), and a partition of the rest."""
+    """A previous round, who left (and who heard that they left), and a partition of the rest."""
     members = tuple(draw(st.lists(st.sampled_from(NODES), min_size=1, max_size=5, unique=True)))
     outsiders = [n for n in NODES if n not in members]  # spares: alive, never in the round
     dead = set(draw(st.lists(st.sampled_from(members), unique=True, max_size=len(members))))
@@ -151,7 +175,7 @@ def scenarios(draw):
     groups: dict[int, list[int]] = {}
     for node, side in zip(alive, sides, strict=True):
         groups.setdefault(side, []).append(node)
-    # Evidence of a death reaches only some nodes (those that were connected to it).
+    # That a node left reaches only some nodes (those that were connected to it).
     seen = {n: frozenset(d for d in dead if draw(st.booleans())) for n in alive}
     min_nodes = draw(st.integers(1, 3))
     quorate_spares = draw(st.booleans())
@@ -174,7 +198,10 @@ def test_no_two_leaders_form_a_round_from_the_same_previous_round(scenario):
                 hist = previous if node in members else None
                 join(b, node, gone=seen[node], history=hist)
             for node in dead:
-                b.died(node, "gone", hard=node in seen[leader])
+                if node in seen[leader]:
+                    b.leave(node)
+                else:
+                    b.died(node, "lost")
             formed_here = False
             for now in (0.0, 5.0):
                 d = b.decide(now)  # at once, and after the last call

@@ -133,21 +133,21 @@ def test_a_new_leader_recognizes_a_re_rendezvous_from_the_joiners_history():
 
 
 def test_spares_wait_beyond_max_nodes_and_replace_a_dead_node():
-    b = book(min_nodes=2, max_nodes=2)
-    join(b, LEADER)
-    join(b, 0x20)
-    join(b, 0x30)
+    b = book(min_nodes=2, max_nodes=3)
+    for node in (LEADER, 0x20, 0x40, 0x30):
+        join(b, node)
     form(b, b.decide(0.0))
     assert b.pending.keys() == {0x30}
     assert b.parked(0x30)
     assert b.status(0.0).waiting == 0  # the round is full: a spare does not trigger restarts
-    b.died(0x20, "killed", hard=True)
+    b.died(0x20, "killed")
     assert not b.parked(0x30)
     assert b.status(0.0).waiting == 1
     join(b, LEADER)
+    join(b, 0x40)  # with the leader, 2 of the 3 voters of the round (the dead one keeps its vote)
     d = b.decide(1.0)
     assert isinstance(d, Form)
-    assert d.members == (LEADER, 0x30)
+    assert d.members == (LEADER, 0x40, 0x30)
 
 
 def test_newcomers_count_as_waiting_while_there_is_room():
@@ -187,20 +187,21 @@ def test_a_returning_node_does_not_restart_a_fresh_round_until_it_ran_rejoin_del
 
 
 def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
-    b = book(min_nodes=2, max_nodes=3, rejoin_delay=10.0)
-    for node in (LEADER, 0x20, 0x30):
+    b = book(min_nodes=2, max_nodes=4, rejoin_delay=10.0)
+    for node in (LEADER, 0x20, 0x40, 0x30):
         join(b, node)
     form(b, b.decide(0.0), 0.0)
     b.died(0x30, "frozen")
-    join(b, LEADER)
-    join(b, 0x20)
+    for node in (LEADER, 0x20, 0x40):
+        join(b, node)
     form(b, b.decide(3.0), 3.0)
-    join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x30)))
-    b.died(0x20, "killed", hard=True)  # the fresh round is stale anyway: no reason to hold anyone back
+    join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30)))
+    b.died(0x20, "killed")  # the fresh round is stale anyway: no reason to hold anyone back
     assert b.status(4.0).waiting >= 1
     join(b, LEADER)
+    join(b, 0x40)
     d = b.decide(4.0)
-    assert isinstance(d, Form) and d.members == (LEADER, 0x30)
+    assert isinstance(d, Form) and d.members == (LEADER, 0x40, 0x30)
 
 
 def test_close_answers_every_waiting_join():
@@ -222,7 +223,7 @@ def test_all_gone_once_every_other_node_left_or_died():
     assert not b.all_gone()
     b.leave(0x20)
     assert not b.all_gone()
-    b.died(0x30, "killed", hard=True)
+    b.died(0x30, "killed")
     assert b.all_gone()
 
 
@@ -234,7 +235,7 @@ def test_departed_are_the_current_rounds_members_that_left_or_died_until_they_re
     join(b, 0x40)
     b.leave(0x40)  # not a member: its leaving holds nobody's exit barrier
     b.leave(0x20)
-    b.died(0x30, "killed", hard=True)
+    b.died(0x30, "killed")
     assert b.departed() == {0x20, 0x30}
     join(b, 0x30)
     assert b.departed() == {0x20}
@@ -262,7 +263,7 @@ def test_a_member_that_arrived_and_died_is_not_counted_twice():
     rnd = form(b, b.decide(0.0))
     b.arrive(LEADER, rnd.number)
     b.arrive(0x20, rnd.number)
-    b.died(0x20, "killed in the barrier", hard=True)
+    b.died(0x20, "killed in the barrier")
     assert not b.barrier_to_open()  # 0x30's workers still run
     b.arrive(0x30, rnd.number)
     assert not b.barrier_to_open()  # everyone arrived: torch's own count opens it

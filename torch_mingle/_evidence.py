@@ -1,0 +1,80 @@
+"""Who is gone: the one rule that turns what a node saw of a peer into what it may conclude.
+
+How it works
+------------
+A control connection ends, or goes quiet, for many reasons, and a partition can produce
+almost all of them: a firewall that rejects with a TCP reset, a NAT or middlebox that lost
+its flow table, a proxy that closes, a cable that is cut. Such a peer may be alive on the
+other side, with a leader of its own; if the side that lost it stopped counting its vote, both
+sides of a 2|2 split would each hold "a majority" and train as two jobs. So the transport
+reports *what it saw* (``Evidence``), and ``judge`` alone decides what that proves:
+
+* only the peer's own word takes its vote away: it said it leaves (a ``leave`` frame, a leader's
+  ``bye`` that says it leaves) (``LEFT``). A restarted agent does not lose its host's vote: it
+  comes back under the same node id (``_identity``), so the vote is its again at once;
+* a leader that says ``bye`` alive, or rejects our claim, no longer leads that claim: the
+  claim is fenced (never followed again), the node still votes (``STEPPED_DOWN``);
+* everything else (closed, reset, refused, silent, unreachable, a protocol error) ends the
+  connection and the round it served, and proves nothing about the process: the node keeps
+  its vote, and a leader's claim is only suspected, followed again if it speaks.
+
+Invariant: ``judge(e).votes`` is False only for evidence a partition cannot forge. The
+fault swarm checks what this rule protects (one round at a time) with every kind of
+evidence the network can produce, and ``tests/unit/test_evidence.py`` shows the split brain
+that a rule trusting a reset lets through.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+
+from torch_mingle._record import record
+
+
+class Evidence(enum.Enum):
+    """What a node saw of a peer (a connection's end, or silence)."""
+
+    LEFT = "it said it leaves"
+    STEPPED_DOWN = "it said it no longer leads"
+    CLOSED = "its end closed the connection"
+    RESET = "the connection was reset"
+    REFUSED = "the connection was refused"
+    SILENT = "it went silent"
+    UNREACHABLE = "it could not be reached"
+    BROKEN = "it broke the protocol"
+
+
+@record
+class Verdict:
+    """What evidence proves: whether the peer still votes on the next round, and whether its
+    leadership claim is over for good (fenced) or only suspected."""
+
+    votes: bool
+    fence: bool
+
+
+_VERDICTS = {
+    Evidence.LEFT: Verdict(votes=False, fence=True),
+    Evidence.STEPPED_DOWN: Verdict(votes=True, fence=True),
+    Evidence.CLOSED: Verdict(votes=True, fence=False),
+    Evidence.RESET: Verdict(votes=True, fence=False),
+    Evidence.REFUSED: Verdict(votes=True, fence=False),
+    Evidence.SILENT: Verdict(votes=True, fence=False),
+    Evidence.UNREACHABLE: Verdict(votes=True, fence=False),
+    Evidence.BROKEN: Verdict(votes=True, fence=False),
+}
+
+
+def judge(evidence: Evidence) -> Verdict:
+    """What ``evidence`` proves about a peer (see the module doc): the only place that decides."""
+    return _VERDICTS[evidence]
+
+
+def of_errno(code: int | None) -> Evidence:
+    """The evidence a socket error is: what the kernel reported, not what it may mean."""
+    if code == errno.ECONNREFUSED:
+        return Evidence.REFUSED
+    if code in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+        return Evidence.RESET
+    return Evidence.UNREACHABLE
