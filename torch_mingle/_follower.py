@@ -27,6 +27,9 @@ keeps it for the leader's whole term (``_leader.py`` is the other end):
   node's part and the job.
 * ``next`` names the store of the next round while a join waits: the node connects its
   agent's client to it ahead of time.
+* ``propose``: a round the leader would form; the node records it and answers ``accept``
+  (or says what it knows that the leader did not account for); the ``round`` answer that
+  follows once the round formed names it by its number (``_rounds``, two phases).
 * ``evicted``: the leader declared this node dead (it was frozen or cut off); the session
   ends and the node connects again as a returning node.
 
@@ -42,10 +45,12 @@ from torch_mingle import _faults
 from torch_mingle._evidence import Evidence
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
-from torch_mingle._rounds import History, Round, Status, bounded_int, gone_of
+from torch_mingle._rounds import MAX_ROUND, History, Round, Status, bounded_int, gone_of, node_id
 from torch_mingle._wire import Invalid, check, encode_frame
 
 log = logging.getLogger(__name__)
+
+MAX_PROPOSALS_KEPT = 4
 
 
 @record
@@ -70,6 +75,15 @@ class StatusChanged:
 
 
 @record
+class Proposed:
+    """The leader proposes a round (``_rounds``: the node accepts it or says what it knows)."""
+
+    round: Round
+    base: int
+    covers: frozenset[tuple[int, int, int]]
+
+
+@record
 class SessionOver:
     """The session ended: the leader is lost (``evidence``: what was seen, for ``_evidence.judge``),
     or it evicted us."""
@@ -79,7 +93,7 @@ class SessionOver:
     evicted: bool = False
 
 
-SessionEvent = Welcomed | Answer | StatusChanged | SessionOver
+SessionEvent = Welcomed | Answer | StatusChanged | SessionOver | Proposed
 
 
 @record(frozen=False)
@@ -98,11 +112,16 @@ class FollowerSession:
     label: str
     started: float
     conn: int = -1
+    #: Which process of this node id this is (``_identity``).
+    incarnation: int = 1
     phase: str = "connecting"  # connecting, hello, ready, over
     status: Status | None = None
     last_heard: float = 0.0
     #: The store the leader opened for its next round (``next``), if it named one.
     next_store_port: int | None = None
+    #: The rounds the leader proposed on this connection, newest last: its ``round`` answer
+    #: names the one that formed.
+    proposals: dict[int, Round] = field(default_factory=dict)
     #: The leader said ``bye``: it closes our connection alive (it stepped down).
     leader_said_bye: bool = False
     #: ... and its node leaves the job (preempted): it no longer votes.
@@ -144,6 +163,7 @@ class FollowerSession:
                 leader=f"{self.claim.leader:016x}",
                 ip=self.own_ip,
                 last=last,
+                inc=self.incarnation,
                 ahead=True,  # send ``next``: this node connects to the next round's store ahead
             )
         )
@@ -223,6 +243,7 @@ class FollowerSession:
         dport: int = 0,
         pport: int = 0,
         gone: frozenset[int] = frozenset(),
+        accepted: History | None = None,
     ) -> None:
         """Ask for a place in the next round (before the connection is up: sent with the hello,
         replacing an older ask).
@@ -239,6 +260,7 @@ class FollowerSession:
             pport=pport,
             gone=[f"{n:016x}" for n in sorted(gone)],
             history=history.to_json() if history else None,
+            accepted=accepted.to_json() if accepted else None,
             timeout_s=timeout_s,
             remaining_s=remaining_s,
         )
@@ -246,6 +268,22 @@ class FollowerSession:
             self._frames.append(frame)
         elif self.phase != "over":
             self._queued_join = frame
+
+    def accept(self, number: int) -> None:
+        """This node recorded proposal ``number``: its vote for it."""
+        self._frames.append(encode_frame("accept", round=number, ok=True))
+
+    def refuse(self, number: int, history: History | None, accepted: History | None) -> None:
+        """This node may not accept proposal ``number``: what it knows, for the leader to account for."""
+        self._frames.append(
+            encode_frame(
+                "accept",
+                round=number,
+                ok=False,
+                history=history.to_json() if history else None,
+                accepted=accepted.to_json() if accepted else None,
+            )
+        )
 
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
         self._request(encode_frame("arrive", id=ticket, round=round_number, epoch=epoch))
@@ -317,8 +355,16 @@ class FollowerSession:
             if status is not None:
                 self.status = status
                 self._events.append(StatusChanged(status))
-        elif kind == "round":
+        elif kind == "propose":
             rnd = Round.from_json(msg["round"])
+            self.proposals[rnd.number] = rnd
+            while len(self.proposals) > MAX_PROPOSALS_KEPT:
+                del self.proposals[next(iter(self.proposals))]
+            covers = frozenset((int(e), node_id(leader), int(r)) for e, leader, r in msg.get("covers") or ())
+            self._events.append(Proposed(rnd, bounded_int(msg["base"], MAX_ROUND), covers))
+        elif kind == "round":
+            # The round itself, or (when it was proposed on this connection) its number.
+            rnd = Round.from_json(msg["round"]) if "round" in msg else self.proposals[int(msg["number"])]
             status = _status(msg.get("status"))  # the status the round runs under (leader's _form)
             if status is not None:
                 self.status = status

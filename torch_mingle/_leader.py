@@ -63,6 +63,7 @@ from torch_mingle._rounds import (
     node_hex,
     node_id,
     peer_ip,
+    quorum_met,
 )
 from torch_mingle._wire import Invalid, check, dumps_compact, encode_frame
 
@@ -121,7 +122,7 @@ Job = OpenStore | OpenExitBarrier | ReleaseStores | OpenClient
 # Answers for the leader's own node (it joins without a connection).
 @record
 class LocalAnswer:
-    kind: str  # round | retry | timeout | closed | wait | ack
+    kind: str  # round | retry | timeout | closed | wait | ack | propose
     ticket: int
     round: Round | None = None
     text: str = ""
@@ -157,6 +158,23 @@ class _Member:
     offered: int | None = None  # the spare store this member was last named
     connects_ahead: bool = False  # its hello said it reads ``next`` frames (older nodes do not)
     said_bye: bool = False  # it closes the connection itself, alive (it follows another leader)
+    incarnation: int = 1  # which process of its node id (``_identity``)
+
+
+@record(frozen=False)
+class _Proposal:
+    """A round proposed and not formed yet: who accepted it, and the connections it went to."""
+
+    round: Round
+    form: Form
+    port: int
+    accepted: set[int] = field(default_factory=set)
+    sent: set[ConnId] = field(default_factory=set)
+
+    def same_as(self, form: Form) -> bool:
+        """Whether ``form`` decides the same round (then the proposal stands)."""
+        f = self.form
+        return (f.members, f.constraints, f.covers) == (form.members, form.constraints, form.covers)
 
 
 @record(frozen=False)
@@ -194,6 +212,11 @@ class LeaderTerm:
     _status_key: tuple[object, ...] | None = None
     _hello_since_status: set[int] = field(default_factory=set)
     _wanted_form: Form | None = None
+    #: The round proposed and waiting for its votes (``_propose``).
+    _proposal: _Proposal | None = None
+    #: Set when a term at least as new as this one formed or proposed a round this leader knows
+    #: of (its epoch): the node gives this term up for a newer one (``Node._flush_term``).
+    outdated_by: int | None = None
     _wait_until: float | None = None
     _next_beat: float = 0.0
     #: A sweep for silent members before the next beat: the first one's bound ends sooner.
@@ -252,8 +275,9 @@ class LeaderTerm:
 
     def release_stores(self) -> None:
         """Stop every store of the term (it stepped down, or its node shut down)."""
-        ports = [*self._round_ports, *([self._spare_port] if self._spare_port is not None else [])]
-        self._round_ports, self._spare_port = [], None
+        proposed = [self._proposal.port] if self._proposal is not None else []
+        ports = [*self._round_ports, *proposed, *([self._spare_port] if self._spare_port is not None else [])]
+        self._round_ports, self._spare_port, self._proposal = [], None, None
         if ports:
             self._jobs.append(ReleaseStores(ports=tuple(ports)))
 
@@ -368,10 +392,19 @@ class LeaderTerm:
         dport: int = 0,
         pport: int = 0,
         gone: frozenset[int] = frozenset(),
+        accepted: History | None = None,
     ) -> None:
         if self._self is None:
             self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
-        req = JoinRequest(node=self.claim.leader, ip=ip, history=history, dport=dport, pport=pport, gone=gone)
+        req = JoinRequest(
+            node=self.claim.leader,
+            ip=ip,
+            history=history,
+            dport=dport,
+            pport=pport,
+            gone=gone,
+            accepted=accepted,
+        )
         self._join(self._self, ticket, req, timeout_s, remaining_s, now)
         self._decide(now)
 
@@ -459,6 +492,7 @@ class LeaderTerm:
         if kind == "join":
             history = History.from_json(msg["history"]) if msg.get("history") is not None else None
             timeout_s, remaining_s = _seconds(msg.get("timeout_s")), _seconds(msg.get("remaining_s"))
+            accepted = History.from_json(msg["accepted"]) if msg.get("accepted") is not None else None
             req = JoinRequest(
                 node=m.node,
                 ip=_ip(msg["ip"]),
@@ -466,8 +500,14 @@ class LeaderTerm:
                 dport=_port(msg.get("dport")),
                 pport=_port(msg.get("pport")),
                 gone=gone_of(msg.get("gone")),
+                accepted=accepted,
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
+        elif kind == "accept":
+            if msg.get("ok") is True:
+                self._accepted(m.node, int(msg["round"]), now)
+            else:
+                self._refused(m, msg, now)
         elif kind == "arrive":
             if msg.get("epoch", self.claim.epoch) == self.claim.epoch:
                 self._arrive(m.node, int(msg["round"]))
@@ -504,7 +544,18 @@ class LeaderTerm:
             )
             self._close(m, "wrong claim")
             return
+        inc = msg.get("inc")
+        inc = inc if isinstance(inc, int) and not isinstance(inc, bool) and inc > 0 else 1
         old = self._by_node.get(node)
+        if old is not None and old is not m and old.incarnation > inc:
+            # An older process of a node whose newer one is connected (it was frozen, say): the
+            # newer one holds the node's identity and vote.
+            self._send(
+                m, "reject", why=f"incarnation {old.incarnation} of node {node_hex(node)} is connected"
+            )
+            self._close(m, "an older incarnation")
+            return
+        m.incarnation = inc
         if old is not None and old is not m:
             old.node = None  # superseded: the node reconnected; not a death
             # Said, not just closed: if it is not the node's own reconnect (someone else uses its
@@ -523,6 +574,12 @@ class LeaderTerm:
         self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
         if not self.book.parked(node):
             self._offer_spare(m)  # its agent's first join is likely on its way
+        proposal = self._proposal
+        if proposal is not None and (
+            node in proposal.form.members or any(node in c for c in proposal.form.constraints)
+        ):
+            proposal.sent.add(conn_of(m))
+            self._frames.append((conn_of(m), self._propose_frame(proposal)))  # a vote it may give
         self._mark_status(now)
         self._update_established()
 
@@ -583,23 +640,30 @@ class LeaderTerm:
         if self._stopped:
             return
         _faults.hit("leader.decide")
+        self.outdated_by = self.book.outdated_by()
         while True:
             decision = self.book.decide(now)
-            if isinstance(decision, Form):
-                if self._spare_port is None:
-                    self._wanted_form = decision
-                    self._spare_due_at = None  # wanted now
-                    if self._store_retry_at is None:
-                        self._request_store()
-                    self._wait_until = None
-                    break  # forms as soon as the store is open (job_done)
+            if not isinstance(decision, Form):
+                self._withdraw_proposal()
                 self._wanted_form = None
-                self._form(decision, self._spare_port, now)
-                self._spare_port = None
-                self._spare_due_at = now + NEXT_STORE_DELAY_S
-                continue
+                self._wait_until = decision.until
+                break
+            proposal = self._proposal
+            if proposal is not None and proposal.same_as(decision):
+                break  # already proposed: waiting for its acceptance
+            self._withdraw_proposal()
+            if self._spare_port is None:
+                self._wanted_form = decision
+                self._spare_due_at = None  # wanted now
+                if self._store_retry_at is None:
+                    self._request_store()
+                self._wait_until = None
+                break  # proposed as soon as the store is open (job_done)
             self._wanted_form = None
-            self._wait_until = decision.until
+            port, self._spare_port = self._spare_port, None
+            self._propose(decision, port, now)
+            if self._proposal is None:
+                continue  # formed at once (a first round): the next decision may be due too
             break
         self._update_parking(now)
         self._mark_status(now)
@@ -611,9 +675,11 @@ class LeaderTerm:
                 self._offer_spare(m)
         self._offer_after_decide.clear()
 
-    def _form(self, form: Form, port: int, now: float) -> None:
+    def _propose(self, form: Form, port: int, now: float) -> None:
+        """Propose the round ``form`` decided: its members and the voters it needs record it
+        and answer ``accept``; it forms once ``quorum_met`` (at once when it needs no votes)."""
         rnd = Round(
-            number=self.book.last_round_number + 1,
+            number=form.number,
             epoch=self.claim.epoch,
             members=form.members,
             store_ip=self.advertised_ip,
@@ -622,17 +688,87 @@ class LeaderTerm:
             dports=form.dports,
             pports=form.pports,
         )
+        self.book.proposed(rnd.number)
+        proposal = _Proposal(rnd, form, port)
+        self._proposal = proposal
+        if not form.constraints:
+            self._commit(now)
+            return
+        audience = set(form.members).union(*form.constraints)
+        frame = self._propose_frame(proposal)
+        for node in audience:
+            m = self._by_node.get(node)
+            if m is not None and m.conn is not None:
+                proposal.sent.add(m.conn)
+                self._frames.append((m.conn, frame))
+        if self.claim.leader in audience:
+            self._local.append(LocalAnswer("propose", 0, round=rnd))
+        log.debug(
+            "%s round %d proposed (%s): %d member(s), %d voter set(s) to win",
+            self.label, rnd.number, form.reason, len(form.members), len(form.constraints),
+        )  # fmt: skip
+
+    @staticmethod
+    def _propose_frame(proposal: _Proposal) -> bytes:
+        form = proposal.form
+        covers = [[e, node_hex(leader), r] for e, leader, r in form.covers]
+        return encode_frame(
+            "propose", base=form.base, covers=covers, encoded={"round": proposal.round.encoded}
+        )
+
+    def accept_local(self, number: int, now: float) -> None:
+        """The leader's own node recorded the proposal ``number`` (its state file is written)."""
+        self._accepted(self.claim.leader, number, now)
+
+    def _accepted(self, node: int, number: int, now: float) -> None:
+        proposal = self._proposal
+        if proposal is None or proposal.round.number != number:
+            return  # an answer to a proposal given up since
+        proposal.accepted.add(node)
+        if quorum_met(proposal.form.constraints, proposal.accepted):
+            self._commit(now)
+            self._decide(now)
+
+    def _refused(self, m: _Member, msg: dict[str, Any], now: float) -> None:
+        """A node did not accept: the proposal did not account for what it knows (a newer round,
+        or a proposal of another term it accepted). The book learns it; the leader decides again."""
+        history = History.from_json(msg["history"]) if msg.get("history") is not None else None
+        accepted = History.from_json(msg["accepted"]) if msg.get("accepted") is not None else None
+        assert m.node is not None  # noqa: S101 - only identified members answer proposals
+        log.info(
+            "%s node %s refused round %s: it knows %s and accepted %s",
+            self.label, node_hex(m.node), msg.get("round"), history, accepted,
+        )  # fmt: skip
+        self.book.learn(history, accepted)
+        self._withdraw_proposal()
+        self._decide(now)
+
+    def _withdraw_proposal(self) -> None:
+        """Give up the proposal (the decision changed): its store serves the next one."""
+        proposal, self._proposal = self._proposal, None
+        if proposal is not None and self._spare_port is None and not self._stopped:
+            self._spare_port = proposal.port
+        elif proposal is not None:
+            self._jobs.append(ReleaseStores(ports=(proposal.port,)))
+
+    def _commit(self, now: float) -> None:
+        """The proposal won its votes: the round is formed and every member's join is answered."""
+        proposal, self._proposal = self._proposal, None
+        assert proposal is not None  # noqa: S101 - called with one
+        rnd, port = proposal.round, proposal.port
         self.book.formed(rnd, now)
         # Each member's round carries the status it runs under, so that no status frame
         # follows it (a second read and wake-up on every member as the round starts).
         status = self.book.status(now)
         key, status_json = _status_key(status), dumps_compact(status.to_json())
         self._delivered = {}
-        for node in form.members:
+        for node in rnd.members:
             m = self._self if node == self.claim.leader else self._by_node.get(node)
             if m is not None and m.join_id is not None:
                 self._delivered[node] = m.join_id
-                self._answer(m, "round", round=rnd, status=status_json)
+                # Members that got the proposal on this connection hold the round: a reference does.
+                full = m.conn is None or m.conn not in proposal.sent
+                self._answer(m, "round", round=rnd, status=status_json, full=full)
                 m.told = key
         self._round_ports.append(port)
         old, self._round_ports = (
@@ -641,12 +777,13 @@ class LeaderTerm:
         )
         if old:
             self._jobs.append(ReleaseStores(ports=tuple(old)))
+        self._spare_due_at = now + NEXT_STORE_DELAY_S
         self._update_established()
         log.info(
             "%s round %d formed (%s): world size %d, store port %d, members %s",
             self.label,
             rnd.number,
-            form.reason,
+            proposal.form.reason,
             rnd.world_size,
             port,
             " ".join(node_hex(n) for n in rnd.members),
@@ -868,10 +1005,15 @@ class LeaderTerm:
             self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
             return
         if kind == "round":
-            encoded = {"round": fields["round"].encoded}
+            rnd = fields["round"]
+            full = fields.get("full", True)
+            encoded = {"round": rnd.encoded} if full else {}
             if "status" in fields:
                 encoded["status"] = fields["status"]
-            self._send(m, kind, id=ticket, encoded=encoded)
+            if full:
+                self._send(m, kind, id=ticket, encoded=encoded)
+            else:
+                self._send(m, kind, id=ticket, number=rnd.number, encoded=encoded)
             return
         self._send(m, kind, id=ticket, **fields)
 
@@ -952,6 +1094,11 @@ class LeaderTerm:
 def _status_key(status: Status) -> tuple[object, ...]:
     """What of a status a running member acts on: a member told this key needs no new frame."""
     return (status.epoch, status.round, status.size, status.stale, status.closed, min(status.waiting, 1))
+
+
+def conn_of(m: _Member) -> ConnId:
+    assert m.conn is not None  # noqa: S101 - a follower's member has its connection
+    return m.conn
 
 
 def _seconds(raw: Any) -> float:

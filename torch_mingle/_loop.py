@@ -40,9 +40,10 @@ from torch.distributed import TCPStore
 
 from torch_mingle import _faults
 from torch_mingle._evidence import Evidence, of_errno
+from torch_mingle._identity import Identity
 from torch_mingle._interfaces import Interface
 from torch_mingle._leader import Job, OpenClient
-from torch_mingle._node import Node
+from torch_mingle._node import Node, NodeState
 from torch_mingle._protocol import Dest
 from torch_mingle._record import field, record
 from torch_mingle._store import (
@@ -180,8 +181,10 @@ class Loop:
         label: str = "",
         clock: Callable[[], float] = time.monotonic,
         membership_refresh_s: float = 60.0,
+        identity: Identity | None = None,
     ) -> None:
         self.transports = transports
+        self.identity = identity
         self.membership_refresh_s = membership_refresh_s
         self._renew_at = math.inf  # set when the thread starts
         self.keeper = keeper
@@ -374,6 +377,11 @@ class Loop:
 
     def discovery_port_towards(self, ip: str) -> int:
         return self._route(ip).local_address[1]
+
+    def persist(self, state: NodeState) -> None:
+        """Written before the node's vote goes out (``_identity``; nothing to keep without one)."""
+        if self.identity is not None:
+            self.identity.save(state)
 
     def describe(self) -> str:
         first = self.transports[0]

@@ -27,8 +27,23 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from torch_mingle._evidence import Evidence, judge
-from torch_mingle._follower import Answer, FollowerSession, SessionEvent, SessionOver, StatusChanged, Welcomed
-from torch_mingle._leader import ControlCounters, Job, LeaderTerm, OpenClient, ReleaseStores
+from torch_mingle._follower import (
+    Answer,
+    FollowerSession,
+    Proposed,
+    SessionEvent,
+    SessionOver,
+    StatusChanged,
+    Welcomed,
+)
+from torch_mingle._leader import (
+    ROUND_STORES_KEPT,
+    ControlCounters,
+    Job,
+    LeaderTerm,
+    OpenClient,
+    ReleaseStores,
+)
 from torch_mingle._protocol import (
     RESIGNED,
     BecomeLeader,
@@ -44,7 +59,7 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import field, record, replace
-from torch_mingle._rounds import History, Round, RoundBook, Status
+from torch_mingle._rounds import History, Round, RoundBook, Status, may_accept
 from torch_mingle._wire import Invalid
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -71,6 +86,16 @@ class Net(Protocol):
     def local_ip_towards(self, ip: str) -> str: ...
     def discovery_port_towards(self, ip: str) -> int: ...
     def describe(self) -> str: ...
+    def persist(self, state: NodeState) -> None: ...
+
+
+@record
+class NodeState:
+    """What a node must not forget across a restart of its agent (``_identity`` keeps it): the
+    newest round it knows formed, and the newest proposal it accepted (its vote)."""
+
+    history: History | None = None
+    accepted: History | None = None
 
 
 @record
@@ -97,6 +122,8 @@ class NodeSettings:
     quorum: bool = True
     #: This node's data-path probe port (TCP; 0: none), told to the leader with every join.
     probe_port: int = 0
+    #: Which process of this node id this is (``_identity``: a restarted agent is the next).
+    incarnation: int = 1
 
 
 # ------------------------------------------------------------------ outcomes of a join
@@ -279,6 +306,7 @@ class Node:
         core: Discovery,
         net: Net,
         board: Board | None = None,
+        state: NodeState | None = None,
     ) -> None:
         self.settings = settings
         self.core = core
@@ -288,7 +316,10 @@ class Node:
         )
         self.term: LeaderTerm | None = None
         self.session: FollowerSession | None = None
-        self.history: History | None = None
+        #: The newest round this node knows formed (a predecessor's, after a restart: ``_identity``).
+        self.history: History | None = state.history if state is not None else None
+        #: The newest proposal this node accepted, newer than ``history`` (its vote: see ``_rounds``).
+        self.accepted: History | None = state.accepted if state is not None else None
         self.in_round: Round | None = None
         self.in_round_claim: Claim | None = None
         self.trouble: str | None = None
@@ -856,6 +887,7 @@ class Node:
             label=s.label,
             started=now,
             conn=conn,
+            incarnation=s.incarnation,
         )
         self._send_join(now)  # queued in the session, sent with the hello
 
@@ -898,6 +930,11 @@ class Node:
                 self.job_closed = True
         elif isinstance(ev, Answer):
             self._answer(ev.kind, ev.ticket, ev.round, ev.text, ev.parked, session, now)
+        elif isinstance(ev, Proposed):
+            if self._accept(ev.round, ev.base, ev.covers):
+                session.accept(ev.round.number)
+            else:
+                session.refuse(ev.round.number, self.history, self.accepted)
         elif isinstance(ev, SessionOver):
             if session is self.session:
                 self._end_session()
@@ -916,6 +953,23 @@ class Node:
                 self._gone |= session.leader_reported_gone
                 self.core.leader_failed(now, session.claim, ev.reason, fence=verdict.fence)
 
+    def _accept(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
+        """Record the proposal ``rnd`` as this node's vote, if ``may_accept`` allows (written to
+        the state file before the vote goes out)."""
+        proposal = History.of(rnd)
+        if not may_accept(self.history, self.accepted, proposal, base, covers):
+            log.info(
+                "%s not accepting round %d of epoch %d: it does not account for %s / %s",
+                self.label, rnd.number, rnd.epoch, self.history, self.accepted,
+            )  # fmt: skip
+            return False
+        self.accepted = proposal
+        self._persist()
+        return True
+
+    def _persist(self) -> None:
+        self.net.persist(NodeState(self.history, self.accepted))
+
     def _answer(
         self,
         kind: str,
@@ -926,6 +980,12 @@ class Node:
         session: FollowerSession | None,
         now: float,
     ) -> None:
+        if kind == "propose" and rnd is not None and self.term is not None:
+            # The leader's own node votes for its term's proposal (nothing is newer than what
+            # its term knows: its own join reported its state).
+            if self._accept(rnd, 0, frozenset()):
+                self.term.accept_local(rnd.number, now)
+            return
         if kind == "ack":
             ticket = self._arrivals.pop(ticket_id, None)
             if ticket is not None:
@@ -938,7 +998,10 @@ class Node:
             claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
             if rnd.rank_of(self.settings.node_id) is None:
                 raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
-            self.history = History(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
+            self.history = History.of(rnd)
+            if self.accepted is not None and not self.accepted.newer_than(self.history):
+                self.accepted = None
+            self._persist()
             self._gone &= rnd.member_set
             self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
             seen_via = session.ip if session else self.settings.advertised_ip
@@ -950,6 +1013,9 @@ class Node:
                 self._last_leader_ip = session.ip
                 ports = self._store_ports.setdefault(claim, [])
                 ports.append(rnd.store_port)
+                # The leader keeps the stores of its last ROUND_STORES_KEPT rounds (and opens the
+                # next): older ones are gone, nothing of ours is left in them to cut.
+                del ports[: -(ROUND_STORES_KEPT + 1)]
                 if len(self._store_ports) > 4:
                     self._store_ports.pop(next(iter(self._store_ports)))
             leader_ip = session.ip if session is not None else None
@@ -994,6 +1060,7 @@ class Node:
                 dport=dport,
                 pport=self.settings.probe_port,
                 gone=frozenset(self._gone),
+                accepted=self.accepted,
             )
         elif self.session is not None:
             dport = self.net.discovery_port_towards(self.session.ip)
@@ -1006,6 +1073,7 @@ class Node:
                 dport=dport,
                 pport=self.settings.probe_port,
                 gone=frozenset(self._gone),
+                accepted=self.accepted,
             )
 
     def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:

@@ -15,6 +15,18 @@ members now) or ``Wait`` (until a deadline, or until something happens):
 * Otherwise it forms when ``last_call_timeout`` has passed since ``min_nodes`` was
   reached, exactly as torch's c10d backend does for the first round of a job.
 
+**Quorum and the two phases of a round.** A round after the first is formed from a *base*:
+the newest round the leader knows to have formed (its own, or the newest history a joiner
+reports). It is first *proposed*: the members of the new round and the voters of the base
+(its members, but those that left: ``_evidence``) each record it (``accepted``, written to
+their state file before they answer) and answer ``accept``; it is *formed* (committed: the
+members' agents get it) once a majority of the base's voters accepted it. A node accepts
+only from the leader it follows, and only a proposal that accounts for what it accepted
+before. A proposal that some joiner accepted from another term, newer than the base, may
+have formed without our knowing: a majority of its voters must accept ours too
+(``constraints``). So any two rounds that form from one base share a node that accepted
+both, and the second one's leader knew of the first (``may_form``, ``quorum_met``).
+
 A node *returning* to a job that runs without it (it was dropped: frozen, cut off, or it led
 an older term) does not restart a healthy round at once: it is counted in
 ``num_nodes_waiting`` only once that round has run for ``rejoin_delay_s``, doubled for each
@@ -22,7 +34,10 @@ time the node was dropped in this term. A node that flaps therefore never keeps 
 round from training. A genuine newcomer is counted at once, as with c10d.
 
 Ranks: the leader is 0; members of the previous round keep their relative order; newcomers
-follow in arrival order. Every node reads the same published order, so ranks agree.
+follow in arrival order. Every node reads the same published order, so ranks agree. Round
+numbers only grow, across terms too: a new round is numbered after every round the leader
+heard of, and a term that learns of a round formed or proposed by a term at least as new as
+itself gives way (``outdated_by``): the fencing token (epoch, round) never goes back.
 """
 
 from __future__ import annotations
@@ -36,11 +51,45 @@ from torch_mingle._record import field, record
 from torch_mingle._wire import dumps_compact, parse_ip
 
 MAX_HOLD_DOUBLINGS = 5
+#: Proposals of other terms a leader keeps account of (the newest ones win a place).
+MAX_REPORTED = 64
 #: Bounds on what a peer may send: the fields of a history, round or status never exceed them.
 MAX_MEMBERS = 65536
 MAX_ROUND = 2**32 - 1
 MAX_EPOCH = 2**62
 MAX_IP_CHARS = 64
+
+
+def quorum_met(constraints: tuple[frozenset[int], ...], accepted: set[int]) -> bool:
+    """Whether the nodes that ``accepted`` a proposal hold a strict majority of every voter set
+    it must win (``Form.constraints``): then the round is formed.
+
+    Invariant: two proposals that both meet a voter set's majority share a node that accepted
+    both, and a node accepts a second only if its leader accounted for the first
+    (``may_accept``): so no two rounds form from one base without the second knowing of the first.
+    """
+    return all(2 * len(voters & accepted) > len(voters) for voters in constraints)
+
+
+def may_accept(
+    history: History | None,
+    accepted: History | None,
+    proposal: History,
+    base: int,
+    covers: frozenset[tuple[int, int, int]],
+) -> bool:
+    """Whether a node that knows ``history`` formed, and accepted ``accepted``, may accept
+    ``proposal`` (formed from round ``base``, accounting for the proposals ``covers``).
+
+    Invariant: a node never accepts a proposal whose leader did not know what the node knows:
+    a round it knows formed must be older than the proposal, and a proposal it accepted must be
+    the same term's, older than the proposal's base, or accounted for.
+    """
+    if history is not None and not proposal.newer_than(history):
+        return False
+    if accepted is None or accepted.term == proposal.term or accepted.round <= base:
+        return True
+    return (accepted.epoch, accepted.term[1], accepted.round) in covers
 
 
 def node_hex(node: int) -> str:
@@ -124,6 +173,19 @@ class History:
     round: int
     members: tuple[int, ...]
 
+    @property
+    def term(self) -> tuple[int, int]:
+        """The term that formed (or proposed) it: its epoch and its leader (rank 0)."""
+        return (self.epoch, self.members[0] if self.members else 0)
+
+    def newer_than(self, other: History | None) -> bool:
+        """Later in the job: a higher round number (the numbers grow along formed rounds)."""
+        return other is None or (self.round, self.epoch) > (other.round, other.epoch)
+
+    @classmethod
+    def of(cls, rnd: Round) -> History:
+        return cls(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
+
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "round": self.round, "members": list(_hex_ids(self.members))}
 
@@ -146,9 +208,12 @@ class JoinRequest:
     dport: int = 0
     #: The node's data-path probe port (TCP, 0: none): its peers check they reach it (``_datapath``).
     pport: int = 0
-    #: Nodes of its last round that the joiner knows are gone (it lost them as its leader with
-    #: evidence that their process ended): they no longer vote.
+    #: Nodes of its last round that the joiner knows left the job (a leader whose ``bye``
+    #: said so): they no longer vote.
     gone: frozenset[int] = frozenset()
+    #: The newest proposal the joiner accepted that is newer than its history: a round that
+    #: may have formed without its knowing. The next round counts that proposal's voters too.
+    accepted: History | None = None
 
 
 @record
@@ -305,6 +370,15 @@ class Form:
     ips: tuple[str, ...] = ()
     dports: tuple[int, ...] = ()
     pports: tuple[int, ...] = ()
+    #: The round's number: after every round the leader knows of.
+    number: int = 0
+    #: Whose acceptance forms it: a majority of each of these voter sets (the base's, and each
+    #: proposal of another term it must account for); empty for a first round.
+    constraints: tuple[frozenset[int], ...] = ()
+    #: The proposals of other terms it accounts for: (epoch, leader, round).
+    covers: tuple[tuple[int, int, int], ...] = ()
+    #: The round it is formed from (0: none).
+    base: int = 0
 
 
 @record
@@ -342,6 +416,9 @@ class RoundBook:
     #: Members of the current round known to be in torch's exit barrier.
     arrived: set[int] = field(default_factory=set)
     last_round_number: int = 0
+    #: Proposals of other terms that joiners accepted, newest per term (epoch, leader): kept for
+    #: the whole term (what a node reported stays known when it withdraws).
+    reported: dict[tuple[int, int], History] = field(default_factory=dict)
     #: How often each node was dropped (died) in this term, and why the last time.
     drops: dict[int, int] = field(default_factory=dict)
     lost_why: dict[int, str] = field(default_factory=dict)
@@ -359,6 +436,12 @@ class RoundBook:
     _rejoined: int = 0
     #: ... and the nodes the next round waits for, with the round or history they come from.
     _base: tuple[object, frozenset[int]] | None = None
+    #: The current round as a history (the base, while no joiner reports a newer one).
+    _current_history: History | None = None
+    #: The highest round number this term proposed.
+    _proposed: int = 0
+    #: The newest formed round a node reported when it refused a proposal.
+    _learned: History | None = None
 
     # ----------------------------------------------------------------- inputs
 
@@ -373,6 +456,8 @@ class RoundBook:
         self.gone |= req.gone - self.pending.keys()
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
+        if req.accepted is not None:
+            self.join_report(req.accepted)
         was_member = req.history is not None and req.node in req.history.members
         if (
             self.current is not None
@@ -380,6 +465,20 @@ class RoundBook:
             and (was_member or req.node in self.drops)
         ):
             self._returning.add(req.node)
+
+    def join_report(self, accepted: History) -> None:
+        """A proposal of another term that a node accepted: the next round must account for it."""
+        if not accepted.members or accepted.term == (self.epoch, self.leader):
+            return
+        self.last_round_number = max(self.last_round_number, accepted.round)
+        old = self.reported.get(accepted.term)
+        if old is None or accepted.round > old.round:
+            self.reported[accepted.term] = accepted
+            if len(self.reported) > MAX_REPORTED:
+                # Those the base is already newer than do not count: forget them first.
+                base = self.base()
+                for term in [t for t, p in self.reported.items() if not p.newer_than(base)]:
+                    del self.reported[term]
 
     def leave(self, node: int) -> None:
         self.left.add(node)
@@ -454,9 +553,11 @@ class RoundBook:
             self.arrived.add(node)
 
     def formed(self, rnd: Round, now: float) -> None:
+        """``rnd`` formed (a majority of its base's voters accepted it): it is the current round."""
         self.current = rnd
+        self._current_history = History.of(rnd)
         self.formed_at = now
-        self.last_round_number = rnd.number
+        self.last_round_number = max(self.last_round_number, rnd.number)
         for node in rnd.members:
             self._unpend(node)
             self._returning.discard(node)
@@ -470,6 +571,9 @@ class RoundBook:
     def decide(self, now: float) -> Form | Wait:
         if self.closed:
             return self._wait(None, "closed")
+        newer = self.outdated_by()
+        if newer is not None:
+            return self._wait(None, f"a term of epoch {newer} formed or proposed a round: this one gives way")
         hold = self._next_hold_end(now)  # when a held-back node may restart the round: decide again
         if self.leader not in self.pending:
             return self._wait(hold, "waiting for the leader's own join")
@@ -493,17 +597,69 @@ class RoundBook:
         """The round of the first ``max_nodes`` in rank order (sorted only now: a decision to
         wait, made once per batch of joins, sorts nothing), if it has a quorum."""
         admit = self._rank_order()[: self.max_nodes]
-        short = self._no_quorum(admit)
+        base, uncertain = self.base(), self.uncertain()
+        short = self._no_quorum(admit, base, uncertain)
         if short is not None:
             return self._wait(hold, short)
         joins = [self.pending[m] for m in admit]
+        bases = [h for h in (base, *uncertain) if h is not None] if self.quorum else []
         return Form(
             members=admit,
             reason=reason,
             ips=tuple(j.ip for j in joins),
             dports=tuple(j.dport for j in joins),
             pports=tuple(j.pport for j in joins),
+            number=self.next_number(),
+            constraints=tuple(v for v in (self.voters_of(h.members) for h in bases) if v),
+            covers=tuple((p.epoch, p.term[1], p.round) for p in uncertain),
+            base=base.round if base is not None else 0,
         )
+
+    def learn(self, history: History | None, accepted: History | None) -> None:
+        """What a node told when it refused a proposal: a round it knows formed (the base may be
+        newer than the joiners said), or a proposal of another term it accepted."""
+        if history is not None and history.newer_than(self._learned):
+            self._learned = history
+            self.last_round_number = max(self.last_round_number, history.round)
+        if accepted is not None:
+            self.join_report(accepted)
+
+    def next_number(self) -> int:
+        """The next round's number: after every round this term knows of, formed or proposed."""
+        return max(self.last_round_number, self.known_round, self._proposed) + 1
+
+    def proposed(self, number: int) -> None:
+        """The term proposed round ``number`` (formed or not, no later round reuses it)."""
+        self._proposed = max(self._proposed, number)
+
+    def base(self) -> History | None:
+        """The newest round the leader knows formed: its current one, or the newest history a
+        joiner reports (a term that took over learns the last round from its joiners), or one
+        a node reported when it refused a proposal."""
+        best: History | None = None
+        for h in (self._current_history, self._latest_history(), self._learned):
+            if h is not None and h.newer_than(best):
+                best = h
+        return best
+
+    def uncertain(self) -> list[History]:
+        """Proposals of other terms, newer than the base, that joiners accepted: each may have
+        formed without this leader knowing, so the next round must win a majority of its voters too."""
+        base = self.base()
+        return [p for p in self.reported.values() if p.newer_than(base)]
+
+    def outdated_by(self) -> int | None:
+        """The epoch of another term, at least as new as this one, that formed or proposed a round
+        this leader knows of (None if none): this term must give way to a newer one, or the
+        fencing token (epoch, round) of its next round would go back."""
+        for h in (self.base(), *self.uncertain()):
+            if h is not None and h.term != (self.epoch, self.leader) and h.epoch >= self.epoch:
+                return h.epoch
+        return None
+
+    def voters_of(self, members: tuple[int, ...]) -> frozenset[int]:
+        """Who of a round's members votes on the next one: all but those that left (``_evidence``)."""
+        return frozenset(members) - self.left - self.gone
 
     def status(self, now: float) -> Status:
         size = self.current.world_size if self.current else 0
@@ -585,30 +741,41 @@ class RoundBook:
         self._returning &= keep
 
     def voters(self) -> set[int]:
-        """The previous round's members that vote on the next round: all but those known gone."""
-        previous = self._previous_members()
-        return set(previous or ()) - self.left - self.gone
+        """The base's members that vote on the next round: all but those that left."""
+        base = self.base()
+        return set(self.voters_of(base.members)) if base is not None else set()
 
-    def _no_quorum(self, admit: tuple[int, ...]) -> str | None:
-        """Why ``admit`` may not form a round (None: it may). A member that went silent keeps
-        its vote: it may be alive on the other side of a partition, with a leader of its own."""
+    def _no_quorum(
+        self, admit: tuple[int, ...], base: History | None, uncertain: list[History]
+    ) -> str | None:
+        """Why ``admit`` may not form a round (None: it may): it must hold a majority of the
+        voters of the base and of every proposal it must account for (``uncertain``).
+
+        Invariant: two rounds formed from one base share a voter. A member that was lost keeps
+        its vote (it may be alive on the other side of a partition, with a leader of its own);
+        only one that left gives it up.
+        """
         if not self.quorum:
             return None
-        previous = self.current.number if self.current is not None else self.last_round_number
-        if self._previous_members() is None and self.known_round > 0:
+        if base is None and self.known_round > 0:
             return (
                 f"no quorum: round {self.known_round} of this job ran, and none of its members "
                 "joined yet (this side of a partition may hold only spares)"
             )
-        voters = self.voters()
-        have = len(voters.intersection(admit))
-        if not voters or 2 * have > len(voters):  # none: the first round, or every voter is gone
-            return None
-        return (
-            f"no quorum: {have} of the {len(voters)} voting members of round {previous} joined, "
-            f"{len(voters) // 2 + 1} needed; the silent ones may be alive across a partition "
-            "(they vote until known gone; quorum=none goes on without them)"
-        )
+        for what, h in [(f"round {base.round if base else 0}", base)] + [
+            (f"round {p.round} that epoch {p.epoch} proposed", p) for p in uncertain
+        ]:
+            if h is None:
+                continue
+            voters = self.voters_of(h.members)
+            have = len(voters.intersection(admit))
+            if voters and 2 * have <= len(voters):  # none: every voter left
+                return (
+                    f"no quorum: {have} of the {len(voters)} voting members of {what} joined, "
+                    f"{len(voters) // 2 + 1} needed; the lost ones may be alive across a partition "
+                    "(they vote until they leave; quorum=none goes on without them)"
+                )
+        return None
 
     def _wait(self, until: float | None, reason: str) -> Wait:
         self._reason = reason
@@ -637,11 +804,7 @@ class RoundBook:
             self._latest, self._latest_known = None, False
         self.pending[req.node] = req  # a node that joins again keeps its place in arrival order
         hist, latest = req.history, self._latest
-        if (
-            self._latest_known
-            and hist is not None
-            and (latest is None or (hist.epoch, hist.round) > (latest.epoch, latest.round))
-        ):
+        if self._latest_known and hist is not None and hist.newer_than(latest):
             self._latest = hist
 
     def _unpend(self, node: int) -> JoinRequest | None:
@@ -657,16 +820,14 @@ class RoundBook:
         """The newest round a joiner reported (the first joiner's, of several equal ones)."""
         if not self._latest_known:
             histories = [r.history for r in self.pending.values() if r.history is not None]
-            self._latest = max(histories, key=lambda h: (h.epoch, h.round), default=None)
+            self._latest = max(histories, key=lambda h: (h.round, h.epoch), default=None)
             self._latest_known = True
         return self._latest
 
     def _previous_members(self) -> tuple[int, ...] | None:
-        """The last round's members: the current round's, else the newest a joiner reported."""
-        if self.current is not None:
-            return self.current.members
-        hist = self._latest_history()
-        return hist.members if hist is not None else None
+        """The base's members (see ``base``)."""
+        base = self.base()
+        return base.members if base is not None else None
 
     def _rank_order(self) -> tuple[int, ...]:
         previous = self._previous_members() or ()
@@ -692,7 +853,7 @@ class RoundBook:
     def _expected_base(self) -> frozenset[int] | None:
         """The last round's members (its leader left out after a failover), cached per round or
         history; ``_expected_joined`` excuses the dead and the left among them."""
-        source: Round | History | None = self.current if self.current is not None else self._latest_history()
+        source: Round | History | None = self.base()
         if source is None:
             return None
         if self._base is None or self._base[0] is not source:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch_mingle._evidence import Evidence
 from torch_mingle._leader import Job, OpenStore
-from torch_mingle._node import Node, NodeSettings, Ticket
+from torch_mingle._node import Node, NodeSettings, NodeState, Ticket
 from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
 from torch_mingle._record import field, record
 from torch_mingle._simnet import Delivery, InMemoryNetwork, RouteHook
@@ -103,6 +103,10 @@ class SimNet:
     def describe(self) -> str:
         return f"simulated interface {self.owner.addr[0]}"
 
+    def persist(self, state: NodeState) -> None:
+        """The node's state file: kept per node id, for a new process of it (``Simulation.restart``)."""
+        self.sim.saved[self.owner.node.settings.node_id] = state
+
 
 @record(frozen=False)
 class SimNode:
@@ -172,6 +176,8 @@ class Simulation:
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         self._observers: dict[object, Any] = {}
         self._tickets = itertools.count(1)  # per simulation: a replay sends the same frames
+        #: Each node's state file, by node id (what a restart under the same id reads back).
+        self.saved: dict[int, NodeState] = {}
         for _ in range(n):
             self.add_node(self.rng.uniform(0.0, start_spread_s))
 
@@ -208,7 +214,7 @@ class Simulation:
         )  # fmt: skip
         sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
         sim_node.net = SimNet(self, sim_node)
-        sim_node.node = Node(settings, core, sim_node.net)
+        sim_node.node = Node(settings, core, sim_node.net, state=self.saved.get(node_id))
         sim_node.node.trace = lambda now, ev, n=sim_node: n.events.append((now, ev))
         self.nodes.append(sim_node)
         self._by_addr[addr] = sim_node
@@ -228,7 +234,8 @@ class Simulation:
         self.net.power_off(node.addr)
 
     def restart(self, old: SimNode, at: float, *, node_id: int | None = None) -> SimNode:
-        """A new process of the agent on ``old``'s host, starting at ``at`` (``old`` is dead by then)."""
+        """A new process of the agent on ``old``'s host, starting at ``at`` (``old`` is dead by
+        then); under ``old``'s node id it reads what ``old`` saved (``_identity``)."""
         return self.add_node(at, node_id=node_id, addr=old.addr)
 
     def step_clock(self, node: SimNode, seconds: float) -> None:

@@ -40,9 +40,9 @@ from typing import Any
 from torch_mingle._record import record
 
 MAGIC = b"MNGL"
-#: 4: rounds travel packed on the control connection (``Round.to_json``), which a node of
-#: version 3 cannot read; nodes of different versions drop each other's datagrams (bad_version).
-VERSION = 4
+#: 5: rounds are proposed, accepted, then formed (``_rounds``), which a node of version 4
+#: cannot do; nodes of different versions drop each other's datagrams (bad_version).
+VERSION = 5
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -414,8 +414,9 @@ FRAME_HEADER = struct.Struct("!I")
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 
 #: Every control message type and the fields it must carry, with their JSON types.
-#: Node to leader: hello, join, arrive, leave, close, hb. Leader to node: welcome, reject,
-#: round, wait, retry, timeout, closed, status, ack, hb, evicted, next (the next round's store).
+#: Node to leader: hello, join, accept, arrive, leave, close, hb. Leader to node: welcome,
+#: reject, propose, round, wait, retry, timeout, closed, status, ack, hb, evicted, next (the
+#: next round's store).
 SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "hello": {"node": str, "epoch": int, "leader": str, "ip": str},
     "join": {"id": int, "ip": str},
@@ -426,7 +427,9 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "hb": {},
     "welcome": {"epoch": int, "status": dict},
     "reject": {"why": str},
-    "round": {"id": int, "round": dict},
+    "round": {"id": int},  # and the round itself, or the number of the one proposed
+    "propose": {"round": dict, "base": int},
+    "accept": {"round": int, "ok": bool},
     "wait": {"id": int, "reason": str, "parked": bool},
     "retry": {"id": int, "why": str},
     "timeout": {"id": int, "why": str},

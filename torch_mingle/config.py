@@ -79,6 +79,9 @@ class MingleConfig:
     data_path_timeout: float = 5.0
     #: torchrun's ``--local-addr``: this node's address to advertise (an IP or a resolvable name).
     local_addr: str | None = None
+    #: Where a node keeps its identity and its vote across restarts of its agent (``_identity``);
+    #: ``none`` keeps nothing (a restarted agent is a new node). Default: see ``default_state_dir``.
+    state_dir: str | None = None
     #: ``--rdzv_endpoint``: accepted and not used (some launchers pass one anyway); logged once.
     endpoint: str = ""
     #: Keys the user set explicitly, for logging.
@@ -322,6 +325,7 @@ _PARSERS: dict[str, Any] = {
     "membership_refresh": lambda k, v: _parse_float(k, v, minimum=1.0, maximum=DAY_S, example="60"),
     "quorum": lambda k, v: _parse_choice(k, v, QUORUM_CHOICES),
     "data_path_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=3600.0, example="5"),
+    "state_dir": _parse_str,
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

@@ -16,7 +16,6 @@ import itertools
 import logging
 import os
 import resource
-import secrets
 import signal
 import socket
 import threading
@@ -36,6 +35,7 @@ from torch.distributed.elastic.rendezvous import (
 
 from torch_mingle import BACKEND_NAME
 from torch_mingle._datapath import MingleDataPathError, ProbeListener, failure_message, peers_to_probe, probe
+from torch_mingle._identity import Identity, default_state_dir
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, interface_for
 from torch_mingle._loop import Loop
 from torch_mingle._node import Board, Diagnostics, JobClosed, Joined, Node, NodeSettings, Ticket, TimedOut
@@ -249,7 +249,13 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._ip = _resolve_ip(config.local_addr, family) if config.local_addr else self._iface.address
         bind_ip = _wildcard(family) if self._multi else self._ip
         self._connect_ip = _loopback(family) if self._multi else self._ip
-        self._node_id = node_id or secrets.randbits(64) or 1
+        # A restarted agent takes over its dead predecessor's node id and vote (``_identity``).
+        if node_id is not None or config.state_dir == "none":
+            self._identity = Identity.fresh(node_id)
+        else:
+            state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
+            self._identity = Identity.claim(state_dir, config.run_id, f"[{config.run_id}]")
+        self._node_id = self._identity.node_id
         self._label = f"[{config.run_id} {self._node_id:016x}]"
         log.info(
             "%s mingle rendezvous: %s; interface %s (%s)",
@@ -295,6 +301,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             label=self._label,
             quorum=config.quorum == "majority",
             probe_port=self._probe.port if self._probe is not None else 0,
+            incarnation=self._identity.incarnation,
         )
         broadcast = config.fallback == "broadcast"
         transports = [
@@ -309,8 +316,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             connect_timeout_s=settings.connect_timeout_s,
             label=self._label,
             membership_refresh_s=config.membership_refresh,
+            identity=self._identity,
         )
-        self._node = Node(settings, core, self._loop)
+        self._node = Node(settings, core, self._loop, state=self._identity.state)
         self._board: Board = self._node.board
         self._round: Round | None = None
         self._closed = False
@@ -445,6 +453,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._loop.stop()
         if self._probe is not None:
             self._probe.close()
+        self._identity.release(forget=True)  # it ended gracefully: no vote left to keep
         log.info("%s shut down", self._label)
         return True
 
@@ -497,6 +506,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             else:
                 log.warning("%s left the job after %.2fs without seeing the others go on", self._label, took)
         self._closed = True
+        self._identity.release(forget=True)  # it left: its vote went with it
 
     # --------------------------------------------------------------- internals
 

@@ -142,7 +142,7 @@ class _Agent:
 
 
 class World:
-    def __init__(self, scenario: sc.Scenario, *, inherit_identity: bool = False) -> None:
+    def __init__(self, scenario: sc.Scenario, *, inherit_identity: bool = True) -> None:
         self.sc = scenario
         self.inherit_identity = inherit_identity
         self.rng = random.Random(scenario.seed ^ 0x5EED)

@@ -50,12 +50,27 @@ def _round_of_two() -> LeaderTerm:
 
 
 def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
+    """What the term sent, each connection's frames in order; every node it proposed a round
+    to accepts it at once (the leader's own node too), as nodes with nothing else to report do."""
     out: dict[int, list[dict[str, Any]]] = {}
-    for conn, frame in term.frames():
-        frames = FrameReader().feed(frame)
-        assert isinstance(frames, list)
-        out.setdefault(conn, []).extend(frames)
-    return out
+    while True:
+        voted = False
+        for answer in term.local():
+            if answer.kind == "propose" and answer.round is not None:
+                term.accept_local(answer.round.number, term._now)
+                voted = True
+        for conn, frame in term.frames():
+            frames = FrameReader().feed(frame)
+            assert isinstance(frames, list)
+            out.setdefault(conn, []).extend(frames)
+            for f in frames:
+                if f["t"] == "propose" and conn in term.conns:
+                    term.received(
+                        conn, [{"t": "accept", "round": f["round"]["round"], "ok": True}], term._now
+                    )
+                    voted = True
+        if not voted:
+            return out
 
 
 def _nexts(sent: dict[int, list[dict[str, Any]]], conn: int) -> list[int]:
@@ -151,12 +166,16 @@ def test_running_members_hear_when_nodes_start_waiting_not_of_every_join():
 
 
 def _rounds_formed(sent: dict[int, list[dict[str, Any]]]) -> set[tuple[str, ...]]:
-    return {
-        tuple(map(node_hex, Round.from_json(f["round"]).members))
-        for frames in sent.values()
-        for f in frames
-        if f["t"] == "round"
-    }
+    """The rounds formed (answered with ``round``), each by its members: the round itself, or
+    the one proposed on that connection that it names."""
+    formed = set()
+    for frames in sent.values():
+        proposed = {f["round"]["round"]: f["round"] for f in frames if f["t"] == "propose"}
+        for f in frames:
+            if f["t"] == "round":
+                raw = f["round"] if "round" in f else proposed[f["number"]]
+                formed.add(tuple(map(node_hex, Round.from_json(raw).members)))
+    return formed
 
 
 def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropped():

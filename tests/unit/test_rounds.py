@@ -372,16 +372,17 @@ def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
         members = b.current.member_set if b.current else frozenset()
         assert b._rejoined == len(b.pending.keys() & members)
         histories = [r.history for r in b.pending.values() if r.history is not None]
-        newest = max(histories, key=lambda h: (h.epoch, h.round), default=None)
+        newest = max(histories, key=lambda h: (h.round, h.epoch), default=None)
         latest = b._latest_history()
-        got = (latest.epoch, latest.round) if latest else None
-        assert got == ((newest.epoch, newest.round) if newest else None)
-        if b.current is not None:
-            base = set(b.current.members)
-        elif latest is not None:
-            base = set(latest.members)
-            if latest.epoch != b.epoch and latest.members[0] != b.leader:
-                base.discard(latest.members[0])
+        got = (latest.round, latest.epoch) if latest else None
+        assert got == ((newest.round, newest.epoch) if newest else None)
+        current = History.of(b.current) if b.current else None
+        source = latest if latest is not None and latest.newer_than(current) else current
+        assert b.base() == source
+        if source is not None:
+            base = set(source.members)
+            if source.epoch != b.epoch and source.members[0] != b.leader:
+                base.discard(source.members[0])
         else:
             assert not b._expected_joined()  # the first round waits for the last call
             continue
