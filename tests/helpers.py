@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -79,6 +80,11 @@ class Agent:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def node_id(self) -> str:
+        """The node id this agent's handler took (its log label), "" before it logged one."""
+        found = re.search(rf"\[{re.escape(self.job)} ([0-9a-f]{{16}})\] mingle rendezvous:", self.output())
+        return found.group(1) if found else ""
 
     def wait(self, timeout: float = AGENT_TIMEOUT_S, *, company: Sequence[Agent] = ()) -> int:
         """The agent's exit code; on timeout, fail with every node's output (the cause is often elsewhere)."""

@@ -46,7 +46,7 @@ from torch_mingle._evidence import Evidence
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import MAX_ROUND, History, Round, Status, bounded_int, gone_of, node_id
-from torch_mingle._wire import Invalid, check, encode_frame
+from torch_mingle._wire import Invalid, Seal, check, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,10 @@ class FollowerSession:
     conn: int = -1
     #: Which process of this node id this is (``_identity``).
     incarnation: int = 1
-    phase: str = "connecting"  # connecting, hello, ready, over
+    #: With a secret: the connection's authentication (``_wire.Seal``); the hello waits for the
+    #: leader's challenge.
+    seal: Seal | None = None
+    phase: str = "connecting"  # connecting, challenge (with a secret), hello, ready, over
     status: Status | None = None
     last_heard: float = 0.0
     #: The store the leader opened for its next round (``next``), if it named one.
@@ -150,28 +153,38 @@ class FollowerSession:
         if self.phase != "connecting":
             return
         self.conn_up = True
-        self.phase = "hello"
         self.last_heard = now
+        if self.seal is not None:
+            self.phase = "challenge"  # the hello answers the leader's challenge
+            return
+        self._say_hello(encode_frame("hello", **self._hello_fields()))
+
+    def _hello_fields(self) -> dict[str, Any]:
         hist = self.history
         # Only what the leader needs to count its support: which round we were last in, and its size.
         last = {"epoch": hist.epoch, "round": hist.round, "size": len(hist.members)} if hist else None
-        self._frames.append(
-            encode_frame(
-                "hello",
-                node=f"{self.node:016x}",
-                epoch=self.claim.epoch,
-                leader=f"{self.claim.leader:016x}",
-                ip=self.own_ip,
-                last=last,
-                inc=self.incarnation,
-                ahead=True,  # send ``next``: this node connects to the next round's store ahead
-            )
-        )
-        self._frames.extend(self._queued)  # right behind the hello, in order (see the module doc)
+        return {
+            "node": f"{self.node:016x}",
+            "epoch": self.claim.epoch,
+            "leader": f"{self.claim.leader:016x}",
+            "ip": self.own_ip,
+            "last": last,
+            "inc": self.incarnation,
+            "ahead": True,  # send ``next``: this node connects to the next round's store ahead
+        }
+
+    def _say_hello(self, hello: bytes) -> None:
+        self.phase = "hello"
+        self._frames.append(hello)
+        for frame in self._queued:  # right behind the hello, in order (see the module doc)
+            self._out(frame)
         self._queued.clear()
         if self._queued_join is not None:
-            self._frames.append(self._queued_join)
+            self._out(self._queued_join)
             self._queued_join = None
+
+    def _out(self, frame: bytes) -> None:
+        self._frames.append(self.seal.seal(frame) if self.seal is not None else frame)
 
     def closed(self, reason: str, evidence: Evidence, now: float) -> None:
         """The connection ended; ``evidence``: what the transport saw."""
@@ -194,6 +207,19 @@ class FollowerSession:
         for msg in frames:
             if self.phase == "over":
                 return
+            seal = self.seal
+            if seal is not None and self.phase == "challenge":
+                hello = seal.hello(msg, **self._hello_fields()) if msg.get("t") == "challenge" else None
+                if hello is None:
+                    self._end("the leader did not open with a challenge (no secret there?)", Evidence.BROKEN)
+                    return
+                self.last_heard = now
+                self._say_hello(hello)
+                continue
+            if seal is not None and not seal.open(msg):
+                why = "a frame from the leader without this connection's MAC (another secret?)"
+                self._end(why, Evidence.BROKEN)
+                return
             self._dispatch(msg, now)
 
     def handle_timer(self, now: float) -> None:
@@ -205,7 +231,7 @@ class FollowerSession:
                     Evidence.UNREACHABLE,
                 )
             return
-        if self.phase == "hello":
+        if self.phase in ("challenge", "hello"):
             if now >= self.last_heard + self.timeout_s:  # last_heard: the accept
                 self._end(
                     f"the leader {self.ip}:{self.port} did not answer our hello within {self.timeout_s:g}s",
@@ -219,12 +245,12 @@ class FollowerSession:
             return
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
-            self._frames.append(encode_frame("hb"))
+            self._out(encode_frame("hb"))
 
     def next_timer(self) -> float | None:
         if self.phase == "connecting":
             return self.started + self.connect_timeout_s
-        if self.phase == "hello":
+        if self.phase in ("challenge", "hello"):
             return self.last_heard + self.timeout_s
         if self.phase == "ready":
             return min(self._next_beat, self.last_heard + self.timeout_s)
@@ -265,17 +291,17 @@ class FollowerSession:
             remaining_s=remaining_s,
         )
         if self.phase in ("hello", "ready"):
-            self._frames.append(frame)
+            self._out(frame)
         elif self.phase != "over":
             self._queued_join = frame
 
     def accept(self, number: int) -> None:
         """This node recorded proposal ``number``: its vote for it."""
-        self._frames.append(encode_frame("accept", round=number, ok=True))
+        self._out(encode_frame("accept", round=number, ok=True))
 
     def refuse(self, number: int, history: History | None, accepted: History | None) -> None:
         """This node may not accept proposal ``number``: what it knows, for the leader to account for."""
-        self._frames.append(
+        self._out(
             encode_frame(
                 "accept",
                 round=number,
@@ -290,8 +316,13 @@ class FollowerSession:
 
     def bye(self) -> bytes | None:
         """The frame to send before this node closes the connection itself (it gave up on the
-        leader, or follows another): a close without it means this node's process is gone."""
-        return encode_frame("bye") if self.conn_up else None
+        leader, or follows another), so that the leader knows it is alive."""
+        if not self.conn_up or self.phase in ("connecting", "challenge"):
+            return None
+        if self.seal is not None and not self.seal.ready:
+            return None
+        frame = encode_frame("bye")
+        return self.seal.seal(frame) if self.seal is not None else frame
 
     def leave(self) -> None:
         self._queued_join = None  # a node that leaves asks for no round (the join is answered)
@@ -314,7 +345,7 @@ class FollowerSession:
 
     def _request(self, frame: bytes) -> None:
         if self.phase in ("hello", "ready"):
-            self._frames.append(frame)
+            self._out(frame)
         elif self.phase != "over":
             self._queued.append(frame)  # sent with the hello, once the connection is up
 

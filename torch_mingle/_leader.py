@@ -6,9 +6,11 @@ A node that wins the election opens a control port and runs one ``LeaderTerm`` u
 steps down or shuts down. Every other node of the job keeps one TCP connection to it
 (``_follower.py`` is the other end); the leader's own node talks to the term directly.
 
-* **Hello.** A connection's first frame names the node and the claim (epoch, leader) it
-  expects; a node that expects another claim is rejected, so a stale announcement can never
-  attach a node to the wrong term. A node that does not say hello within
+* **Hello.** With a secret, the leader opens each connection with a challenge, and every
+  frame after it carries a MAC keyed from the secret and that connection (``_wire.Seal``): a
+  host without the secret cannot say hello. A connection's first frame names the node and the
+  claim (epoch, leader) it expects; a node that expects another claim is rejected, so a stale
+  announcement can never attach a node to the wrong term. A node that does not say hello within
   ``hello_timeout_s`` is dropped, and so is a second connection of the same node (the
   newer one wins: the node reconnected).
 * **Liveness.** Heartbeats both ways every ``interval_s``. A node whose connection ends
@@ -65,7 +67,7 @@ from torch_mingle._rounds import (
     peer_ip,
     quorum_met,
 )
-from torch_mingle._wire import Invalid, check, dumps_compact, encode_frame
+from torch_mingle._wire import Invalid, Seal, check, dumps_compact, encode_frame, frame_digest
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,7 @@ class _Member:
     connects_ahead: bool = False  # its hello said it reads ``next`` frames (older nodes do not)
     said_bye: bool = False  # it closes the connection itself, alive (it follows another leader)
     incarnation: int = 1  # which process of its node id (``_identity``)
+    seal: Seal | None = None  # with a secret: its connection's authentication
 
 
 @record(frozen=False)
@@ -214,6 +217,9 @@ class LeaderTerm:
     _wanted_form: Form | None = None
     #: The round proposed and waiting for its votes (``_propose``).
     _proposal: _Proposal | None = None
+    _quorum_logged: str = ""
+    #: With a secret: the key every control connection is authenticated with (``Seal``).
+    seal_key: bytes | None = None
     #: Set when a term at least as new as this one formed or proposed a round this leader knows
     #: of (its epoch): the node gives this term up for a newer one (``Node._flush_term``).
     outdated_by: int | None = None
@@ -288,7 +294,10 @@ class LeaderTerm:
         if len(self.conns) >= MAX_CONNECTIONS or unidentified >= MAX_UNIDENTIFIED:
             self._closes.append((conn, "too many connections"))
             return
-        self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now)
+        member = self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now)
+        if self.seal_key is not None:
+            member.seal = Seal(self.seal_key, leader=True)
+            self._frames.append((conn, member.seal.challenge()))
 
     def closed(self, conn: ConnId, reason: str, now: float) -> None:
         """A member's connection ended. Whatever ended it (a reset, a close, a refusal), it proves
@@ -315,6 +324,12 @@ class LeaderTerm:
         for msg in frames:
             if self.conns.get(conn) is not member:
                 return  # dropped by an earlier frame
+            seal = member.seal
+            if seal is not None and not (seal.open(msg) if seal.ready else seal.check_hello(msg)):
+                # With a secret, a frame without this connection's MAC (a hello from a host that
+                # does not know the secret, a frame added or replayed on the way) ends it.
+                self._drop(member, "a frame without this connection's MAC (not authenticated)", now)
+                return
             try:
                 self._dispatch(member, msg, now)
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
@@ -579,7 +594,7 @@ class LeaderTerm:
             node in proposal.form.members or any(node in c for c in proposal.form.constraints)
         ):
             proposal.sent.add(conn_of(m))
-            self._frames.append((conn_of(m), self._propose_frame(proposal)))  # a vote it may give
+            self._out(m, self._propose_frame(proposal))  # a vote it may give
         self._mark_status(now)
         self._update_established()
 
@@ -647,6 +662,9 @@ class LeaderTerm:
                 self._withdraw_proposal()
                 self._wanted_form = None
                 self._wait_until = decision.until
+                if decision.reason.startswith("no quorum") and decision.reason != self._quorum_logged:
+                    self._quorum_logged = decision.reason  # said once, not at every join
+                    log.info("%s the next round waits: %s", self.label, decision.reason)
                 break
             proposal = self._proposal
             if proposal is not None and proposal.same_as(decision):
@@ -687,6 +705,7 @@ class LeaderTerm:
             ips=form.ips,
             dports=form.dports,
             pports=form.pports,
+            base=form.base_key,
         )
         self.book.proposed(rnd.number)
         proposal = _Proposal(rnd, form, port)
@@ -696,11 +715,12 @@ class LeaderTerm:
             return
         audience = set(form.members).union(*form.constraints)
         frame = self._propose_frame(proposal)
+        digest = frame_digest(frame) if self.seal_key is not None else None
         for node in audience:
             m = self._by_node.get(node)
             if m is not None and m.conn is not None:
                 proposal.sent.add(m.conn)
-                self._frames.append((m.conn, frame))
+                self._out(m, frame, digest)
         if self.claim.leader in audience:
             self._local.append(LocalAnswer("propose", 0, round=rnd))
         log.debug(
@@ -1044,7 +1064,18 @@ class LeaderTerm:
 
     def _send(self, m: _Member, kind: str, *, encoded: dict[str, str] | None = None, **fields: Any) -> None:
         if m.conn is not None:
-            self._frames.append((m.conn, encode_frame(kind, encoded=encoded, **fields)))
+            self._out(m, encode_frame(kind, encoded=encoded, **fields))
+
+    def _out(self, m: _Member, frame: bytes, digest: bytes | None = None) -> None:
+        """Send ``frame`` to ``m`` (sealed with its connection's key, with a secret: ``Seal``;
+        ``digest``: the frame's, computed once for a frame sent to many)."""
+        if m.conn is None:
+            return
+        if m.seal is not None:
+            if not m.seal.ready:
+                return  # nothing but the challenge goes to a connection before its hello
+            frame = m.seal.seal(frame, digest)
+        self._frames.append((m.conn, frame))
 
     def _close(self, m: _Member, why: str) -> None:
         if m.conn is not None and self.conns.pop(m.conn, None) is not None:
@@ -1081,14 +1112,16 @@ class LeaderTerm:
         # A preempted node that left waits, still connected, for the round without it.
         leaving = [n for n in self.book.left if n in self._by_node and n not in rnd.member_set]
         frame = b""
+        digest: bytes | None = None
         for node in itertools.chain(audience, leaving):
             m = self._by_node.get(node)
             if m is None or m.conn is None or m.told == key or node in self.book.pending:
                 continue
             if not frame:
                 frame = encode_frame("status", status=status.to_json())
+                digest = frame_digest(frame) if self.seal_key is not None else None
             m.told = key
-            self._frames.append((m.conn, frame))
+            self._out(m, frame, digest)
 
 
 def _status_key(status: Status) -> tuple[object, ...]:

@@ -60,7 +60,7 @@ from torch_mingle._protocol import (
 )
 from torch_mingle._record import field, record, replace
 from torch_mingle._rounds import History, Round, RoundBook, Status, may_accept
-from torch_mingle._wire import Invalid
+from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
 log = logging.getLogger(__name__)
@@ -809,6 +809,7 @@ class Node:
             timeout_s=s.timeout_s,
             label=s.label,
             own_history=self.history,
+            seal_key=self.core.codec.key,
         )
         self.term.start(now)
         if not self.core.leader_ready(now, s.advertised_ip, port, self.term.follows):
@@ -888,6 +889,7 @@ class Node:
             started=now,
             conn=conn,
             incarnation=s.incarnation,
+            seal=Seal(self.core.codec.key, leader=False) if self.core.codec.key is not None else None,
         )
         self._send_join(now)  # queued in the session, sent with the hello
 
@@ -1150,6 +1152,8 @@ class Node:
     def _end_session(self) -> None:
         session, self.session = self.session, None
         if session is not None:
+            for frame in session.frames():  # first: with a secret, every frame has its place
+                self.net.send(session.conn, frame)
             bye = session.bye()
             if bye is not None:
                 self.net.send(session.conn, bye)

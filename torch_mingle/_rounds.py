@@ -89,7 +89,7 @@ def may_accept(
         return False
     if accepted is None or accepted.term == proposal.term or accepted.round <= base:
         return True
-    return (accepted.epoch, accepted.term[1], accepted.round) in covers
+    return accepted.key in covers
 
 
 def node_hex(node: int) -> str:
@@ -178,9 +178,19 @@ class History:
         """The term that formed (or proposed) it: its epoch and its leader (rank 0)."""
         return (self.epoch, self.members[0] if self.members else 0)
 
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """(epoch, leader, round): which round it is, across terms."""
+        return (self.epoch, self.term[1], self.round)
+
     def newer_than(self, other: History | None) -> bool:
-        """Later in the job: a higher round number (the numbers grow along formed rounds)."""
-        return other is None or (self.round, self.epoch) > (other.round, other.epoch)
+        """Later in the job: a higher round number (the numbers grow along formed rounds); two
+        rounds of one number (only a split at the job's start makes them) in a fixed order."""
+        return other is None or (self.round, self.epoch, -self.term[1]) > (
+            other.round,
+            other.epoch,
+            -other.term[1],
+        )
 
     @classmethod
     def of(cls, rnd: Round) -> History:
@@ -231,6 +241,8 @@ class Round:
     dports: tuple[int, ...] = ()
     #: Each member's data-path probe port, in rank order (0: none).
     pports: tuple[int, ...] = ()
+    #: The round it was formed from, (epoch, leader, number); None for a job's first round.
+    base: tuple[int, int, int] | None = None
 
     @property
     def world_size(self) -> int:
@@ -263,6 +275,7 @@ class Round:
             "ips": " ".join(self.ips),
             "dports": _pack("H", self.dports),
             "pports": _pack("H", self.pports),
+            "base": [self.base[0], node_hex(self.base[1]), self.base[2]] if self.base else None,
         }
 
     @classmethod
@@ -276,7 +289,15 @@ class Round:
             ips=_packed_ips(data.get("ips", "")),
             dports=_unpack("H", data.get("dports", ""), "ports"),
             pports=_unpack("H", data.get("pports", ""), "ports"),
+            base=_base_of(data.get("base")),
         )
+
+
+def _base_of(raw: Any) -> tuple[int, int, int] | None:
+    if raw is None:
+        return None
+    epoch, leader, number = raw
+    return (bounded_int(epoch, MAX_EPOCH), node_id(leader), bounded_int(number, MAX_ROUND))
 
 
 _HEX = re.compile(r"[0-9a-f]*")
@@ -377,8 +398,9 @@ class Form:
     constraints: tuple[frozenset[int], ...] = ()
     #: The proposals of other terms it accounts for: (epoch, leader, round).
     covers: tuple[tuple[int, int, int], ...] = ()
-    #: The round it is formed from (0: none).
+    #: The round it is formed from: its number (0: none) and which it is (epoch, leader, round).
     base: int = 0
+    base_key: tuple[int, int, int] | None = None
 
 
 @record
@@ -611,8 +633,9 @@ class RoundBook:
             pports=tuple(j.pport for j in joins),
             number=self.next_number(),
             constraints=tuple(v for v in (self.voters_of(h.members) for h in bases) if v),
-            covers=tuple((p.epoch, p.term[1], p.round) for p in uncertain),
+            covers=tuple(p.key for p in uncertain),
             base=base.round if base is not None else 0,
+            base_key=base.key if base is not None else None,
         )
 
     def learn(self, history: History | None, accepted: History | None) -> None:
@@ -820,7 +843,7 @@ class RoundBook:
         """The newest round a joiner reported (the first joiner's, of several equal ones)."""
         if not self._latest_known:
             histories = [r.history for r in self.pending.values() if r.history is not None]
-            self._latest = max(histories, key=lambda h: (h.round, h.epoch), default=None)
+            self._latest = max(histories, key=lambda h: (h.round, h.epoch, -h.term[1]), default=None)
             self._latest_known = True
         return self._latest
 

@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import os
 import socket
 import struct
 from collections import OrderedDict
@@ -438,6 +439,7 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "ack": {"id": int},
     "evicted": {"why": str},
     "next": {"port": int},
+    "challenge": {"n": str},  # with a secret: the leader's first frame (``Seal``)
 }
 
 
@@ -475,6 +477,121 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")  # NaN and Infinity: not JSON, and not numbers we use
 
 
+#: Where ``FrameReader`` puts each frame's JSON text as it arrived (for ``Seal.open``); no key a
+#: peer sends can be it for long: the reader sets it after parsing.
+RAW = "\x00raw"
+SEAL_FIELD = "m"
+CONTROL_CONTEXT = b"torch_mingle/control/v1"
+NONCE_BYTES = 16
+TAG_HEX = 32
+_SEAL_SUFFIX = len(',"m":"') + TAG_HEX + len('"}')
+
+
+def frame_digest(frame: bytes) -> bytes:
+    """The digest a frame's seal covers (computed once for a frame sent to many: ``Seal.seal``)."""
+    return hashlib.sha256(memoryview(frame)[FRAME_HEADER.size :]).digest()
+
+
+class Seal:
+    """One control connection's authentication, with a secret: a challenge, then a MAC on every frame.
+
+    The leader opens with ``challenge`` (its nonce). The follower's ``hello`` carries its own
+    nonce and a MAC keyed from the secret and the leader's nonce: a host without the secret
+    cannot say hello, and a hello seen on another connection fails on this one. From then on
+    both sides hold a key for this connection alone (from the secret and both nonces), and every
+    frame carries a MAC over its direction, its place in the stream and its text: nothing can
+    be added, replayed, reordered or sent back; the leader's ``welcome``, sealed so, shows the
+    follower that the leader knows the secret too. Without a secret there is no ``Seal``, and
+    any host that reaches the control port may join (README#security).
+    """
+
+    def __init__(self, key: bytes, *, leader: bool) -> None:
+        self._key = hmac.new(key, CONTROL_CONTEXT, hashlib.sha256).digest()
+        self._leader = leader
+        self._nonce = os.urandom(NONCE_BYTES)
+        self._session: bytes | None = None
+        self._sent = 0
+        self._seen = 0
+
+    @property
+    def ready(self) -> bool:
+        """The handshake is done: frames are sealed and checked with this connection's key."""
+        return self._session is not None
+
+    # the leader's side
+    def challenge(self) -> bytes:
+        return encode_frame("challenge", n=self._nonce.hex())
+
+    def check_hello(self, msg: Mapping[str, Any]) -> bool:
+        """Whether ``msg`` is a hello sealed for this connection; then the session key is set."""
+        try:
+            theirs = bytes.fromhex(str(msg["cn"]))
+        except (KeyError, ValueError):
+            return False
+        if len(theirs) != NONCE_BYTES or not _verify(self._hello_key(self._nonce), b"F", 0, msg):
+            return False
+        self._session = self._session_key(self._nonce, theirs)
+        self._seen = 1
+        return True
+
+    # the follower's side
+    def hello(self, challenge: Mapping[str, Any], **fields: Any) -> bytes | None:
+        """The hello for the leader's ``challenge`` (None if it is not one); the session key is set."""
+        try:
+            theirs = bytes.fromhex(str(challenge["n"]))
+        except (KeyError, ValueError):
+            return None
+        if len(theirs) != NONCE_BYTES:
+            return None
+        self._session = self._session_key(theirs, self._nonce)
+        frame = encode_frame("hello", cn=self._nonce.hex(), **fields)
+        self._sent = 1
+        return _sealed(frame, _tag(self._hello_key(theirs), b"F", 0, frame_digest(frame)))
+
+    # both sides, after the handshake
+    def seal(self, frame: bytes, digest: bytes | None = None) -> bytes:
+        """``frame`` with this connection's MAC (``digest``: ``frame_digest(frame)``, if known)."""
+        if self._session is None:
+            raise ValueError("no session key yet: the handshake is not done")
+        tag = _tag(self._session, b"L" if self._leader else b"F", self._sent, digest or frame_digest(frame))
+        self._sent += 1
+        return _sealed(frame, tag)
+
+    def open(self, msg: Mapping[str, Any]) -> bool:
+        """Whether ``msg`` is the other side's next frame, sealed with this connection's key."""
+        direction = b"F" if self._leader else b"L"
+        if self._session is None or not _verify(self._session, direction, self._seen, msg):
+            return False
+        self._seen += 1
+        return True
+
+    def _hello_key(self, leader_nonce: bytes) -> bytes:
+        return hmac.new(self._key, b"hello" + leader_nonce, hashlib.sha256).digest()
+
+    def _session_key(self, leader_nonce: bytes, follower_nonce: bytes) -> bytes:
+        return hmac.new(self._key, b"session" + leader_nonce + follower_nonce, hashlib.sha256).digest()
+
+
+def _tag(key: bytes, direction: bytes, seq: int, digest: bytes) -> str:
+    return hmac.new(key, direction + seq.to_bytes(8, "big") + digest, hashlib.sha256).hexdigest()[:TAG_HEX]
+
+
+def _sealed(frame: bytes, tag: str) -> bytes:
+    body = frame[FRAME_HEADER.size : -1] + f',"{SEAL_FIELD}":"{tag}"}}'.encode()
+    return FRAME_HEADER.pack(len(body)) + body
+
+
+def _verify(key: bytes, direction: bytes, seq: int, msg: Mapping[str, Any]) -> bool:
+    raw, tag = msg.get(RAW), msg.get(SEAL_FIELD)
+    if not isinstance(raw, bytes) or not isinstance(tag, str) or len(raw) <= _SEAL_SUFFIX:
+        return False
+    if not raw.endswith(f'"{tag}"}}'.encode()) or len(tag) != TAG_HEX:
+        return False
+    text = raw[:-_SEAL_SUFFIX] + b"}"
+    expected = _tag(key, direction, seq, hashlib.sha256(text).digest())
+    return hmac.compare_digest(expected, tag)
+
+
 class FrameReader:
     """Splits a byte stream into JSON objects; never raises: garbage gives ``Invalid``."""
 
@@ -507,6 +624,7 @@ class FrameReader:
                 return Invalid("bad_json")
             if not isinstance(msg, dict):
                 return Invalid("not_an_object")
+            msg[RAW] = raw
             self._limit = self.max_bytes
             out.append(msg)
         return out

@@ -75,21 +75,49 @@ def test_a_new_node_is_admitted_at_the_next_round(tmp_path):
 
 
 def test_a_spare_beyond_max_nodes_replaces_a_node_that_dies(tmp_path):
+    """Three members and a spare: one member dies (SIGKILL), the two others hold a majority of
+    the round's three votes (the dead one keeps its vote: its kernel's close proves nothing a
+    partition could not produce), and the spare takes its place."""
     job = unique_job("spare")
-    cmd = _cmd(job, "2", tmp_path, steps=40, step_time=0.15)
-    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
+    cmd = _cmd(job, "2:3", tmp_path, steps=40, step_time=0.15)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(4)]
     wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
     members = [a for a in agents if "joined round 1 as rank" in a.output()]
     (spare,) = [a for a in agents if a not in members]
-    (victim,) = [a for a in members if "joined round 1 as rank 1" in a.output()]
+    (victim,) = [a for a in members if "joined round 1 as rank 2" in a.output()]
     assert "still waiting for a place" in spare.output() or "joined round" not in spare.output()
     victim.kill()  # the agent and its workers, as if the node died
     survivors = [a for a in agents if a is not victim]
     codes = finish_all(survivors)
-    assert codes == [0, 0], dump(agents)
+    assert codes == [0, 0, 0], dump(agents)
     reports = final_reports(tmp_path / "report")
-    assert_trained_together(reports, 2, 40)
-    assert "joined round 2 as rank 1" in spare.output(), dump(agents)
+    assert_trained_together(reports, 3, 40)
+    assert "joined round 2 as rank 2" in spare.output(), dump(agents)
+
+
+def test_a_killed_agent_restarted_on_its_host_gets_its_vote_back_at_once(tmp_path):
+    """A job of two nodes (--nnodes=1:2): one agent is killed. The survivor alone is enough
+    nodes, but holds 1 of the round's 2 votes: it waits (the other may be alive across a
+    partition). torchrun started again on that host takes over the dead agent's node id and
+    vote (``_identity``): the round forms at once."""
+    job = unique_job("revive")
+    state = tmp_path / "state"
+    conf = {"state_dir": str(state), "last_call_timeout": 1}
+    cmd = _cmd(job, "1:2", tmp_path, steps=40, step_time=0.15, conf=conf)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(2)]
+    wait_until(lambda: any("step 3/40" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
+    leader = leader_of(agents)
+    victim = next(a for a in agents if a is not leader)
+    victim_id = victim.node_id()
+    victim.kill()
+    waits = "the next round waits: no quorum: 1 of the 2 voting members of round 1 joined"
+    wait_until(lambda: waits in leader.output(), 30, "the survivor to wait for a quorum", 0.2, agents)
+    back = start_agent("node1-again", cmd, tmp_path)
+    codes = finish_all([leader, back])
+    assert codes == [0, 0], dump([*agents, back])
+    assert back.node_id() == victim_id, dump([back])
+    assert "takes over node" in back.output(), dump([back])
+    assert_trained_together(final_reports(tmp_path / "report"), 2, 40)
 
 
 def test_a_spare_that_is_never_needed_exits_cleanly(tmp_path):

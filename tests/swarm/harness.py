@@ -111,11 +111,10 @@ class Outcome:
 class _Round:
     key: tuple[int, int, int]  # (epoch, leader, number)
     members: tuple[int, ...]
-    #: Rounds descend from one another through their members. A first round (none of its
-    #: members ran one before) starts a lineage of its own: before its first round a job is a
-    #: set of strangers, and a side of a network split at start-up cannot tell itself from a
-    #: new job (README, "What does not survive"). Rounds of two lineages that train at the same
-    #: time are counted, not failed.
+    #: Each round is formed from a base round (``Round.base``); a first round starts a lineage of
+    #: its own: before its first round a job is a set of strangers, and a side of a network
+    #: split at start-up cannot tell itself from a new job (README, "What does not survive").
+    #: Rounds of two lineages that train at the same time are counted, not failed.
     lineage: int = 0
     delivered: set[int] = field(default_factory=set)
     training_since: float | None = None
@@ -161,8 +160,6 @@ class World:
         self.by_host: dict[int, _Agent] = {}
         self.rounds: dict[tuple[int, int, int], _Round] = {}
         self.trained: list[_Round] = []
-        #: The lineage of the last round each node ran (see ``_Round.lineage``).
-        self.node_lineage: dict[int, int] = {}
         self._lineages = itertools.count(1)
         #: Rounds of two lineages that trained at the same time (isolated starts: counted).
         self.isolated_overlaps = 0
@@ -355,21 +352,28 @@ class World:
         key = (rnd.epoch, claim.leader, rnd.number)
         log = self.rounds.get(key)
         if log is None:
-            log = self.rounds[key] = _Round(key, members, self._lineage_of(members))
+            log = self.rounds[key] = _Round(key, members, self._lineage_of(rnd.base))
         elif log.members != members:
             raise Violation("ranks", f"{where}: members differ from the same round's elsewhere", now)
         log.delivered.add(agent.node_id)
-        self.node_lineage[agent.node_id] = log.lineage
         self._note(agent, f"runs {_show(log)}")
         agent.state, agent.round, agent.ticket = "running", log, None
         if log.delivered == set(members) and not log.ended:
             self._training(log)
 
-    def _lineage_of(self, members: tuple[int, ...]) -> int:
-        """A round continues the lineage of its members' last rounds; a round none of whose
-        members ever ran one is a first round: it starts a lineage of its own."""
-        known = [self.node_lineage[m] for m in members if m in self.node_lineage]
-        return min(known) if known else next(self._lineages)
+    def _lineage_of(self, base: tuple[int, int, int] | None) -> int:
+        """A round continues the lineage of the round it was formed from (``Round.base``); a
+        first round (no base) starts a lineage of its own."""
+        if base is None:
+            return next(self._lineages)
+        known = self.rounds.get(base)
+        if known is None:
+            raise Violation(
+                "ranks",
+                f"a round formed from epoch {base[0]} round {base[2]}, which no node ran",
+                self.sim.now,
+            )
+        return known.lineage
 
     def _training(self, log: _Round) -> None:
         now = self.sim.now
@@ -623,7 +627,9 @@ class World:
         self.sim.net.reset_connections(agent.node.addr, self.sim.now)
 
     def _do_clock(self, e: sc.Event, agent: _Agent) -> None:
-        self.sim.step_clock(agent.node, float(e.args[0]))  # type: ignore[arg-type]
+        step = float(e.args[0])  # type: ignore[arg-type]
+        self.sim.step_clock(agent.node, step)
+        self._at(e.ends, functools.partial(self.sim.step_clock, agent.node, -step))
 
     def _do_workers_fail(self, e: sc.Event, agent: _Agent) -> None:
         if agent.state == "running":

@@ -33,7 +33,7 @@ KINDS: dict[str, int] = {
     "impair": 6,  # datagram loss, duplication, delay spikes on one host's link
     "stall": 6,  # a slow reader or writer: one host's stream bytes arrive late
     "reset_conns": 5,  # a middlebox drops one host's connections: resets, frames in flight lost
-    "clock": 4,  # one host's wall clock steps
+    "clock": 4,  # one host's wall clock steps, and back
     "forge": 3,  # garbage and forged datagrams
     "replay": 3,  # datagrams seen earlier, sent again
     "rogue": 5,  # a host without the secret connects to the control port and sends any frame
@@ -161,7 +161,10 @@ def _event(rng: random.Random, kind: str, hosts: int) -> Event:
         extra = round(rng.uniform(0.1, 3.0), 3)
         return Event(at, kind, node, dur=round(rng.uniform(0.5, 4.0), 3), args=(extra,))
     if kind == "clock":
-        return Event(at, kind, node, args=(round(rng.choice((-1, 1)) * rng.uniform(1.0, 120.0), 1),))
+        # NTP steps it back later (a clock off by more than the replay window for good would
+        # keep a node with a secret out of its job for good: nothing to recover from).
+        step = round(rng.choice((-1, 1)) * rng.uniform(1.0, 120.0), 1)
+        return Event(at, kind, node, dur=round(rng.uniform(0.5, 8.0), 3), args=(step,))
     if kind in ("forge", "replay"):
         return Event(at, kind, args=(rng.randint(1, 20),))
     if kind == "rogue":
