@@ -13,7 +13,9 @@ round decisions), ``follower.frame`` (a frame from the leader), ``worker.open_st
 (opening a round store fails as if out of descriptors), ``store.connect`` (the agent's client
 of the round store times out, as behind a stalled resolver), ``store.connect_ahead`` (the
 same for the client a waiting node opens ahead of the round), ``loop.iterate`` (the loop
-itself, outside the node's code: the node cannot recover, it must fail loudly).
+itself, outside the node's code: the node cannot recover, it must fail loudly),
+``agent.lost_before_role_info`` (the agent process kills itself with SIGKILL right after its
+``next_rendezvous()`` returned, before torch writes its role info: a member lost in that window).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 ENV = "TORCH_MINGLE_FAILPOINTS"
 POINTS = (
     "loop.callback", "leader.decide", "follower.frame", "worker.open_store", "store.connect",
-    "store.connect_ahead", "loop.iterate",
+    "store.connect_ahead", "loop.iterate", "agent.lost_before_role_info",
 )  # fmt: skip
 
 

@@ -129,6 +129,9 @@ class LocalAnswer:
     round: Round | None = None
     text: str = ""
     parked: bool = False
+    #: A proposal's base round and the proposals it accounts for (``propose``).
+    base: int = 0
+    covers: frozenset[tuple[int, int, int]] = frozenset()
 
 
 @record(frozen=False)
@@ -722,7 +725,9 @@ class LeaderTerm:
                 proposal.sent.add(m.conn)
                 self._out(m, frame, digest)
         if self.claim.leader in audience:
-            self._local.append(LocalAnswer("propose", 0, round=rnd))
+            self._local.append(
+                LocalAnswer("propose", 0, round=rnd, base=form.base, covers=frozenset(form.covers))
+            )
         log.debug(
             "%s round %d proposed (%s): %d member(s), %d voter set(s) to win",
             self.label, rnd.number, form.reason, len(form.members), len(form.constraints),

@@ -50,7 +50,7 @@ from torch_mingle._store import (
     LISTEN_BACKLOG,
     EndedStores,
     StoreKeeper,
-    abort_connections_to,
+    cut,
     ip_family,
     open_client,
     sockaddr,
@@ -366,9 +366,7 @@ class Loop:
         return open_client(ip, job.port, self.connect_timeout_s, ahead=True, ended=self.ended_stores)
 
     def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None:
-        if ended:
-            self.ended_stores.add(ip, ports)  # first: a connect that starts after the cut is refused
-        count = abort_connections_to(ip, ports)
+        count = cut(ip, ports, ended=self.ended_stores if ended else None)
         if count:
             log.info("%s cut %d connection(s) to the lost leader's stores at %s", self.label, count, ip)
 

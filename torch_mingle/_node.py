@@ -619,15 +619,21 @@ class Node:
                 return
             log.info("%s leaving: every other member re-joined; handing the job over", self.label)
             self._hand_over(now)
-        elif self.session is not None and rnd is not None:
+        elif self.session is not None and self.session.ready and rnd is not None:
             status = self.session.status
             if status is None or (status.epoch == rnd.epoch and status.round <= rnd.number):
                 return  # no round without us yet
             self._end_session()
             self.core.stop()
+        elif rnd is not None:
+            # Between leaders (ours was lost, with our leave maybe): the leave goes to the next
+            # one that welcomes us (``_session_event``); else, at the deadline, the others keep
+            # our vote (only our own word takes it: ``_evidence``).
+            return
         else:
+            self._end_session()  # not in a round: nobody waits for us
             self.core.stop()
-            self.board.resolve(ticket, result=False)  # the leader was lost meanwhile
+            self.board.resolve(ticket, result=False)
             return
         self.board.resolve(ticket, result=True)
 
@@ -738,7 +744,16 @@ class Node:
             self.net.submit(job, self._term_tag)
         for answer in term.local():
             busy = True
+            if answer.kind == "propose" and answer.round is not None:
+                # The leader's own node votes for its term's proposal as any member does.
+                if self._accept(answer.round, answer.base, answer.covers):
+                    term.accept_local(answer.round.number, now)
+                continue
             self._answer(answer.kind, answer.ticket, answer.round, answer.text, answer.parked, None, now)
+        if term is self.term and term.outdated_by is not None:
+            epoch, term.outdated_by = term.outdated_by, None
+            self._give_way(epoch, now)
+            return True
         if term is self.term:
             status = term.status(now)
             self.core.update_status(
@@ -837,6 +852,18 @@ class Node:
         if self._join is not None and not self._join.done:
             self._send_join(now)  # to the next leader, once known
 
+    def _give_way(self, epoch: int, now: float) -> None:
+        """Our term learnt of a round that a term of epoch ``epoch`` (at least as new as ours)
+        formed or proposed: a round of ours now would carry a fencing token that goes back.
+        The term ends, and the election runs again above that epoch."""
+        log.warning(
+            "%s a term of epoch %d formed or proposed a round this leader did not know of: its term "
+            "ends, and the election runs again above epoch %d",
+            self.label, epoch, epoch,
+        )  # fmt: skip
+        self._unlead(f"a newer term (epoch {epoch}) formed or proposed a round", now)
+        self.core.give_way(now, epoch)
+
     def _leader_found(self, view: LeaderView, now: float) -> None:
         self._round_seen = max(self._round_seen, view.round)
         who = "this node" if view.is_self else view.store_ip
@@ -927,6 +954,8 @@ class Node:
                 return
             self.saw_open = True
             self._deliver_close(now)
+            if self._leaving is not None and not self._leaving.done:
+                session.leave()  # our leave may have been lost with the last leader's connection
         elif isinstance(ev, StatusChanged):
             if ev.status.closed:
                 self.job_closed = True
@@ -982,12 +1011,6 @@ class Node:
         session: FollowerSession | None,
         now: float,
     ) -> None:
-        if kind == "propose" and rnd is not None and self.term is not None:
-            # The leader's own node votes for its term's proposal (nothing is newer than what
-            # its term knows: its own join reported its state).
-            if self._accept(rnd, 0, frozenset()):
-                self.term.accept_local(rnd.number, now)
-            return
         if kind == "ack":
             ticket = self._arrivals.pop(ticket_id, None)
             if ticket is not None:

@@ -32,7 +32,9 @@ run hundreds of nodes on a fake network in milliseconds.
   node that fenced a live leader still wins with its higher epoch, so a false fence never
   strands it alone.
 * Losing a leader: the leader's own word (it resigned, it said ``bye``, it rejected our claim)
-  raises the *fence*: announcements at or below it are never followed again. Anything else
+  *fences* its claim: that leader's announcements at or below that epoch are never followed
+  again (another leader's older claim still may be: a newer claim can step down for an older,
+  established one). Anything else
   (silence, a connection closed, reset or refused, which a partition produces as well:
   ``_evidence.judge``) only *suspects* the claim for ``suspect_ttl_s``: if it speaks again
   later it was alive all along, and it may be followed once more if nothing better is known.
@@ -321,7 +323,11 @@ class Discovery:
         self.leader: LeaderView | None = None
         #: When the leader we follow was last heard (announcement or, through the shell, heartbeat).
         self.leader_heard_at = 0.0
+        #: The newest claim whose leader said it is over (for diagnostics and the epoch ceiling).
         self.fence: Claim | None = None
+        #: Per leader, the newest epoch whose claim its leader said is over: its claims up to it
+        #: are never followed again (another leader's older, established claim still may be).
+        self._fenced: OrderedDict[int, int] = OrderedDict()
         self.max_epoch_seen = 0
         self.stats = Stats()
         self.peers: OrderedDict[int, PeerInfo] = OrderedDict()
@@ -547,6 +553,15 @@ class Discovery:
             self._emit(Resign(epoch=self._own_claim.epoch), None, now)
         if self.role in (Role.CLAIMING, Role.LEADING):
             self._hold_claims_until = now + self.timing.suspect_ttl_s
+            self._enter_discovery(now)
+
+    def give_way(self, now: float, epoch: int) -> None:
+        """Our term learnt that a term of ``epoch`` (at least ours) formed or proposed a round:
+        resign, and elect again above it (a claim of ours now would have a lower epoch)."""
+        self.max_epoch_seen = max(self.max_epoch_seen, epoch)
+        if self.role is Role.LEADING and self._own_claim is not None:
+            self._emit(Resign(epoch=self._own_claim.epoch), None, now)
+        if self.role in (Role.CLAIMING, Role.LEADING):
             self._enter_discovery(now)
 
     def resign(self, now: float) -> None:
@@ -840,7 +855,7 @@ class Discovery:
         claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
         _remember(self._heard_claims, claim, None)
-        if not claim.beats(self.fence) or self._suspected_claims.get(claim, float("-inf")) > now:
+        if self.fenced(claim) or self._suspected_claims.get(claim, float("-inf")) > now:
             self.stats.stale_claims += 1
             return None
         return claim
@@ -882,9 +897,18 @@ class Discovery:
             self._hold_claims_until = max(self._hold_claims_until, hold)
         self._enter_discovery(now)
 
+    def fenced(self, claim: Claim) -> bool:
+        """Whether ``claim``'s leader said that this claim (or a later one of its) is over."""
+        return claim.epoch <= self._fenced.get(claim.leader, 0)
+
     def _raise_fence(self, claim: Claim) -> None:
         if claim.beats(self.fence):
             self.fence = claim
+        if claim.epoch > self._fenced.get(claim.leader, 0):
+            self._fenced[claim.leader] = claim.epoch
+            self._fenced.move_to_end(claim.leader)
+            while len(self._fenced) > MAX_SUSPECTS:
+                self._fenced.popitem(last=False)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
 
     def _suspect_claim(self, claim: Claim, now: float) -> None:

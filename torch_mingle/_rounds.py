@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import re
 import struct
+from collections.abc import Collection
 from typing import Any
 
 from torch_mingle._record import field, record
@@ -89,7 +90,10 @@ def may_accept(
         return False
     if accepted is None or accepted.term == proposal.term or accepted.round <= base:
         return True
-    return accepted.key in covers
+    # Accounted for: that proposal, or a later one of its term (a leader forms none of its own
+    # proposals once it proposed a later one).
+    epoch, leader, number = accepted.key
+    return any(e == epoch and l_ == leader and n >= number for e, l_, n in covers)
 
 
 def node_hex(node: int) -> str:
@@ -620,11 +624,18 @@ class RoundBook:
         wait, made once per batch of joins, sorts nothing), if it has a quorum."""
         admit = self._rank_order()[: self.max_nodes]
         base, uncertain = self.base(), self.uncertain()
-        short = self._no_quorum(admit, base, uncertain)
+        # Every joiner votes, a member of the new round or not (a spare that leads takes a place
+        # at rank 0; the voters it leaves out accept the round all the same: ``quorum_met``).
+        short = self._no_quorum(self.pending.keys(), base, uncertain)
         if short is not None:
             return self._wait(hold, short)
         joins = [self.pending[m] for m in admit]
         bases = [h for h in (base, *uncertain) if h is not None] if self.quorum else []
+        constraints = tuple(v for v in (self.voters_of(h.members) for h in bases) if v)
+        if self.quorum and not bases:
+            # A first round is accepted by a majority of its own members before it forms: if its
+            # leader is lost before the members heard that it formed, they still know of it.
+            constraints = (frozenset(admit),)
         return Form(
             members=admit,
             reason=reason,
@@ -632,7 +643,7 @@ class RoundBook:
             dports=tuple(j.dport for j in joins),
             pports=tuple(j.pport for j in joins),
             number=self.next_number(),
-            constraints=tuple(v for v in (self.voters_of(h.members) for h in bases) if v),
+            constraints=constraints,
             covers=tuple(p.key for p in uncertain),
             base=base.round if base is not None else 0,
             base_key=base.key if base is not None else None,
@@ -769,10 +780,11 @@ class RoundBook:
         return set(self.voters_of(base.members)) if base is not None else set()
 
     def _no_quorum(
-        self, admit: tuple[int, ...], base: History | None, uncertain: list[History]
+        self, joined: Collection[int], base: History | None, uncertain: list[History]
     ) -> str | None:
-        """Why ``admit`` may not form a round (None: it may): it must hold a majority of the
-        voters of the base and of every proposal it must account for (``uncertain``).
+        """Why the nodes that ``joined`` may not form a round (None: they may): they must hold a
+        majority of the voters of the base and of every proposal it must account for
+        (``uncertain``); the round forms once those voters accepted it (``quorum_met``).
 
         Invariant: two rounds formed from one base share a voter. A member that was lost keeps
         its vote (it may be alive on the other side of a partition, with a leader of its own);
@@ -791,7 +803,7 @@ class RoundBook:
             if h is None:
                 continue
             voters = self.voters_of(h.members)
-            have = len(voters.intersection(admit))
+            have = len(voters.intersection(joined))
             if voters and 2 * have <= len(voters):  # none: every voter left
                 return (
                     f"no quorum: {have} of the {len(voters)} voting members of {what} joined, "

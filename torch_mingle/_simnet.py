@@ -279,6 +279,9 @@ class InMemoryNetwork:
         owner = self._ends[client].owner
         self._push(now + latency, Delivery("accepted", target, end=server))
         self._push(now + 2 * latency, Delivery("connected", owner, end=client))
+        # Nothing arrives on an end before it is open (TCP: the handshake comes first).
+        self._ends[server].last_at = now + latency
+        self._ends[client].last_at = now + 2 * latency
 
     def stream_send(self, end_id: int, data: bytes, now: float) -> None:
         end = self._ends.get(end_id)

@@ -13,27 +13,30 @@ The control plane (joins, rounds, heartbeats) runs on mingle's own connection to
   store under the ``mingle/agent/`` prefix, which tells the leader when the agent enters
   torch's exit barrier, before it counts itself there.
 * A TCPStore call against a frozen server blocks for as long as the server stays frozen,
-  whatever its timeout (see ``../shared/NOTES.md``). When the node loses the leader,
-  ``abort_connections_to`` shuts down this process's sockets to that leader's stores, so a
-  call blocked in them (ours or the agent's) fails at once instead; and the node's
-  ``EndedStores`` refuses the stores of its ended rounds to any connect that starts later.
+  whatever its timeout. When the node loses the leader, ``cut`` shuts down this process's
+  sockets to that leader's stores, so a call blocked in them (ours or the agent's) fails at
+  once instead, and so does a connect that was under way at that moment (``_Flights``); the
+  node's ``EndedStores`` refuses the stores of its ended rounds to any connect that starts later.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import logging
 import os
+import signal
 import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import DistError, DistNetworkError, PrefixStore, Store, TCPStore
+from torch.distributed import DistError, DistNetworkError, DistStoreError, PrefixStore, Store, TCPStore
 
 from torch_mingle import _faults
 from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
@@ -54,6 +57,12 @@ except ImportError:  # pragma: no cover - a torch that renamed them: its agents 
 log = logging.getLogger(__name__)
 
 AGENT_PREFIX = "mingle/agent/"
+#: The keys torch's agent exchanges ranks under, right after ``next_rendezvous()``
+#: (``SimpleElasticAgent._assign_worker_ranks``): see ``AgentStore``.
+ROLE_INFO_PREFIX = "torchelastic/role_info/"
+ASSIGNED_RANKS_PREFIX = "torchelastic/assigned_ranks/"
+RANK_KEYS = (ROLE_INFO_PREFIX, ASSIGNED_RANKS_PREFIX)
+RANKS_WAIT_SLICE_S = 0.25
 CLIENT_TIMEOUT_S = 300.0
 #: The accept queue of the leader's listeners (control port, round stores). Every node, and
 #: then every worker, connects at the same moment; a queue shorter than that drops SYNs and
@@ -124,19 +133,21 @@ def open_client(
     """A client of the round store at ``ip:port``; raises torch's ``DistError`` if it cannot connect.
 
     The connect is bounded by ``connect_timeout_s`` for a port that refuses, and by the node
-    (``abort_connections_to``) for a server that accepted and froze. ``ahead``: opened while
-    the join waits (its own failpoint). ``ended``: the node's stores of ended rounds, refused.
+    for a server that accepted and froze: its cut (``cut``) shuts down the socket, also one
+    this very connect opens after the cut began (the connect is registered first, see
+    ``_Flights``). ``ahead``: opened while the join waits (its own failpoint). ``ended``: the
+    node's stores of ended rounds, refused.
     """
     try:
         _faults.hit("store.connect_ahead" if ahead else "store.connect")
     except _faults.FailpointError as exc:
         raise DistNetworkError(f"{exc}: the client socket has timed out") from None
-    if ended is not None and ended.holds(ip, port):
-        # Its leader was lost (frozen, maybe): a connect would complete in its kernel and
-        # then block in torch for as long as it stays frozen. A connect queued or retried
-        # after the cut must not start.
-        raise DistNetworkError(f"the store at {ip}:{port} belongs to a lost leader")
-    store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=connect_timeout_s))
+    with _flights.connecting(ip, port, ended) as refused:
+        if refused:
+            # Its leader was lost (frozen, maybe): a connect would complete in its kernel and
+            # then block in torch for as long as it stays frozen.
+            raise DistNetworkError(f"the store at {ip}:{port} belongs to a lost leader")
+        store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=connect_timeout_s))
     store.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
     return store
 
@@ -177,19 +188,35 @@ class AgentStore(Store):
     before that add, ``on_barrier()`` tells the leader (and waits for its acknowledgement),
     so the leader knows which members arrived and never counts one twice.
 
+    Right after ``next_rendezvous()`` returns, torch's agent writes its role info to this store
+    and reads every member's (rank 0), then the ranks rank 0 assigned (every agent), each read
+    bounded only by the store's timeout (300 s). A member lost in that window (it died, or its
+    own ``next_rendezvous`` joined again) never writes. So those reads wait in slices of
+    ``RANKS_WAIT_SLICE_S``, and once the round is over (``round_over``: the node says so, or
+    the store was cut with its lost leader) they answer with this agent's own role info: the
+    agent starts workers that never train (they wait in the broken round's store), and its
+    next poll of ``num_nodes_waiting()`` restarts them for the next round. A failure there
+    would instead end the agent, out of ``_restart_workers``.
+
     When the job failed (a member's data path check), the node cuts the agent loose from
     the store, where torch's agent may wait for keys that the failed members never write;
     the store error it then gets says why the job failed (``failed()``), not "connection reset".
     """
 
     def __init__(
-        self, client: Store, on_barrier: Callable[[], None], failed: Callable[[], str] = lambda: ""
+        self,
+        client: Store,
+        on_barrier: Callable[[], None],
+        failed: Callable[[], str] = lambda: "",
+        round_over: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__()
         self._inner = PrefixStore(AGENT_PREFIX, client)
         self._on_barrier = on_barrier
         self._failed = failed
+        self._round_over = round_over
         self._counter = EXIT_BARRIER_KEYS[0] if EXIT_BARRIER_KEYS is not None else None
+        self._own_role: bytes | None = None
 
     def _guard(self, call: Callable[[], Any]) -> Any:
         try:
@@ -201,9 +228,17 @@ class AgentStore(Store):
             raise
 
     def set(self, key: str, value: Any) -> None:
-        self._guard(lambda: self._inner.set(key, value))
+        if key.startswith(ROLE_INFO_PREFIX):
+            try:
+                _faults.hit("agent.lost_before_role_info")
+            except _faults.FailpointError:
+                os.kill(os.getpid(), signal.SIGKILL)  # a member lost in the window (a test)
+            self._own_role = value.encode() if isinstance(value, str) else bytes(value)
+        self._unless_round_over(key, lambda: self._guard(lambda: self._inner.set(key, value)), lambda: None)
 
     def get(self, key: str) -> bytes:
+        if key.startswith(RANK_KEYS):
+            return self._ranks_read([key], lambda: [bytes(self._inner.get(key))])[0]
         return bytes(self._guard(lambda: self._inner.get(key)))
 
     def add(self, key: str, value: int) -> int:
@@ -224,10 +259,57 @@ class AgentStore(Store):
         return bool(self._guard(lambda: self._inner.check(keys)))
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
+        if keys and all(k.startswith(RANK_KEYS) for k in keys):
+            return self._ranks_read(keys, lambda: list(self._inner.multi_get(keys)))
         return list(self._guard(lambda: self._inner.multi_get(keys)))
 
     def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        self._guard(lambda: self._inner.multi_set(keys, values))  # type: ignore[attr-defined]  # missing from torch's stubs
+        def write() -> None:
+            self._guard(lambda: self._inner.multi_set(keys, values))  # type: ignore[attr-defined]  # missing from torch's stubs
+
+        self._unless_round_over(keys[0] if keys else "", write, lambda: None)
+
+    # ------------------------------------------------------------ ranks
+
+    def _ranks_read(self, keys: list[str], read: Callable[[], list[bytes]]) -> list[bytes]:
+        """Read torch's rank keys once they are all there, or stand in for them once the round is
+        over (see the class doc): never a wait that only the store's 300 s timeout ends."""
+        while True:
+            if self._round_over():
+                log.warning(
+                    "the round broke before every member took its rank (%s): its workers start only "
+                    "to be restarted for the next round",
+                    keys[0],
+                )
+                return [self._stand_in(k) for k in keys]
+            try:
+                self._inner.wait(keys, timedelta(seconds=RANKS_WAIT_SLICE_S))
+            except DistStoreError:
+                continue  # not there yet: look at the round again
+            except (DistError, RuntimeError):
+                if self._round_over():
+                    continue  # cut with the round's lost leader
+                raise
+            return list(self._guard(read))
+
+    def _unless_round_over(self, key: str, call: Callable[[], None], instead: Callable[[], None]) -> None:
+        """``call``; for a rank key whose store failed because the round is over: ``instead``."""
+        try:
+            call()
+        except (DistError, RuntimeError):
+            if not (key.startswith(RANK_KEYS) and self._round_over()):
+                raise
+            instead()
+
+    def _stand_in(self, key: str) -> bytes:
+        """What this agent reads for a rank key of a round that broke: its own role info, and
+        ranks as if every member ran as many workers as it does."""
+        own = self._own_role or b'{"role": "default", "rank": 0, "local_world_size": 1}'
+        if key.startswith(ROLE_INFO_PREFIX):
+            return own
+        info = json.loads(own)
+        size, rank = int(info.get("local_world_size", 1)), int(key.rpartition("/")[2] or 0)
+        return json.dumps([rank * size, size, rank * size, size]).encode()
 
     def delete_key(self, key: str) -> bool:
         return bool(self._guard(lambda: self._inner.delete_key(key)))
@@ -300,6 +382,88 @@ class EndedStores:
         with self._lock:
             cut_at = self._cut_at.get(key)
         return cut_at is not None and time.monotonic() - cut_at <= self.TTL_S
+
+
+#: How often a cut looks again for sockets that connects under way opened, and for how long.
+CUT_AGAIN_S = 0.02
+CUT_FOR_AT_MOST_S = 60.0
+
+
+class _Flights:
+    """This process's connects to TCPStores under way, so that a cut misses none of them.
+
+    A connect registers before it checks ``EndedStores``, and a cut marks the store ended
+    before it looks at the registrations, both under one lock: either the connect sees the mark
+    and does not start, or the cut sees the connect and keeps cutting what it opens (a thread,
+    ``mingle-cutter``, every ``CUT_AGAIN_S``) until it has returned. Without that, a connect
+    that passed the check just before the cut, to a leader that froze, would complete in the
+    frozen host's kernel after the cut's scan and block in torch for good.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._under_way: Counter[tuple[str, int]] = Counter()
+
+    @contextlib.contextmanager
+    def connecting(self, ip: str, port: int, ended: EndedStores | None) -> Iterator[bool]:
+        """Register a connect to ``ip:port`` while it runs; yields True if it must not start."""
+        key = _key(ip, port)
+        with self._lock:
+            refused = ended is not None and ended.holds(ip, port)
+            if not refused:
+                self._under_way[key] += 1
+        try:
+            yield refused
+        finally:
+            if not refused:
+                with self._lock:
+                    self._under_way[key] -= 1
+                    if not self._under_way[key]:
+                        del self._under_way[key]
+
+    def cut(self, ip: str, ports: Sequence[int], ended: EndedStores | None) -> int:
+        with self._lock:
+            if ended is not None:
+                ended.add(ip, ports)  # first: a connect that starts from now on is refused
+            pending = {_key(ip, p) for p in ports} & self._under_way.keys()
+        count = abort_connections_to(ip, ports)
+        if pending:
+            threading.Thread(
+                target=self._keep_cutting, args=(ip, tuple(ports), pending), name="mingle-cutter", daemon=True
+            ).start()
+        return count
+
+    def _keep_cutting(self, ip: str, ports: tuple[int, ...], pending: set[tuple[str, int]]) -> None:
+        deadline = time.monotonic() + CUT_FOR_AT_MOST_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not pending & self._under_way.keys():
+                    return
+            _abort_now(ip, ports)
+            time.sleep(CUT_AGAIN_S)
+        log.error("connects to %s:%s still under way %gs after their cut", ip, ports, CUT_FOR_AT_MOST_S)
+
+    def under_way(self) -> int:
+        with self._lock:
+            return sum(self._under_way.values())
+
+
+_flights = _Flights()
+
+
+def cut(ip: str, ports: Sequence[int], *, ended: EndedStores | None = None) -> int:
+    """Cut this process's connections to the stores at ``ip:ports`` (a lost leader's), also those
+    that connects under way open after this call, until they return (``_Flights``); with
+    ``ended``, the node refuses those stores to any connect that starts later. Returns how
+    many connections were cut at once."""
+    return _flights.cut(ip, ports, ended)
+
+
+def _key(ip: str, port: int) -> tuple[str, int]:
+    try:
+        return (str(_plain(ip)), port)
+    except ValueError:
+        return (ip, port)
 
 
 def _abort_now(ip: str, ports: Sequence[int]) -> int:

@@ -574,7 +574,10 @@ class MingleRendezvousHandler(RendezvousHandler):
         else:
             log.debug("%s round %d: the store client was connected ahead", self._label, rnd.number)
         store = AgentStore(
-            client, on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number), failed=self._job_failure
+            client,
+            on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number),
+            failed=self._job_failure,
+            round_over=functools.partial(self._round_over, rnd.number),
         )
         self._round = rnd
         self._export_worker_env(rnd)
@@ -584,6 +587,12 @@ class MingleRendezvousHandler(RendezvousHandler):
             rnd.world_size,
             RendezvousStoreInfo(master_addr=master_addr, master_port=rnd.store_port),
         )
+
+    def _round_over(self, number: int) -> bool:
+        """Whether round ``number`` can no longer train (what ``num_nodes_waiting()`` tells the
+        agent: it restarts its workers), read from the node's last snapshot."""
+        diag = self._board.diagnostics()
+        return not diag.loop_alive or diag.round != number or diag.nodes_waiting > 0 or bool(diag.failure)
 
     def _job_failure(self) -> str:
         """Why the job failed ("" while it did not): a member's round could not start."""

@@ -10,11 +10,13 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from torch.distributed import DistError, TCPStore
 
-from torch_mingle._store import EndedStores, abort_connections_to, open_client
+from torch_mingle import _store
+from torch_mingle._store import EndedStores, abort_connections_to, cut, open_client
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +84,46 @@ def test_the_store_of_an_ended_round_is_refused_to_new_clients_of_the_node_but_a
         open_client("127.0.0.1", port, 2.0, ended=ours)
     assert time.monotonic() - started < 1.0  # refused here, no connect tried
     assert open_client("127.0.0.1", port, 2.0, ended=another).get("k") == b"v"
+
+
+def test_a_connect_under_way_when_its_leader_is_cut_is_cut_too(monkeypatch):
+    """The race: a connect passes the check for ended stores, the leader is lost and its stores
+    cut (nothing to cut yet: the connect has not opened its socket), then the connect reaches
+    the frozen host, whose kernel completes the handshake, and TCPStore's first request blocks
+    for as long as the host stays frozen. The cut must keep cutting what a connect under way at
+    its moment opens, until that connect returns."""
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    real = TCPStore
+    checked, cut_done = threading.Event(), threading.Event()
+
+    def tcpstore_after_the_cut(*args: Any, **kwargs: Any) -> TCPStore:
+        checked.set()  # past the check for ended stores
+        assert cut_done.wait(10.0)  # the cut happens now, before this connect opens its socket
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_store, "TCPStore", tcpstore_after_the_cut)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        os.kill(server.pid, signal.SIGSTOP)
+        outcome: dict[str, object] = {}
+
+        def connect() -> None:
+            try:
+                open_client("127.0.0.1", port, 2.0, ended=ended)
+                outcome["result"] = "connected"
+            except DistError as exc:
+                outcome["result"] = str(exc)
+
+        ended = EndedStores()
+        thread = threading.Thread(target=connect, daemon=True)
+        thread.start()
+        assert checked.wait(10.0)
+        cut("127.0.0.1", [port], ended=ended)  # the leader is lost: finds nothing to cut yet
+        cut_done.set()
+        thread.join(timeout=10.0)
+        assert not thread.is_alive(), "the connect under way at the cut blocked on the frozen store"
+        assert outcome["result"] != "connected"
+    finally:
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.helpers import (
+    agent_env,
     assert_trained_together,
     dump,
     final_reports,
@@ -55,6 +56,28 @@ def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
     assert {r["env"]["MINGLE_ROUND"] for r in reports} == {"2"}
     written = json.loads((tmp_path / "ckpt" / "ckpt.json").read_text())
     assert written == {"job": job, "epoch": 1, "round": 2, "step": 12}
+
+
+def test_a_member_lost_before_it_wrote_its_role_info_costs_no_300s_wait(tmp_path):
+    """Right after next_rendezvous() returns, torch's agents exchange role info in the round's
+    store, each read bounded only by the store's 300 s. A member killed in that window never
+    writes: the others' reads must end as soon as their node knows the round is over, and the
+    next round must form and train (here: the whole job within a minute)."""
+    job = unique_job("roleinfo")
+    cmd = _cmd(job, "2:3", tmp_path, steps=10, step_time=0.05)
+    victim_env = agent_env(TORCH_MINGLE_FAILPOINTS="agent.lost_before_role_info=1")
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(2)]
+    victim = start_agent("victim", cmd, tmp_path, env=victim_env)
+    started = time.monotonic()
+    codes = finish_all(agents, timeout=120)
+    took = time.monotonic() - started
+    assert victim.proc.wait(timeout=30) == -signal.SIGKILL, dump([*agents, victim])
+    assert codes == [0, 0], dump([*agents, victim])
+    assert took < 60, f"the survivors finished after {took:.0f}s: a read waited out the store's timeout"
+    assert any("the round broke before every member took its rank" in a.output() for a in agents), dump(
+        agents
+    )
+    assert_trained_together(final_reports(tmp_path / "report"), 2, 10)
 
 
 def test_a_new_node_is_admitted_at_the_next_round(tmp_path):

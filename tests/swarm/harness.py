@@ -133,7 +133,6 @@ class _Agent:
     round: _Round | None = None
     tokens: list[tuple[int, int]] = field(default_factory=list)
     thawed_at: float = 0.0
-    left: bool = False
 
     @property
     def node_id(self) -> int:
@@ -174,6 +173,10 @@ class World:
         self.captured: list[bytes] = []
         self.recovered_at: float | None = None
         self.finishing = False
+        #: Since when nothing happened to the job (a fault, an agent starting, a member leaving),
+        #: and how many faults are under way: recovery is expected after ``recovery_bound_s``.
+        self._quiet_since = 0.0
+        self._disturbances = 0
         #: The job's work is done: every agent that runs a round arrives at its exit barrier.
         self.finished = False
         #: An agent shut down: the job is closed (the others run their last round to its end).
@@ -251,6 +254,7 @@ class World:
         self.agents.append(agent)
         self.by_host[host] = agent
         self.ids_ever.add(node.core.node_id)
+        self._quiet_since = max(self._quiet_since, at)
         self._note(agent, f"starts node {node_hex(node.core.node_id)[:6]}")
         return agent
 
@@ -421,7 +425,7 @@ class World:
         self._check_rogue()
         if int(now / MONITOR_S) % 10 == 0:
             self._check_resources()
-        if now >= heal and not self.finishing:
+        if not self.finishing:
             self._check_recovery(heal, bound)
 
     def _check_rogue(self) -> None:
@@ -442,13 +446,17 @@ class World:
                     )
 
     def _check_recovery(self, heal: float, bound: float) -> None:
+        """The live agents must be in one round once the network has been quiet for ``bound``:
+        after the last fault healed, and in every quiet stretch before (the job's start too)."""
         now = self.sim.now
         self.checks += 1
         live = self._live()
-        if not live or self.closed or self._in_one_round(live):
+        converged = bool(live) and not self.closed and self._in_one_round(live)
+        if now >= heal and (not live or self.closed or converged):
             self._finish(check_again=bool(live) and not self.closed)
             return
-        if now <= heal + bound:
+        quiet_for = now - max(self._quiet_since, heal if now >= heal else 0.0)
+        if converged or self.closed or not live or self._disturbed or quiet_for <= bound:
             return
         current = self.trained[-1] if self.trained else None
         if self._may_recover(current, live):
@@ -459,10 +467,12 @@ class World:
             )
             raise Violation(
                 "recovery",
-                f"{bound:.1f}s after the last fault healed the live agents are not in one round: {states}",
+                f"the network was quiet for {quiet_for:.1f}s (bound {bound:.1f}s) and the live agents "
+                f"are not in one round: {states}",
                 now,
             )
-        self._finish(check_again=False)  # the job cannot go on: its agents end within their bounds
+        if now >= heal:
+            self._finish(check_again=False)  # the job cannot go on: its agents end within their bounds
 
     def _live(self) -> list[_Agent]:
         return [
@@ -473,9 +483,10 @@ class World:
 
     def _in_one_round(self, live: list[_Agent]) -> bool:
         """Every live agent runs the last round that trained, or waits as a spare beside it (full)."""
-        current = self.trained[-1] if self.trained else None
-        if current is None or current.ended:
+        training = [r for r in self.trained if not r.ended]
+        if len(training) != 1:
             return False
+        current = training[0]
         members = set(current.members)
         full = len(current.members) >= self.sc.max_nodes
         return all(
@@ -485,14 +496,28 @@ class World:
         )
 
     def _may_recover(self, last: _Round | None, live: list[_Agent]) -> bool:
+        """Whether the job can form a round: at least ``min_nodes`` agents live, and a majority of
+        the members of the newest round of each lineage that still has live members (whichever
+        a leader counts from) alive, and one such lineage at least. A member that left (SIGTERM)
+        counts as a voter that is not alive: whether its leave reached a leader before it exited,
+        only that leader knows."""
         if len(live) < self.sc.min_nodes:
             return False
-        if last is None:
-            return True
-        left = {a.node_id for a in self.agents if a.left}
-        voters = set(last.members) - left
-        alive = {a.node_id for a in live} & voters
-        return not voters or 2 * len(alive) > len(voters)
+        alive = {a.node_id for a in live}
+        newest: dict[int, _Round] = {}
+        for r in self.rounds.values():
+            if r.delivered and (r.lineage not in newest or r.key[2] > newest[r.lineage].key[2]):
+                newest[r.lineage] = r
+        if not newest:
+            return True  # no round yet: the first one needs no majority of anything
+        some = False
+        for r in newest.values():
+            voters = set(r.members)
+            if voters & alive:
+                if 2 * len(voters & alive) <= len(voters):
+                    return False
+                some = True
+        return some  # the newest round of every lineage gone for good: nobody may tell
 
     def _finish(self, *, check_again: bool) -> None:
         """The job finishes after ``DWELL_S`` (its agents arrive at the exit barrier and shut
@@ -555,11 +580,24 @@ class World:
             self.faults[f"{e.kind} (no-op)"] += 1
             return
         self.faults[e.kind] += 1
+        self._quiet_since = self.sim.now
+        if e.dur and e.kind in sc.FAULT_KINDS:
+            self._disturbances += 1
+            self._at(e.ends, self._calm)
         self._note(
             agent,
             f"FAULT {e.kind}{' ' + str(list(e.args)) if e.args else ''}{f' for {e.dur:g}s' if e.dur else ''}",
         )
         handler(e, agent)
+
+    @property
+    def _disturbed(self) -> bool:
+        """A fault is under way (a cut, a freeze, a slow link...)."""
+        return self._disturbances > 0
+
+    def _calm(self) -> None:
+        self._disturbances -= 1
+        self._quiet_since = self.sim.now
 
     def _do_crash(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.kill(agent.node)
@@ -637,12 +675,10 @@ class World:
 
     def _do_sigterm(self, e: sc.Event, agent: _Agent) -> None:
         if agent.state in ("joining", "running"):
-            agent.left = True
             self._call(agent, "leaving", self.sim.preempt(agent.node, LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S)
 
     def _do_shutdown(self, e: sc.Event, agent: _Agent) -> None:
         if agent.state in ("joining", "running"):
-            agent.left = True
             self._shut(agent)
 
     def _addr(self, host: int) -> tuple[str, int]:

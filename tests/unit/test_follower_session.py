@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from torch_mingle._evidence import Evidence, judge
-from torch_mingle._follower import Answer, FollowerSession, SessionOver
+from torch_mingle._follower import Answer, FollowerSession, Proposed, SessionOver
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import RoundBook, Status
@@ -146,7 +146,8 @@ def _leader_of_two(epoch: int) -> LeaderTerm:
 
 def test_a_join_asked_before_the_connection_is_up_goes_out_with_the_hello_and_gets_its_round():
     """The last node to start joins as it connects: hello and join leave together, and the
-    leader (which reads them in order) answers welcome and round in one go, a round trip less."""
+    leader (which reads them in order) answers welcome and its proposal in one go, a round trip
+    less; the round follows the votes."""
     s = _session_to(Claim(1, LEADER))
     s.join(7, "198.18.0.2", None, 60.0, 60.0)
     assert s.frames() == []  # not connected yet
@@ -157,10 +158,17 @@ def test_a_join_asked_before_the_connection_is_up_goes_out_with_the_hello_and_ge
     term.accepted(10, 0.1)
     term.received(10, sent, 0.1)
     answers = _frames([frame for conn, frame in term.frames() if conn == 10])
-    assert [f["t"] for f in answers if f["t"] in ("welcome", "round")] == ["welcome", "round"]
+    assert [f["t"] for f in answers if f["t"] in ("welcome", "propose")] == ["welcome", "propose"]
     s.received(answers, 0.2)
+    (proposed,) = [e for e in s.events() if isinstance(e, Proposed)]
+    s.accept(proposed.round.number)  # the node records the proposal, then votes for it
+    term.received(10, _frames(s.frames()), 0.2)
+    for local in term.local():  # and so does the leader's own node
+        if local.kind == "propose" and local.round is not None:
+            term.accept_local(local.round.number, 0.2)
+    s.received(_frames([frame for conn, frame in term.frames() if conn == 10]), 0.3)
     (answer,) = [e for e in s.events() if isinstance(e, Answer)]
-    assert answer.kind == "round" and answer.ticket == 7 and answer.round is not None
+    assert answer.kind == "round" and answer.ticket == 7 and answer.round == proposed.round
 
 
 def test_a_join_asked_while_the_hello_is_unanswered_is_sent_at_once():
@@ -205,6 +213,13 @@ def test_a_round_carries_the_status_it_starts_under_and_no_status_frame_follows_
     term = _leader_of_two(1)
     term.accepted(10, 0.1)
     term.received(10, _frames(s.frames()), 0.1)
+    s.received(_frames([frame for conn, frame in term.frames() if conn == 10]), 0.15)
+    (proposed,) = [e for e in s.events() if isinstance(e, Proposed)]
+    s.accept(proposed.round.number)
+    term.received(10, _frames(s.frames()), 0.15)
+    for local in term.local():
+        if local.kind == "propose" and local.round is not None:
+            term.accept_local(local.round.number, 0.15)
     answers = _frames([frame for conn, frame in term.frames() if conn == 10])
     assert [f["t"] for f in answers if f["t"] in ("round", "status")] == ["round"]
     s.received(answers, 0.2)

@@ -40,13 +40,37 @@ def _join(term: LeaderTerm, conn: int, ticket: int, now: float) -> None:
 
 
 def _round_of_two() -> LeaderTerm:
-    """Round 1 of the leader and node 2 (connection 10, join 7), on store 5001."""
+    """Round 1 of the leader and node 2 (connection 10, join 7), on store 5001, its votes in."""
     term = _term(2, 2)
     _store_opened(term, 5001, 0.1)
     term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
     _connect(term, 10, 2, 0.2)
     _join(term, 10, 7, 0.3)
+    _vote(term, 0.3)
     return term
+
+
+def _vote(term: LeaderTerm, now: float) -> None:
+    """Every node the term proposed a round to accepts it at once (the leader's own node too);
+    what the term sent stays queued for ``_sent``."""
+    sent: list[tuple[int, bytes]] = []
+    while True:
+        voted = False
+        for answer in term.local():
+            if answer.kind == "propose" and answer.round is not None:
+                term.accept_local(answer.round.number, now)
+                voted = True
+        for conn, frame in term.frames():
+            sent.append((conn, frame))
+            frames = FrameReader().feed(frame)
+            assert isinstance(frames, list)
+            for f in frames:
+                if f["t"] == "propose" and conn in term.conns:
+                    term.received(conn, [{"t": "accept", "round": f["round"]["round"], "ok": True}], now)
+                    voted = True
+        if not voted:
+            term._frames[:0] = sent
+            return
 
 
 def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
@@ -64,10 +88,10 @@ def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
             assert isinstance(frames, list)
             out.setdefault(conn, []).extend(frames)
             for f in frames:
-                if f["t"] == "propose" and conn in term.conns:
-                    term.received(
-                        conn, [{"t": "accept", "round": f["round"]["round"], "ok": True}], term._now
-                    )
+                proposal = term._proposal  # only what still waits for votes (``_vote`` answered the rest)
+                number = f["round"]["round"] if f["t"] == "propose" else None
+                if proposal is not None and proposal.round.number == number and conn in term.conns:
+                    term.received(conn, [{"t": "accept", "round": number, "ok": True}], term._now)
                     voted = True
         if not voted:
             return out
@@ -261,7 +285,11 @@ def test_a_new_term_is_established_by_a_majority_that_follows_it_now_not_by_ever
 
 
 def _rounds_sent(sent: dict[int, list[dict[str, Any]]], conn: int) -> list[tuple[int, int]]:
-    return [(f["id"], f["round"]["round"]) for f in sent.get(conn, []) if f["t"] == "round"]
+    """(join, round number) of each round answer on ``conn`` (the round, or its number)."""
+    frames = sent.get(conn, [])
+    return [
+        (f["id"], f["round"]["round"] if "round" in f else f["number"]) for f in frames if f["t"] == "round"
+    ]
 
 
 def test_a_member_whose_round_was_lost_with_its_connection_gets_it_again_and_is_not_lost():
