@@ -418,7 +418,7 @@ class Discovery:
                         suspect,
                         self.timing.claim_wait_s,
                     )
-                    self._suspects[suspect] = now + self.timing.suspect_ttl_s
+                    self._suspect(suspect, now)
                     self._candidates.pop(suspect, None)
                     self._awaiting = None
                     if self._by_succession:
@@ -791,6 +791,16 @@ class Discovery:
             self._query_gap = min(self._query_gap * 2, self.timing.query_retry_max_s)
         # A little jitter keeps many nodes that started together from retrying in lockstep.
         self._next_query = now + gap * (1.0 + 0.1 * self._rng.random())
+
+    def _suspect(self, node: int, now: float) -> None:
+        """``node`` did not claim when it should have: passed over until its suspicion ends.
+        Ended suspicions are forgotten here, so the table holds only live ones (a job that
+        loses nodes for weeks does not keep a row per node it ever suspected)."""
+        for old in [n for n, until in self._suspects.items() if until <= now]:
+            del self._suspects[old]
+        self._suspects[node] = now + self.timing.suspect_ttl_s
+        while len(self._suspects) > MAX_SUSPECTS:
+            self._suspects.pop(next(iter(self._suspects)))
 
     def _best_candidate(self, now: float) -> int:
         if self._by_succession and self.succession is not None:
