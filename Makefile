@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults bench bench-quick bench-flood bench-scale stress clean
+.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale stress clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,15 @@ netns: $(STAMP)
 
 faults: $(STAMP)
 	$(BIN)/python -m pytest tests/faults
+
+# The fault swarm (tests/swarm): SEEDS seeds, or run for DURATION seconds with swarm-long.
+SEEDS ?= 10000
+DURATION ?= 7200
+swarm: $(STAMP)
+	$(BIN)/python -m tests.swarm --seeds $(SEEDS) --json bench-results/swarm.json
+
+swarm-long: $(STAMP)
+	$(BIN)/python -m tests.swarm --duration $(DURATION) --json bench-results/swarm-long.json
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rendezvous_latency.py

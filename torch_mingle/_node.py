@@ -998,6 +998,16 @@ class Node:
         self._persist()
         return True
 
+    def _remember_store(self, claim: Claim, port: int) -> None:
+        """A round store of ``claim``'s leader, to cut if that leader is lost. The leader keeps
+        the stores of its last ROUND_STORES_KEPT rounds (and opens the next): older ones are
+        gone, nothing of ours is left in them to cut."""
+        ports = self._store_ports.setdefault(claim, [])
+        ports.append(port)
+        del ports[: -(ROUND_STORES_KEPT + 1)]
+        if len(self._store_ports) > 4:
+            self._store_ports.pop(next(iter(self._store_ports)))
+
     def _persist(self) -> None:
         self.net.persist(NodeState(self.history, self.accepted))
 
@@ -1036,13 +1046,7 @@ class Node:
             self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
             if session is not None:
                 self._last_leader_ip = session.ip
-                ports = self._store_ports.setdefault(claim, [])
-                ports.append(rnd.store_port)
-                # The leader keeps the stores of its last ROUND_STORES_KEPT rounds (and opens the
-                # next): older ones are gone, nothing of ours is left in them to cut.
-                del ports[: -(ROUND_STORES_KEPT + 1)]
-                if len(self._store_ports) > 4:
-                    self._store_ports.pop(next(iter(self._store_ports)))
+                self._remember_store(claim, rnd.store_port)
             leader_ip = session.ip if session is not None else None
             client = self._take_client_ahead(claim, rnd.store_port)
             self.board.resolve(join, result=Joined(rnd, claim, leader_ip, client))

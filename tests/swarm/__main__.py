@@ -14,6 +14,7 @@ seed failed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -76,6 +77,14 @@ def shrink(seed: int, invariant: str, **kw: Any) -> tuple[tuple[int, ...], Outco
     return kept, best
 
 
+def digest(world: World) -> str:
+    """A hash of everything the agents did, in order: two runs of one seed must give the same."""
+    h = hashlib.sha256()
+    for at, host, what in world.trace:
+        h.update(f"{at:.9f} {host} {what}\n".encode())
+    return h.hexdigest()
+
+
 def replay_command(seed: int, kept: tuple[int, ...]) -> str:
     return f"python -m tests.swarm --seed {seed} --only {','.join(map(str, kept)) or 'none'} -v"
 
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-at-first", action="store_true", help="stop at the first failing seed")
     parser.add_argument("--json", help="write the summary (and every failure) to this file")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the scenario of a single seed")
+    parser.add_argument("--digest", action="store_true", help="with --seed: print a digest of the run")
     args = parser.parse_args(argv)
     # The nodes log every fault they see; the swarm reports what matters itself.
     logging.getLogger("torch_mingle").setLevel(
@@ -115,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             only = () if args.only == "none" else tuple(int(i) for i in args.only.split(","))
         world = World(_scenario(args.seed, only))
         outcome = world.run()
+        if args.digest:
+            print(digest(world))
         if args.verbose:
             print(outcome.scenario.describe())
             for at, host, what in world.trace:
@@ -183,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  replay: {replay_command(seed, kept)}")
         shrunk.append({"seed": seed, "kept": list(kept), "violation": str(outcome.violation)})
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"summary": summary, "failures": failures, "shrunk": shrunk}, f, indent=2)
     return 1 if failures else 0

@@ -75,9 +75,9 @@ class Scenario:
 
     @property
     def heal_at(self) -> float:
-        """When the last fault has ended (the network whole, every frozen process thawed)."""
-        ends = [e.ends for e in self.events if e.kind in FAULT_KINDS]
-        return max([*ends, max(self.starts)])
+        """When the last event has ended (the network whole, every frozen process thawed, the
+        workload's last worker failure or restart done)."""
+        return max([*(e.ends for e in self.events), max(self.starts)])
 
     def only(self, keep: Iterable[int]) -> Scenario:
         """The same scenario with only the events of these indices (of the full schedule)."""

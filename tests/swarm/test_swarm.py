@@ -1,0 +1,169 @@
+"""The fault swarm in CI: 2,000 seeds of combined faults, the failures it found kept as
+regressions, a replay that is exact, and each invariant shown failing on a deliberately broken
+rule (an invariant that cannot fail is a defect)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.swarm import scenario as sc
+from tests.swarm.__main__ import main
+from tests.swarm.harness import INVARIANTS, Outcome, run
+from torch_mingle import _leader, _rounds
+from torch_mingle._node import Node
+from torch_mingle._rounds import RoundBook
+from torch_mingle._wire import Seal
+
+ROOT = Path(__file__).resolve().parents[2]
+REGRESSIONS = json.loads(Path(__file__).with_name("regressions.json").read_text())["regressions"]
+CI_SEEDS = 2000
+
+
+@pytest.fixture(autouse=True)
+def quiet_nodes() -> Iterator[None]:
+    """The simulated nodes log every fault they meet; the swarm reports what matters."""
+    logger = logging.getLogger("torch_mingle")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.mark.timeout(600)
+def test_two_thousand_seeds_of_combined_faults_break_no_invariant(tmp_path: Path) -> None:
+    report = tmp_path / "swarm.json"
+    code = main(["--seeds", str(CI_SEEDS), "--jobs", "2", "--no-shrink", "--json", str(report)])
+    summary = json.loads(report.read_text())
+    failures = [(f["seed"], f["violation"]) for f in summary["failures"]]
+    assert code == 0 and not failures, (
+        f"seeds that broke an invariant (replay: python -m tests.swarm --seed N -v): {failures}"
+    )
+    assert summary["summary"]["seeds"] == CI_SEEDS
+    kinds = {k for k in summary["summary"]["faults"] if "(no-op)" not in k}
+    assert kinds >= sc.FAULT_KINDS, f"fault kinds never injected: {sorted(sc.FAULT_KINDS - kinds)}"
+
+
+@pytest.mark.parametrize("case", REGRESSIONS, ids=[r["name"] for r in REGRESSIONS])
+def test_every_failure_the_swarm_found_stays_fixed(case: dict[str, Any]) -> None:
+    scenario = sc.Scenario.from_json(json.dumps(case["scenario"]))
+    outcome = run(scenario)
+    assert outcome.violation is None, f"{case['what']}: {outcome.violation}\n{scenario.describe()}"
+    assert outcome.rounds >= 1
+
+
+def test_a_seed_replays_exactly_whatever_the_hash_seed() -> None:
+    digests = set()
+    for hashseed in ("0", "4242"):
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.swarm", "--seed", "62", "--digest"],
+            cwd=ROOT, env={"PYTHONHASHSEED": hashseed, "PATH": "/usr/bin:/bin"},
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        digests.add(done.stdout.splitlines()[0])
+    assert len(digests) == 1, digests
+
+
+# ------------------------------------------------------------------ each invariant can fail
+
+
+def _cluster(
+    hosts: int, *events: sc.Event, min_nodes: int = 1, max_nodes: int = 0, secret: bool = False
+) -> sc.Scenario:
+    return sc.Scenario(
+        seed=7, hosts=hosts, min_nodes=min_nodes, max_nodes=max_nodes or hosts, secret=secret,
+        starts=(0.0,) * hosts, events=tuple(events),
+    )  # fmt: skip
+
+
+def _split_2_2() -> sc.Scenario:
+    return _cluster(4, sc.Event(2.0, "partition", dur=8.0, args=("drop", False, [[0, 1], [2, 3]])))
+
+
+def _fixed_size_loses_a_node() -> sc.Scenario:
+    return _cluster(3, sc.Event(2.0, "crash", node=1), min_nodes=3)
+
+
+def _frozen_member_comes_back() -> sc.Scenario:
+    return _cluster(3, sc.Event(2.0, "freeze", node=2, dur=4.0), min_nodes=2)
+
+
+def _stale_leader_comes_back() -> sc.Scenario:
+    """The leader is cut off, the others form a round of a newer term, and it comes back."""
+    case = next(r for r in REGRESSIONS if r["name"] == "stale_base_token")
+    return sc.Scenario.from_json(json.dumps(case["scenario"]))
+
+
+def _many_worker_failures() -> sc.Scenario:
+    return _cluster(3, *(sc.Event(1.0 + 0.7 * i, "workers_fail", node=1) for i in range(16)))
+
+
+def _rogue() -> sc.Scenario:
+    return _cluster(3, sc.Event(2.0, "rogue", node=1, dur=2.0, args=(False,)), secret=True)
+
+
+def _no_quorum(self: RoundBook, *args: object) -> None:
+    return None
+
+
+def _leader_last(self: RoundBook) -> tuple[int, ...]:
+    return (*[n for n in self.pending if n != self.leader], self.leader)
+
+
+def _never_forget_a_store(self: Node, claim: object, port: int) -> None:
+    self._store_ports.setdefault(claim, []).append(port)  # type: ignore[arg-type]
+
+
+def _no_deadline(self: _leader.LeaderTerm, m: Any, deadline: float | None) -> None:
+    m.join_deadline = None
+
+
+def _lenient(check: Any) -> Any:
+    """A seal check that lets through what fails it (the secret's check, switched off)."""
+
+    def checked(self: Seal, msg: Any) -> bool:
+        return bool(check(self, msg)) or True
+
+    return checked
+
+
+BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
+    # Quorum ignored: both halves of a 2|2 split form rounds.
+    "one-round": (_split_2_2, [(_rounds.RoundBook, "_no_quorum", _no_quorum),
+                               (_leader, "quorum_met", lambda constraints, accepted: True)]),
+    # Rank 0 is not the leader that hosts the store.
+    "ranks": (_split_2_2, [(_rounds.RoundBook, "_rank_order", _leader_last)]),
+    # A term that learns of a newer term's round goes on: its next round has an older epoch.
+    "token": (_stale_leader_comes_back, [(_rounds.RoundBook, "outdated_by", lambda self: None)]),
+    # The leader does not check the control connection's MAC.
+    "secret": (_rogue, [(Seal, "check_hello", _lenient(Seal.check_hello)),
+                        (Seal, "open", _lenient(Seal.open))]),
+    # No join ever times out: a fixed-size job that lost a node waits for ever.
+    "bounded-wait": (_fixed_size_loses_a_node, [(Node, "_set_deadline", lambda self, ticket, at: None),
+                                                (_leader.LeaderTerm, "_set_deadline", _no_deadline)]),
+    # A returning node is held back for ever.
+    "recovery": (_frozen_member_comes_back, [(RoundBook, "_hold_end", lambda self, node: float("inf"))]),
+    # A node remembers every store of its leader's rounds.
+    "resources": (_many_worker_failures, [(Node, "_remember_store", _never_forget_a_store)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("invariant", INVARIANTS)
+def test_each_invariant_fails_on_a_deliberately_broken_rule(
+    invariant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make, patches = BROKEN_RULES[invariant]
+    sound: Outcome = run(make())
+    assert sound.violation is None, f"the scenario fails with every rule intact: {sound.violation}"
+    for target, name, value in patches:
+        monkeypatch.setattr(target, name, value)
+    broken = run(make())
+    assert broken.violation is not None, f"breaking the rule went unnoticed by {invariant!r}"
+    assert broken.violation.invariant == invariant, broken.violation
