@@ -48,6 +48,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from torch_mingle import _faults
+from torch_mingle._evidence import Evidence, judge
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (
@@ -302,10 +303,10 @@ class LeaderTerm:
             member.seal = Seal(self.seal_key, leader=True)
             self._frames.append((conn, member.seal.challenge()))
 
-    def closed(self, conn: ConnId, reason: str, now: float) -> None:
-        """A member's connection ended. Whatever ended it (a reset, a close, a refusal), it proves
-        nothing a partition could not produce (``_evidence.judge``): the node is lost for the
-        running round, and keeps its vote; only its own ``leave`` takes that."""
+    def closed(self, conn: ConnId, reason: str, now: float, evidence: Evidence = Evidence.CLOSED) -> None:
+        """A member's connection ended, with ``evidence`` of how. Whatever ended it (a reset, a
+        close, a refusal), it proves nothing a partition could not produce (``_evidence.judge``):
+        the node is lost for the running round, and keeps its vote; only its own ``leave`` takes it."""
         member = self.conns.pop(conn, None)
         if member is None or member.node is None:
             return
@@ -314,7 +315,7 @@ class LeaderTerm:
             if member.said_bye and (rnd is None or member.node not in rnd.member_set):
                 self._withdrawn(member.node, reason, now)
             else:
-                self._node_lost(member.node, reason, now)
+                self._node_lost(member.node, reason, now, votes=judge(evidence).votes)
 
     def received(self, conn: ConnId, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         member = self.conns.get(conn)
@@ -943,9 +944,12 @@ class LeaderTerm:
             if not self._support[last]:
                 del self._support[last]
 
-    def _node_lost(self, node: int, why: str, now: float) -> None:
+    def _node_lost(self, node: int, why: str, now: float, *, votes: bool = True) -> None:
+        """``node`` is lost for the running round (``votes``: it keeps its vote, see ``_evidence``)."""
         if node in self.book.left:
             return
+        if not votes:
+            self.book.gone.add(node)
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
             log.warning("%s node %s is lost: %s", self.label, node_hex(node), why)

@@ -414,7 +414,7 @@ class Node:
         if self.session is not None and self.session.conn == conn:
             self.session.closed(reason, evidence, now)
         elif self.term is not None:
-            self.term.closed(conn, reason, now)
+            self.term.closed(conn, reason, now, evidence)
         self._flushed_later(now)
 
     def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:

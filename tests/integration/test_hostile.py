@@ -33,8 +33,10 @@ from torch_mingle._wire import (
     Announce,
     Codec,
     Datagram,
+    FrameReader,
     Query,
     derive_key,
+    encode_frame,
 )
 from torch_mingle.config import DEFAULT_GROUP_V4
 from torch_mingle.errors import MingleNetworkError, MingleTimeoutError
@@ -293,3 +295,36 @@ with ThreadPoolExecutor(2) as pool:
     assert "secret_file=PATH" in warnings[0]
     counters = [line for line in run.stdout.splitlines() if "round 1 discovery counters" in line]
     assert len(counters) == 2 and "datagrams received" in counters[0], run.stdout[-3000:]
+
+
+@pytest.mark.parametrize("as_member", [False, True], ids=["a-new-node", "a-member's-id"])
+def test_with_a_secret_a_host_without_it_can_neither_join_nor_evict_nor_stir_the_job(
+    make_handler, tmp_path, as_member
+):
+    """A host on the segment reads a signed announcement (signed, not encrypted): the leader's
+    epoch and control port. Without the secret, its hello and join on that port are refused:
+    no member is evicted, and ``num_nodes_waiting()`` stays 0 on every node."""
+    job = unique_job("rogue")
+    secret = write_secret(tmp_path, "secret", "the-job's-s3cret-0123456789abcdef")
+    handlers = [make_handler(job, 2, 3, secret_file=secret, last_call_timeout="0.5") for _ in range(2)]
+    rendezvous_all(handlers)
+    leader = next(h for h in handlers if h.diagnostics().is_leader)
+    member = next(h for h in handlers if h is not leader)
+    before = leader.diagnostics()
+    node = f"{member.node_id:016x}" if as_member else "00000000deadbeef"
+    hello = encode_frame(
+        "hello", node=node, epoch=before.epoch, leader=before.leader, ip="127.0.0.1", ahead=True
+    )
+    join = encode_frame("join", id=1, ip="127.0.0.1", timeout_s=60, remaining_s=60)
+    with socket.create_connection(("127.0.0.1", before.leader_port), timeout=5) as rogue:
+        rogue.sendall(hello + join)
+        got = b""
+        while chunk := rogue.recv(65536):  # until the leader closes it (bounded by the timeout)
+            got += chunk
+    frames = FrameReader().feed(got)
+    assert isinstance(frames, list) and [f["t"] for f in frames] == ["challenge"], frames
+    after = leader.diagnostics()
+    assert after.connected_nodes == before.connected_nodes == 1
+    assert after.control.joins == before.control.joins, "the leader counted the rogue's join"
+    assert [h.num_nodes_waiting() for h in handlers] == [0, 0]
+    assert member.diagnostics().trouble is None and member.diagnostics().round == before.round

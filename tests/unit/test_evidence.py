@@ -1,0 +1,47 @@
+"""Who is gone (``_evidence.judge``): only a node's own word takes its vote; a partition that
+answers with resets must not split a job in two."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.swarm import scenario as sc
+from tests.swarm.harness import run
+from torch_mingle import _evidence
+from torch_mingle._evidence import Evidence, Verdict, judge, of_errno
+
+REGRESSIONS = json.loads((Path(__file__).parents[1] / "swarm" / "regressions.json").read_text())
+
+
+def test_only_the_peers_own_word_takes_its_vote_or_fences_its_claim():
+    said = {Evidence.LEFT, Evidence.STEPPED_DOWN}
+    for evidence in Evidence:
+        verdict = judge(evidence)
+        assert verdict.votes is (evidence is not Evidence.LEFT), evidence
+        assert verdict.fence is (evidence in said), evidence
+
+
+def test_socket_errors_are_reported_as_what_the_kernel_saw():
+    assert of_errno(errno.ECONNREFUSED) is Evidence.REFUSED
+    assert {of_errno(errno.ECONNRESET), of_errno(errno.EPIPE), of_errno(errno.ECONNABORTED)} == {
+        Evidence.RESET
+    }
+    assert of_errno(errno.ETIMEDOUT) is Evidence.UNREACHABLE
+
+
+@pytest.mark.parametrize("name", ["reset_partition_split", "reset_conns_split"])
+def test_a_rule_that_trusted_a_reset_would_let_a_partition_split_the_job(name, monkeypatch):
+    """The production Node under a resetting partition (a firewall that rejects with resets, a
+    NAT that forgot its flows): with the rule as it is, one round at a time; with a rule that
+    takes a reset as proof of death (as torch_mingle did), two rounds train at once."""
+    case = next(r for r in REGRESSIONS["regressions"] if r["name"] == name)
+    scenario = sc.Scenario.from_json(json.dumps(case["scenario"]))
+    assert run(scenario).violation is None
+    for seen in (Evidence.RESET, Evidence.CLOSED):
+        monkeypatch.setitem(_evidence._VERDICTS, seen, Verdict(votes=False, fence=True))
+    outcome = run(scenario)
+    assert outcome.violation is not None and outcome.violation.invariant == "one-round", outcome.violation
