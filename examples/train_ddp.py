@@ -8,8 +8,9 @@ round resumes from the last checkpoint, as an elastic job should. Each checkpoin
 with the round that wrote it (``MINGLE_EPOCH``, ``MINGLE_ROUND``, set by mingle's agent), and
 a round never overwrites a checkpoint written under a newer epoch: its workers stop instead
 (exit code 3), since a newer leader's job has moved on without them (README#fencing). ``--report DIR`` makes
-every rank write what it saw (JSON), which the tests read. The ``--fail-*`` options
-inject failures for the fault-tolerance tests.
+every rank write what it saw (JSON), which the tests read; ``--trace FILE`` makes rank 0 add a
+line per step (time, epoch, round, step), from which a test tells whether two rounds ever
+trained at once. The ``--fail-*`` options inject failures for the fault-tolerance tests.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--checkpoint", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None)
+    p.add_argument("--trace", type=Path, default=None, help="rank 0 appends 'time epoch round step' per step")
     p.add_argument(
         "--fail-at-step",
         type=int,
@@ -187,6 +189,10 @@ def main() -> int:
                 (args.report / f"first-rank{rank}-pid{os.getpid()}.json").write_text(json.dumps(first))
         if rank == 0 and args.checkpoint is not None:
             save_checkpoint(args.checkpoint, model, opt, step + 1)
+        if rank == 0 and args.trace is not None:
+            epoch, rnd = this_round()
+            with args.trace.open("a") as trace:  # one short line per write: appends do not interleave
+                trace.write(f"{time.time():.6f} {epoch} {rnd} {step + 1}\n")
         if not args.quiet and (rank == 0 or step == args.steps - 1):
             log(f"rank {rank}/{world} step {step + 1}/{args.steps} loss {loss.item():.5f}")
         if args.step_time:

@@ -153,6 +153,27 @@ class Segment:
         subprocess.run(["ip", "netns", "exec", host.name, "nft", "delete", "table", "inet", "mgl_loss"],
                        capture_output=True, check=False, timeout=30)  # fmt: skip
 
+    def reset_split(self, sides: list[list[Host]]) -> None:
+        """Partition the segment with resets, as a firewall that rejects does (or a NAT that lost
+        its flows): in each host's namespace every TCP segment from another side is answered with
+        a reset and its datagrams are dropped; ``heal_resets`` undoes it."""
+        for i, side in enumerate(sides):
+            far = ", ".join(h.ip for j, other in enumerate(sides) if j != i for h in other)
+            rules = (
+                "table inet mgl_cut {\n chain i { type filter hook input priority 0;\n"
+                f"  ip saddr {{ {far} }} tcp flags rst accept\n"  # the far side's answers get through
+                f"  ip saddr {{ {far} }} meta l4proto tcp reject with tcp reset\n"
+                f"  ip saddr {{ {far} }} drop\n }}\n}}\n"
+            )
+            for host in side:
+                subprocess.run(["ip", "netns", "exec", host.name, "nft", "-f", "-"], input=rules, text=True,
+                               check=True, timeout=30)  # fmt: skip
+
+    def heal_resets(self) -> None:
+        for host in self.hosts:
+            subprocess.run(["ip", "netns", "exec", host.name, "nft", "delete", "table", "inet", "mgl_cut"],
+                           capture_output=True, check=False, timeout=30)  # fmt: skip
+
     def _netns_add(self, name: str) -> None:
         _ip("netns", "add", name)
         self.namespaces.append(name)
