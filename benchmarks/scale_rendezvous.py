@@ -115,6 +115,9 @@ def host_main(spec: dict[str, Any]) -> int:
                 port=str(spec["port"]), join_timeout=str(PHASE_TIMEOUT_S), last_call_timeout="30",
                 keep_alive_interval=str(interval), keep_alive_max_attempt=str(attempts),
                 election_window=str(ELECTION_WINDOW_S), data_path_timeout=str(DATA_PATH_TIMEOUT_S),
+                # Many nodes share this process and its state directory; in the field each node
+                # keeps its slot on a host of its own (one lock, a small write per vote).
+                state_dir="none",
             )  # fmt: skip
         else:
             params = RendezvousParameters(

@@ -177,6 +177,23 @@ class _Proposal:
     port: int
     accepted: set[int] = field(default_factory=set)
     sent: set[ConnId] = field(default_factory=set)
+    #: Per voter set of ``form.constraints``: how many of its voters accepted (a count per
+    #: accept, not a pass over every voter set: a round of 16,384 members gets 16,384 accepts).
+    _have: list[int] = field(default_factory=list)
+
+    def accept(self, node: int) -> bool:
+        """``node`` accepted; True once the round may form (``quorum_met``)."""
+        constraints = self.form.constraints
+        if not self._have:
+            self._have = [0] * len(constraints)
+        if node not in self.accepted:
+            self.accepted.add(node)
+            for i, voters in enumerate(constraints):
+                if node in voters:
+                    self._have[i] += 1
+        if any(2 * have <= len(voters) for have, voters in zip(self._have, constraints, strict=True)):
+            return False
+        return quorum_met(constraints, self.accepted)  # the rule itself, once, when the counts say so
 
     def same_as(self, form: Form) -> bool:
         """Whether ``form`` decides the same round (then the proposal stands)."""
@@ -750,8 +767,7 @@ class LeaderTerm:
         proposal = self._proposal
         if proposal is None or proposal.round.number != number:
             return  # an answer to a proposal given up since
-        proposal.accepted.add(node)
-        if quorum_met(proposal.form.constraints, proposal.accepted):
+        if proposal.accept(node):
             self._commit(now)
             self._decide(now)
 
