@@ -45,7 +45,17 @@ from torch_mingle import _faults
 from torch_mingle._evidence import Evidence
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
-from torch_mingle._rounds import MAX_ROUND, History, Round, Status, bounded_int, gone_of, node_id
+from torch_mingle._rounds import (
+    MAX_ROUND,
+    Gone,
+    History,
+    Round,
+    Status,
+    bounded_int,
+    gone_of,
+    gone_to_json,
+    node_id,
+)
 from torch_mingle._wire import Invalid, Seal, check, encode_frame
 
 log = logging.getLogger(__name__)
@@ -129,8 +139,9 @@ class FollowerSession:
     leader_said_bye: bool = False
     #: ... and its node leaves the job (preempted): it no longer votes.
     leader_left: bool = False
-    #: Members of the round the leader knew were gone (left or dead), from its ``bye``.
-    leader_reported_gone: frozenset[int] = frozenset()
+    #: Members of the round the leader knew had left, each with the round it left, from its
+    #: ``bye`` (the leader itself too, when it leaves).
+    leader_reported_gone: Gone = ()
     #: The connection is established and not closed by the other end.
     conn_up: bool = False
     _next_beat: float = 0.0
@@ -268,7 +279,7 @@ class FollowerSession:
         *,
         dport: int = 0,
         pport: int = 0,
-        gone: frozenset[int] = frozenset(),
+        gone: Gone = (),
         accepted: History | None = None,
     ) -> None:
         """Ask for a place in the next round (before the connection is up: sent with the hello,
@@ -284,7 +295,7 @@ class FollowerSession:
             ip=ip,
             dport=dport,
             pport=pport,
-            gone=[f"{n:016x}" for n in sorted(gone)],
+            gone=gone_to_json(gone),
             history=history.to_json() if history else None,
             accepted=accepted.to_json() if accepted else None,
             timeout_s=timeout_s,

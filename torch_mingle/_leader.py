@@ -56,6 +56,7 @@ from torch_mingle._rounds import (
     MAX_MEMBERS,
     MAX_ROUND,
     Form,
+    Gone,
     History,
     JoinRequest,
     Round,
@@ -63,6 +64,7 @@ from torch_mingle._rounds import (
     Status,
     bounded_int,
     gone_of,
+    gone_to_json,
     node_hex,
     node_id,
     peer_ip,
@@ -191,9 +193,7 @@ class _Proposal:
             for i, voters in enumerate(constraints):
                 if node in voters:
                     self._have[i] += 1
-        if any(2 * have <= len(voters) for have, voters in zip(self._have, constraints, strict=True)):
-            return False
-        return quorum_met(constraints, self.accepted)  # the rule itself, once, when the counts say so
+        return quorum_met(constraints, self.accepted, self._have)
 
     def same_as(self, form: Form) -> bool:
         """Whether ``form`` decides the same round (then the proposal stands)."""
@@ -290,7 +290,11 @@ class LeaderTerm:
         # Alive and staying: the members must not count this node as gone; leaving: they must.
         # Either way they learn who of the round is gone: the next leader's voting set.
         rnd = self.book.current
-        gone = sorted(node_hex(n) for n in (self.book.left | self.book.gone) & rnd.member_set) if rnd else []
+        departed = sorted((self.book.left | self.book.gone) & rnd.member_set) if rnd else []
+        # Each with the round it left: only that round's successor counts without its vote.
+        gone = gone_to_json((n, self.book.left_in(n) or self.book.current_key()) for n in departed)
+        if leaving and rnd is not None:
+            gone.append([node_hex(self.claim.leader), rnd.epoch, node_hex(rnd.members[0]), rnd.number])
         for m in list(self.conns.values()):
             self._send(m, "bye", leaving=leaving, gone=gone)
         for conn in list(self.conns):
@@ -427,7 +431,7 @@ class LeaderTerm:
         *,
         dport: int = 0,
         pport: int = 0,
-        gone: frozenset[int] = frozenset(),
+        gone: Gone = (),
         accepted: History | None = None,
     ) -> None:
         if self._self is None:
@@ -965,7 +969,7 @@ class LeaderTerm:
         if node in self.book.left:
             return
         if not votes:
-            self.book.gone.add(node)
+            self.book.said_it_left(node)
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
             log.warning("%s node %s is lost: %s", self.label, node_hex(node), why)

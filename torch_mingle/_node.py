@@ -59,7 +59,7 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import field, record, replace
-from torch_mingle._rounds import History, Round, RoundBook, Status, may_accept
+from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, may_accept
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -345,7 +345,7 @@ class Node:
         self._last_leader_ip: str | None = None
         #: Leaders of our last round that left the job (their ``bye`` said so): they no longer
         #: vote on the next round (sent with every join).
-        self._gone: set[int] = set()
+        self._gone: dict[int, RoundKey | None] = {}
         #: The highest round of the job this node heard of (led, joined, or announced to it).
         self._round_seen = 0
         self._pending_close: str | None = None
@@ -979,9 +979,13 @@ class Node:
             else:
                 log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
                 verdict = judge(ev.evidence)
-                if not verdict.votes:
-                    self._gone.add(session.claim.leader)  # it left: the next leader does not wait for it
-                self._gone |= session.leader_reported_gone
+                for node, key in session.leader_reported_gone:  # (the leader itself, if it left)
+                    self._gone.setdefault(node, key)
+                if not verdict.votes and session.claim.leader not in self._gone:
+                    # It left our last round: the next leader does not wait for it there.
+                    last = self.history
+                    key = last.key if last is not None and session.claim.leader in last.members else None
+                    self._gone[session.claim.leader] = key
                 self.core.leader_failed(now, session.claim, ev.reason, fence=verdict.fence)
 
     def _accept(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
@@ -1037,7 +1041,7 @@ class Node:
             if self.accepted is not None and not self.accepted.newer_than(self.history):
                 self.accepted = None
             self._persist()
-            self._gone &= rnd.member_set
+            self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
             self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
             seen_via = session.ip if session else self.settings.advertised_ip
             self.core.set_succession(
@@ -1088,7 +1092,7 @@ class Node:
                 now,
                 dport=dport,
                 pport=self.settings.probe_port,
-                gone=frozenset(self._gone),
+                gone=tuple(self._gone.items()),
                 accepted=self.accepted,
             )
         elif self.session is not None:
@@ -1101,7 +1105,7 @@ class Node:
                 remaining,
                 dport=dport,
                 pport=self.settings.probe_port,
-                gone=frozenset(self._gone),
+                gone=tuple(self._gone.items()),
                 accepted=self.accepted,
             )
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 import re
 import struct
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from torch_mingle._record import field, record
@@ -61,15 +61,19 @@ MAX_EPOCH = 2**62
 MAX_IP_CHARS = 64
 
 
-def quorum_met(constraints: tuple[frozenset[int], ...], accepted: set[int]) -> bool:
+def quorum_met(
+    constraints: tuple[frozenset[int], ...], accepted: set[int], counts: Collection[int] | None = None
+) -> bool:
     """Whether the nodes that ``accepted`` a proposal hold a strict majority of every voter set
-    it must win (``Form.constraints``): then the round is formed.
+    it must win (``Form.constraints``): then the round is formed. ``counts``: how many of each
+    voter set accepted, where the caller keeps them per accept (``_leader._Proposal``).
 
     Invariant: two proposals that both meet a voter set's majority share a node that accepted
     both, and a node accepts a second only if its leader accounted for the first
     (``may_accept``): so no two rounds form from one base without the second knowing of the first.
     """
-    return all(2 * len(voters & accepted) > len(voters) for voters in constraints)
+    have = counts if counts is not None else [len(voters & accepted) for voters in constraints]
+    return all(2 * n > len(voters) for n, voters in zip(have, constraints, strict=True))
 
 
 def may_accept(
@@ -117,14 +121,33 @@ def node_id(value: Any) -> int:
     return node
 
 
-def gone_of(raw: Any) -> frozenset[int]:
-    """A frame's ``gone``: node ids known dead (a join's, a leader's ``bye``); ``ValueError``
-    (or ``TypeError``) for garbage."""
+#: A round, as (epoch, leader, number): which round it is, across terms.
+RoundKey = tuple[int, int, int]
+#: Nodes that left the job, each with the round it left (None: unknown).
+Gone = tuple[tuple[int, RoundKey | None], ...]
+
+
+def gone_of(raw: Any) -> Gone:
+    """A frame's ``gone`` (a join's, a leader's ``bye``): the nodes that left the job, each as
+    ``[id, epoch, leader, round]`` (the round it left) or a bare id; ``ValueError`` (or
+    ``TypeError``) for garbage."""
     if raw is None:
-        return frozenset()
+        return ()
     if not isinstance(raw, list) or len(raw) > MAX_MEMBERS:
         raise ValueError("gone: not a list of node ids")
-    return frozenset(node_id(n) for n in raw)
+    out: list[tuple[int, RoundKey | None]] = []
+    for item in raw:
+        if isinstance(item, list):
+            node, epoch, leader, number = item
+            key = (bounded_int(epoch, MAX_EPOCH), node_id(leader), bounded_int(number, MAX_ROUND))
+            out.append((node_id(node), key))
+        else:
+            out.append((node_id(item), None))
+    return tuple(out)
+
+
+def gone_to_json(gone: Iterable[tuple[int, RoundKey | None]]) -> list[Any]:
+    return [[node_hex(n), key[0], node_hex(key[1]), key[2]] if key else node_hex(n) for n, key in gone]
 
 
 def members_of(value: Any) -> tuple[int, ...]:
@@ -222,9 +245,9 @@ class JoinRequest:
     dport: int = 0
     #: The node's data-path probe port (TCP, 0: none): its peers check they reach it (``_datapath``).
     pport: int = 0
-    #: Nodes of its last round that the joiner knows left the job (a leader whose ``bye``
-    #: said so): they no longer vote.
-    gone: frozenset[int] = frozenset()
+    #: Nodes that the joiner knows left the job (a leader whose ``bye`` said so), each with the
+    #: round it left: it no longer votes on that round's successor.
+    gone: Gone = ()
     #: The newest proposal the joiner accepted that is newer than its history: a round that
     #: may have formed without its knowing. The next round counts that proposal's voters too.
     accepted: History | None = None
@@ -468,6 +491,8 @@ class RoundBook:
     _proposed: int = 0
     #: The newest formed round a node reported when it refused a proposal.
     _learned: History | None = None
+    #: The round each node that left the job left (``voters_of``).
+    _left_in: dict[int, RoundKey | None] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- inputs
 
@@ -479,7 +504,11 @@ class RoundBook:
         self.dead.discard(req.node)
         self.left.discard(req.node)
         self.gone.discard(req.node)
-        self.gone |= req.gone - self.pending.keys()
+        self._left_in.pop(req.node, None)
+        for node, key in req.gone:
+            if node not in self.pending:
+                self.gone.add(node)
+                self._left_in.setdefault(node, key)
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
         if req.accepted is not None:
@@ -506,8 +535,17 @@ class RoundBook:
                 for term in [t for t, p in self.reported.items() if not p.newer_than(base)]:
                     del self.reported[term]
 
+    def said_it_left(self, node: int) -> None:
+        """``node`` left the job by its own word, seen on its connection (``_evidence``): it no
+        longer votes on the successor of the round it was in."""
+        self.gone.add(node)
+        self._left_in.setdefault(node, self.current_key())
+
     def leave(self, node: int) -> None:
         self.left.add(node)
+        pending = self.pending.get(node)
+        last = pending.history.key if pending is not None and pending.history is not None else None
+        self._left_in[node] = self.current_key() or last
         self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self._broken_by.add(node)  # it left a running round (preempted): the others go on without it
@@ -562,6 +600,7 @@ class RoundBook:
         if node in self.dead:  # counted lost (not when its new connection superseded the old one)
             self.dead.discard(node)
             self.gone.discard(node)
+            self._left_in.pop(node, None)
             self.lost_why.pop(node, None)
             if self.drops.get(node, 0) > 1:
                 self.drops[node] -= 1
@@ -631,7 +670,7 @@ class RoundBook:
             return self._wait(hold, short)
         joins = [self.pending[m] for m in admit]
         bases = [h for h in (base, *uncertain) if h is not None] if self.quorum else []
-        constraints = tuple(v for v in (self.voters_of(h.members) for h in bases) if v)
+        constraints = tuple(v for v in (self.voters_of(h.members, h.key) for h in bases) if v)
         if self.quorum and not bases:
             # A first round is accepted by a majority of its own members before it forms: if its
             # leader is lost before the members heard that it formed, they still know of it.
@@ -691,9 +730,25 @@ class RoundBook:
                 return h.epoch
         return None
 
-    def voters_of(self, members: tuple[int, ...]) -> frozenset[int]:
-        """Who of a round's members votes on the next one: all but those that left (``_evidence``)."""
-        return frozenset(members) - self.left - self.gone
+    def voters_of(self, members: tuple[int, ...], key: RoundKey | None = None) -> frozenset[int]:
+        """Who of the members of round ``key`` votes on the next one: all but those that left it
+        (``_evidence``). A node that left a later round still votes on an older one: its vote
+        there may have formed that later round. A departure from an unknown round (or a
+        question about one) counts for any round, as a node that left the job."""
+        left_in = self._left_in
+        if not left_in:
+            return frozenset(members)
+        return frozenset(
+            m for m in members if m not in left_in or (key is not None and left_in[m] not in (None, key))
+        )
+
+    def current_key(self) -> RoundKey | None:
+        rnd = self.current
+        return (rnd.epoch, rnd.members[0], rnd.number) if rnd is not None else None
+
+    def left_in(self, node: int) -> RoundKey | None:
+        """The round ``node`` left (None: not known to have left one)."""
+        return self._left_in.get(node)
 
     def status(self, now: float) -> Status:
         size = self.current.world_size if self.current else 0
@@ -772,12 +827,13 @@ class RoundBook:
         self.dead &= keep
         self.left &= keep
         self.gone &= keep
+        self._left_in = {n: k for n, k in self._left_in.items() if n in keep}
         self._returning &= keep
 
     def voters(self) -> set[int]:
         """The base's members that vote on the next round: all but those that left."""
         base = self.base()
-        return set(self.voters_of(base.members)) if base is not None else set()
+        return set(self.voters_of(base.members, base.key)) if base is not None else set()
 
     def _no_quorum(
         self, joined: Collection[int], base: History | None, uncertain: list[History]
@@ -802,7 +858,7 @@ class RoundBook:
         ]:
             if h is None:
                 continue
-            voters = self.voters_of(h.members)
+            voters = self.voters_of(h.members, h.key)
             have = len(voters.intersection(joined))
             if voters and 2 * have <= len(voters):  # none: every voter left
                 return (

@@ -137,7 +137,7 @@ def _lenient(check: Any) -> Any:
 BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     # Quorum ignored: both halves of a 2|2 split form rounds.
     "one-round": (_split_2_2, [(_rounds.RoundBook, "_no_quorum", _no_quorum),
-                               (_leader, "quorum_met", lambda constraints, accepted: True)]),
+                               (_leader, "quorum_met", lambda *counted: True)]),
     # Rank 0 is not the leader that hosts the store.
     "ranks": (_split_2_2, [(_rounds.RoundBook, "_rank_order", _leader_last)]),
     # A term that learns of a newer term's round goes on: its next round has an older epoch.

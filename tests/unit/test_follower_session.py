@@ -55,11 +55,13 @@ def test_a_node_that_gives_up_on_its_leader_still_says_bye_before_it_closes():
 
 def test_a_leaving_leaders_bye_makes_it_and_the_members_it_knew_gone():
     s = _ready_session()
-    s.received([{"t": "bye", "leaving": True, "gone": ["00000000000000aa"]}], 0.3)
+    gone = ["00000000000000aa", ["00000000000000bb", 2, "0000000000000001", 7]]
+    s.received([{"t": "bye", "leaving": True, "gone": gone}], 0.3)
     s.closed("closed by the peer", Evidence.CLOSED, now=0.4)
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
     assert over.evidence is Evidence.LEFT and not judge(over.evidence).votes
-    assert s.leader_reported_gone == {0xAA}
+    # Each with the round it left (epoch, leader, number); a bare id: a round not known.
+    assert s.leader_reported_gone == ((0xAA, None), (0xBB, (2, 1, 7)))
 
 
 def test_a_leader_that_steps_down_alive_is_not_gone():
@@ -85,7 +87,7 @@ def test_a_bye_before_the_welcome_is_the_leader_leaving_not_a_protocol_error(lea
     assert "protocol error" not in over.reason
     verdict = judge(over.evidence)
     assert verdict.fence and verdict.votes is not leaving
-    assert s.leader_reported_gone == {0xAA}
+    assert s.leader_reported_gone == ((0xAA, None),)
 
 
 def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_connect_timeout():

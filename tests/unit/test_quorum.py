@@ -34,7 +34,9 @@ def book(leader: int, *, quorum: bool = True, min_nodes: int = 1, max_nodes: int
 def join(
     b: RoundBook, node: int, gone: frozenset[int] = frozenset(), history: History | None = PREVIOUS
 ) -> None:
-    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, gone=gone))
+    # Each departure as a leader's bye reports it: with the round it left (here: ``history``).
+    left = tuple((n, history.key if history else None) for n in sorted(gone))
+    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, gone=left))
 
 
 def test_a_half_of_the_previous_round_never_forms_a_round():
@@ -117,6 +119,17 @@ def test_a_joiner_reports_its_lost_leader_gone_and_the_survivor_of_two_goes_on()
     join(b, 2, gone=frozenset({1}), history=two)  # its bye said it leaves the job
     d = settle(b)
     assert isinstance(d, Form) and d.members == (2,)
+
+
+def test_a_node_that_left_a_later_round_still_votes_on_an_older_one():
+    # Node 4 left round 4 (its leader's bye said so). A joiner that missed round 4 brings round
+    # 3: node 4's vote there may be what formed round 4, so it still counts on round 3.
+    b = book(1)
+    later = History(epoch=1, round=4, members=(1, 2, 3, 4))
+    join(b, 1, history=later, gone=frozenset({4}))
+    join(b, 2, history=PREVIOUS)
+    assert b.voters_of(later.members, later.key) == {1, 2, 3}
+    assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
 
 
 def test_spares_alone_never_form_a_round_of_a_job_that_ran():
