@@ -14,10 +14,17 @@ is only frozen (SIGSTOP) keeps its lock: an agent started beside it gets a fresh
 frozen one's vote is never taken over while it may still come back.
 
 A node that ends gracefully (its job finished, it left, its rendezvous failed) deletes its
-slot: it has no vote left to keep. A slot whose lock is free and that was written more than
-``STALE_S`` ago (an agent that crashed and never came back) is deleted by the next agent that
-looks. Without a usable directory the node runs with a fresh identity and says so once: it
-then gets its vote back only when the others form a round without it.
+slot: it has no vote left to keep. A live agent touches its slot every quarter of ``keep_s``
+(the job's ``join_timeout``); a slot whose lock is free and that nobody touched for longer
+than ``keep_s`` (plus that quarter) belongs to an agent that died longer ago than the job's
+other agents wait for a node: they formed a round without it or gave up, so its vote counts
+no more, and the next agent that claims a slot in the directory deletes it (of any job). A
+job started again under the same ``rdzv_id`` later than that starts afresh, not from a dead
+job's round. Without a usable directory the node runs with a fresh identity and says so
+once: it then gets its vote back only when the others form a round without it.
+
+Each vote is written to a temporary file, flushed to the disk (``fsync``, the directory
+too) and renamed over the slot's state before it goes out: a host that loses power keeps it.
 """
 
 from __future__ import annotations
@@ -41,7 +48,10 @@ log = logging.getLogger(__name__)
 
 ENV = "TORCH_MINGLE_STATE_DIR"
 MAX_SLOTS = 256
-STALE_S = 7 * 24 * 3600.0
+#: How long a slot outlives its process by default (torch's ``join_timeout``).
+KEEP_S = 600.0
+#: At most this many slots of other jobs are swept per claim.
+MAX_SWEPT = 4 * MAX_SLOTS
 
 
 def default_state_dir() -> Path:
@@ -59,13 +69,22 @@ class Identity:
     """A node's slot (see the module doc): hold it for the process's life, ``save`` each vote."""
 
     def __init__(
-        self, node_id: int, incarnation: int, state: NodeState, *, lock_fd: int | None, path: Path | None
+        self,
+        node_id: int,
+        incarnation: int,
+        state: NodeState,
+        *,
+        lock_fd: int | None,
+        path: Path | None,
+        keep_s: float = KEEP_S,
     ) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
         self.state = state
+        self.keep_s = keep_s
         self._lock_fd = lock_fd
         self._path = path
+        self._touched = time.monotonic()
 
     @classmethod
     def fresh(cls, node_id: int | None = None) -> Identity:
@@ -73,8 +92,9 @@ class Identity:
         return cls(node_id or secrets.randbits(64) or 1, 1, NodeState(), lock_fd=None, path=None)
 
     @classmethod
-    def claim(cls, state_dir: Path, job: str, label: str = "") -> Identity:
-        """This process's slot of ``job``: a dead predecessor's if one is free, else a new one."""
+    def claim(cls, state_dir: Path, job: str, label: str = "", *, keep_s: float = KEEP_S) -> Identity:
+        """This process's slot of ``job``: a dead predecessor's if one is free (and died less
+        than ``keep_s`` ago), else a new one."""
         try:
             state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
@@ -85,17 +105,25 @@ class Identity:
             )  # fmt: skip
             return cls.fresh()
         prefix = hashlib.sha256(job.encode()).hexdigest()[:16]
+        _sweep(state_dir, skip=prefix)
         for slot in range(MAX_SLOTS):
             path = state_dir / f"{prefix}.{slot}"
-            fd = _try_lock(path.with_suffix(f".{slot}.lock"))
+            fd = _try_lock(_lock_path(path))
             if fd is None:
                 continue  # a live (or frozen) process holds it
-            node_id, incarnation, state = _read(path)
-            if node_id and _mtime(path) < time.time() - STALE_S:
-                node_id, incarnation, state = 0, 0, NodeState()  # a crash long ago: start afresh
-            ident = cls(node_id or secrets.randbits(64) or 1, incarnation + 1, state, lock_fd=fd, path=path)
+            node_id, incarnation, state, kept = _read(path)
+            if node_id and _stale(path, kept):
+                node_id, incarnation, state = 0, 0, NodeState()  # died long ago: start afresh
+            ident = cls(
+                node_id or secrets.randbits(64) or 1,
+                incarnation + 1,
+                state,
+                lock_fd=fd,
+                path=path,
+                keep_s=keep_s,
+            )
             ident.save(state)
-            if node_id:
+            if incarnation:
                 log.info(
                     "%s this agent takes over node %016x (incarnation %d), whose process is gone",
                     label, node_id, incarnation + 1,
@@ -107,28 +135,48 @@ class Identity:
         return cls.fresh()
 
     def save(self, state: NodeState) -> None:
-        """Record ``state`` (atomically: a crash leaves the old or the new, never half)."""
+        """Record ``state``: atomically (a crash leaves the old or the new, never half) and on
+        the disk (a host that loses power keeps it) before the vote goes out."""
         self.state = state
         if self._path is None:
             return
         data = {
             "node": f"{self.node_id:016x}",
             "incarnation": self.incarnation,
+            "keep_s": self.keep_s,
             "history": state.history.to_json() if state.history else None,
             "accepted": state.accepted.to_json() if state.accepted else None,
         }
-        tmp = self._path.with_suffix(self._path.suffix + ".tmp")
+        tmp = _tmp_path(self._path)
         try:
-            tmp.write_text(json.dumps(data, separators=(",", ":")))
+            with open(tmp, "w") as f:
+                f.write(json.dumps(data, separators=(",", ":")))
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, self._path)
+            _fsync_dir(self._path.parent)
         except OSError as exc:
             log.warning("cannot write this node's state to %s: %s", self._path, exc)
+        self._touched = time.monotonic()
+
+    def keep_alive(self) -> None:
+        """Touch the slot if a quarter of ``keep_s`` passed (called by the loop as it runs):
+        how long ago its process died is how long nobody touched it."""
+        if self._path is None or time.monotonic() - self._touched < self.keep_s / 4:
+            return
+        self._touched = time.monotonic()
+        try:
+            os.utime(self._path)
+        except OSError as exc:
+            log.warning("cannot touch this node's state %s: %s", self._path, exc)
 
     def release(self, *, forget: bool) -> None:
         """Give the slot up (``forget``: the node ended gracefully, nothing is left to keep)."""
         if forget and self._path is not None:
-            with contextlib.suppress(OSError):
-                self._path.unlink()
+            # The lock file last, while locked (``_try_lock`` checks that it is still there).
+            for path in (self._path, _tmp_path(self._path), _lock_path(self._path)):
+                with contextlib.suppress(OSError):
+                    path.unlink()
             self._path = None  # the loop may still record a vote as it stops: nowhere now
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
@@ -136,29 +184,84 @@ class Identity:
             self._lock_fd = None
 
 
+def _lock_path(state: Path) -> Path:
+    return state.with_name(state.name + ".lock")
+
+
+def _tmp_path(state: Path) -> Path:
+    return state.with_name(state.name + ".tmp")
+
+
+def _stale(path: Path, keep_s: float) -> bool:
+    """Nobody touched the slot for longer than its process's ``keep_s`` (and one touch more)."""
+    return _mtime(path) < time.time() - keep_s * 1.25
+
+
+def _sweep(state_dir: Path, skip: str) -> None:
+    """Delete the stale slots of other jobs (ours: ``claim`` looks at each), a bounded number."""
+    try:
+        names = [e.name for _, e in zip(range(MAX_SWEPT), os.scandir(state_dir), strict=False)]
+    except OSError:
+        return
+    for name in names:
+        if not name.endswith(".lock") or name.startswith(skip):
+            continue
+        lock = state_dir / name
+        state = lock.with_name(name[: -len(".lock")])
+        fd = _try_lock(lock)
+        if fd is None:
+            continue  # its process lives (or is frozen)
+        try:
+            if not state.exists() and _mtime(lock) > time.time() - KEEP_S:
+                continue  # being set up right now
+            if state.exists() and not _stale(state, _read(state)[3]):
+                continue
+            for path in (state, _tmp_path(state), lock):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _try_lock(path: Path) -> int | None:
+    """Lock ``path`` (created if missing) without waiting; None if another process holds it.
+    A lock file unlinked by the slot's holder as we opened it is no lock: the path may name a
+    new file, locked by another process."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        ours = os.fstat(fd).st_ino == os.stat(path).st_ino
     except OSError:
+        ours = False
+    if not ours:
         os.close(fd)
         return None
     return fd
 
 
-def _read(path: Path) -> tuple[int, int, NodeState]:
+def _read(path: Path) -> tuple[int, int, NodeState, float]:
+    """A slot's node id, incarnation, state and ``keep_s`` (zeros for none or garbage)."""
     try:
         data: Any = json.loads(path.read_text())
         node_id = int(data["node"], 16)
         incarnation = int(data["incarnation"])
+        keep_s = float(data.get("keep_s", KEEP_S))
         history = History.from_json(data["history"]) if data.get("history") else None
         accepted = History.from_json(data["accepted"]) if data.get("accepted") else None
     except (OSError, ValueError, KeyError, TypeError):
-        return 0, 0, NodeState()
-    return node_id, incarnation, NodeState(history, accepted)
+        return 0, 0, NodeState(), KEEP_S
+    return node_id, incarnation, NodeState(history, accepted), keep_s
 
 
 def _mtime(path: Path) -> float:

@@ -170,6 +170,12 @@ class _Member:
     seal: Seal | None = None  # with a secret: its connection's authentication
 
 
+#: Frames after which the book decides nothing new: heartbeats (a thousand members' beats are
+#: a thousand batches per interval, and a decision looks at every pending join) and accepts
+#: (``_accepted`` decides once the round forms).
+_NO_DECISION = frozenset({"hb", "accept"})
+
+
 @record(frozen=False)
 class _Proposal:
     """A round proposed and not formed yet: who accepted it, and the connections it went to."""
@@ -195,10 +201,15 @@ class _Proposal:
                     self._have[i] += 1
         return quorum_met(constraints, self.accepted, self._have)
 
-    def same_as(self, form: Form) -> bool:
-        """Whether ``form`` decides the same round (then the proposal stands)."""
+    def stands(self, form: Form) -> bool:
+        """Whether the proposal stands against the newer decision ``form``: the same voters to
+        win and the same rounds to cover, and every member still in it. Nodes that joined since
+        wait for the next round (as they would after it formed): proposing again for each join
+        that trickles in would send every member the round again, and might never form it."""
         f = self.form
-        return (f.members, f.constraints, f.covers) == (form.members, form.constraints, form.covers)
+        return (f.constraints, f.covers) == (form.constraints, form.covers) and (
+            f.members == form.members or set(f.members) <= set(form.members)
+        )
 
 
 @record(frozen=False)
@@ -222,8 +233,9 @@ class LeaderTerm:
     #: come, go and join: whether the term is established is then a look at a few keys, not a
     #: pass over every member at every hello (a new leader of a thousand nodes).
     _support: Counter[tuple[int, int, int]] = field(default_factory=Counter)
-    #: The join (its ticket) that the current round answered, per member.
-    _delivered: dict[int, int] = field(default_factory=dict)
+    #: The join that the current round answered, per member: (its process, its ticket); a
+    #: restarted agent's tickets count from 1 again.
+    _delivered: dict[int, tuple[int, int]] = field(default_factory=dict)
     _frames: list[tuple[ConnId, bytes]] = field(default_factory=list)
     _closes: list[tuple[ConnId, str]] = field(default_factory=list)
     _jobs: list[Job] = field(default_factory=list)
@@ -363,7 +375,8 @@ class LeaderTerm:
                     member, f"protocol error from the node: {type(exc).__name__}: {str(exc)[:80]}", now
                 )
                 return
-        self._decide(now)
+        if any(msg.get("t") not in _NO_DECISION for msg in frames):
+            self._decide(now)
 
     def job_done(self, job: Job, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenStore):
@@ -603,6 +616,10 @@ class LeaderTerm:
             self._send(old, "evicted", why="another connection said hello with this node's id")
             self._close(old, "superseded by a new connection of the same node")
             self.book.withdraw(node)  # its join, if any, comes again on the new connection
+            if old.incarnation < inc:
+                # A new process took the node's id (``_identity``: only a dead one's): the old one
+                # and its workers are gone, and its round with them.
+                self.book.died(node, f"a new process of the node started (incarnation {inc})")
         m.node = node
         m.connects_ahead = msg.get("ahead") is True
         if old is not None:
@@ -641,7 +658,11 @@ class LeaderTerm:
             self._answer(m, "retry", why="superseded by a newer join of the same node")
         self.counters.joins += 1
         rnd = self.book.current
-        if rnd is not None and self._delivered.get(node) == ticket and self.book.may_resend(node):
+        if (
+            rnd is not None
+            and self._delivered.get(node) == (m.incarnation, ticket)
+            and self.book.may_resend(node)
+        ):
             # The join this round answered, again, on a new connection: the node closed the
             # old one as the round was sent (it moved to a rival claim of the same epoch and
             # back). It is a member: it gets the round again and is not lost, or the others'
@@ -692,7 +713,7 @@ class LeaderTerm:
                     log.info("%s the next round waits: %s", self.label, decision.reason)
                 break
             proposal = self._proposal
-            if proposal is not None and proposal.same_as(decision):
+            if proposal is not None and proposal.stands(decision):
                 break  # already proposed: waiting for its acceptance
             self._withdraw_proposal()
             if self._spare_port is None:
@@ -786,7 +807,9 @@ class LeaderTerm:
             self.label, node_hex(m.node), msg.get("round"), history, accepted,
         )  # fmt: skip
         self.book.learn(history, accepted)
-        self._withdraw_proposal()
+        proposal = self._proposal
+        if proposal is not None and msg.get("round") == proposal.round.number:
+            self._withdraw_proposal()  # (a refusal of one given up since changes nothing)
         self._decide(now)
 
     def _withdraw_proposal(self) -> None:
@@ -811,7 +834,7 @@ class LeaderTerm:
         for node in rnd.members:
             m = self._self if node == self.claim.leader else self._by_node.get(node)
             if m is not None and m.join_id is not None:
-                self._delivered[node] = m.join_id
+                self._delivered[node] = (m.incarnation, m.join_id)
                 # Members that got the proposal on this connection hold the round: a reference does.
                 full = m.conn is None or m.conn not in proposal.sent
                 self._answer(m, "round", round=rnd, status=status_json, full=full)

@@ -523,6 +523,8 @@ class Loop:
                 self._write(stream, self.clock())
 
     def _housekeeping(self, now: float) -> None:
+        if self.identity is not None:
+            self.identity.keep_alive()
         if self._accept_paused_until is not None and now >= self._accept_paused_until and self._listener:
             self._accept_paused_until = None
             with contextlib.suppress(KeyError, ValueError):

@@ -348,6 +348,11 @@ class Node:
         self._gone: dict[int, RoundKey | None] = {}
         #: The highest round of the job this node heard of (led, joined, or announced to it).
         self._round_seen = 0
+        # A predecessor's terms (``_identity``): the election starts above them. (The round it
+        # knows counts through ``history``; a proposal it accepted may never have formed.)
+        for known in (self.history, self.accepted):
+            if known is not None:
+                core.max_epoch_seen = max(core.max_epoch_seen, known.epoch)
         self._pending_close: str | None = None
         self._close_failed = False
         self._failure_cut = 0

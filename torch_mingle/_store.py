@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -31,7 +32,6 @@ import socket
 import stat
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -402,7 +402,9 @@ class _Flights:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._under_way: Counter[tuple[str, int]] = Counter()
+        #: Each connect under way (a token of its own) and the store it goes to.
+        self._under_way: dict[int, tuple[str, int]] = {}
+        self._tokens = itertools.count(1)
 
     @contextlib.contextmanager
     def connecting(self, ip: str, port: int, ended: EndedStores | None) -> Iterator[bool]:
@@ -410,22 +412,23 @@ class _Flights:
         key = _key(ip, port)
         with self._lock:
             refused = ended is not None and ended.holds(ip, port)
+            token = 0 if refused else next(self._tokens)
             if not refused:
-                self._under_way[key] += 1
+                self._under_way[token] = key
         try:
             yield refused
         finally:
             if not refused:
                 with self._lock:
-                    self._under_way[key] -= 1
-                    if not self._under_way[key]:
-                        del self._under_way[key]
+                    del self._under_way[token]
 
     def cut(self, ip: str, ports: Sequence[int], ended: EndedStores | None) -> int:
         with self._lock:
             if ended is not None:
                 ended.add(ip, ports)  # first: a connect that starts from now on is refused
-            pending = {_key(ip, p) for p in ports} & self._under_way.keys()
+            keys = {_key(ip, p) for p in ports}
+            # Those under way now; one that starts later (to a store not ended) is not cut.
+            pending = {token for token, key in self._under_way.items() if key in keys}
         count = abort_connections_to(ip, ports)
         if pending:
             threading.Thread(
@@ -433,11 +436,11 @@ class _Flights:
             ).start()
         return count
 
-    def _keep_cutting(self, ip: str, ports: tuple[int, ...], pending: set[tuple[str, int]]) -> None:
+    def _keep_cutting(self, ip: str, ports: tuple[int, ...], pending: set[int]) -> None:
         deadline = time.monotonic() + CUT_FOR_AT_MOST_S
         while time.monotonic() < deadline:
             with self._lock:
-                if not pending & self._under_way.keys():
+                if pending.isdisjoint(self._under_way):
                     return
             _abort_now(ip, ports)
             time.sleep(CUT_AGAIN_S)
@@ -445,7 +448,7 @@ class _Flights:
 
     def under_way(self) -> int:
         with self._lock:
-            return sum(self._under_way.values())
+            return len(self._under_way)
 
 
 _flights = _Flights()

@@ -254,7 +254,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._identity = Identity.fresh(node_id)
         else:
             state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
-            self._identity = Identity.claim(state_dir, config.run_id, f"[{config.run_id}]")
+            self._identity = Identity.claim(
+                state_dir, config.run_id, f"[{config.run_id}]", keep_s=config.join_timeout
+            )
         self._node_id = self._identity.node_id
         self._label = f"[{config.run_id} {self._node_id:016x}]"
         log.info(

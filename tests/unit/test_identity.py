@@ -3,15 +3,19 @@ vote go to the next agent on its host; a frozen agent's never do."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from torch_mingle import _identity
 from torch_mingle._identity import Identity
 from torch_mingle._node import NodeState
 from torch_mingle._rounds import History
@@ -19,6 +23,7 @@ from torch_mingle._rounds import History
 HOLDER = """
 import sys, time
 from pathlib import Path
+from torch_mingle import _identity
 from torch_mingle._identity import Identity
 from torch_mingle._node import NodeState
 from torch_mingle._rounds import History
@@ -69,9 +74,87 @@ def test_a_graceful_end_leaves_nothing_to_take_over(tmp_path):
     first = Identity.claim(tmp_path, "job42")
     first.save(NodeState(History(epoch=1, round=1, members=(first.node_id,)), None))
     first.release(forget=True)
+    assert list(tmp_path.iterdir()) == []  # its lock file too
     second = Identity.claim(tmp_path, "job42")
     assert second.node_id != first.node_id and second.state == NodeState()
     second.release(forget=True)
+
+
+def _died_ago(ident: Identity, seconds: float) -> None:
+    """The slot's process died (its lock is free) ``seconds`` ago: nobody touched it since."""
+    path = ident._path
+    assert path is not None
+    ident.release(forget=False)
+    os.utime(path, (time.time() - seconds, time.time() - seconds))
+
+
+def test_a_slot_whose_process_died_longer_ago_than_the_job_waits_starts_afresh(tmp_path):
+    # The job's other agents waited join_timeout for it: they formed a round without it, or
+    # gave up. A job started again under that rdzv_id must not begin from the dead job's round.
+    recent, old = Identity.claim(tmp_path, "job42", keep_s=60), Identity.claim(tmp_path, "job42", keep_s=60)
+    for ident in (recent, old):
+        ident.save(NodeState(History(epoch=1, round=4, members=(recent.node_id, old.node_id)), None))
+    _died_ago(recent, 30)
+    _died_ago(old, 600)
+    a, b = Identity.claim(tmp_path, "job42", keep_s=60), Identity.claim(tmp_path, "job42", keep_s=60)
+    assert (a.node_id, a.incarnation) == (recent.node_id, 2) and a.state.history is not None
+    assert b.node_id != old.node_id and b.incarnation == 1 and b.state == NodeState()
+    for ident in (a, b):
+        ident.release(forget=True)
+
+
+def test_a_live_agent_touches_its_slot_so_a_long_run_without_a_vote_keeps_it(tmp_path, monkeypatch):
+    ident = Identity.claim(tmp_path, "job42", keep_s=60)
+    path = ident._path
+    assert path is not None
+    os.utime(path, (0, 0))
+    ident.keep_alive()
+    assert path.stat().st_mtime == 0  # touched at most every keep_s / 4
+    monkeypatch.setattr(time, "monotonic", lambda: ident._touched + 16)
+    ident.keep_alive()
+    assert path.stat().st_mtime > time.time() - 5
+    ident.release(forget=True)
+
+
+def test_stale_slots_of_other_jobs_are_swept_and_live_or_recent_ones_are_not(tmp_path, holder):
+    _claimed(holder)  # a live agent of job42
+    gone = Identity.claim(tmp_path, "a job that crashed long ago", keep_s=60)
+    recent = Identity.claim(tmp_path, "a job that crashed just now", keep_s=60)
+    _died_ago(gone, 600)
+    _died_ago(recent, 10)
+    before = {p.name for p in tmp_path.iterdir()}
+    ours = Identity.claim(tmp_path, "another job")
+    after = {p.name for p in tmp_path.iterdir()}
+    long_ago = _prefix("a job that crashed long ago")
+    assert before - after == {f"{long_ago}.0", f"{long_ago}.0.lock"}
+    assert any(p.startswith(_prefix("job42")) for p in after)
+    assert any(p.startswith(_prefix("a job that crashed just now")) for p in after)
+    ours.release(forget=True)
+
+
+def _prefix(job: str) -> str:
+    return hashlib.sha256(job.encode()).hexdigest()[:16]
+
+
+def test_a_lock_file_unlinked_by_its_holder_as_it_was_opened_is_no_lock(tmp_path, monkeypatch):
+    """The holder's graceful end unlinks the lock file while another agent opened it: that
+    agent's lock on the unlinked file would be a second owner of the slot (a third agent
+    creates the file again and locks it)."""
+    lock = tmp_path / "slot.lock"
+    lock.write_text("")
+    real = fcntl.flock
+
+    def flock_after_the_holder_ended(fd: int, op: int) -> None:
+        lock.unlink()  # the holder ended gracefully ...
+        lock.write_text("")  # ... and a third agent made the slot again
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_holder_ended)
+    assert _identity._try_lock(lock) is None
+    monkeypatch.setattr(fcntl, "flock", real)
+    fd = _identity._try_lock(lock)
+    assert fd is not None
+    os.close(fd)
 
 
 def test_nodes_of_one_process_and_of_other_jobs_take_slots_of_their_own(tmp_path):

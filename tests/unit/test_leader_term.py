@@ -336,6 +336,82 @@ def test_a_member_whose_new_connection_came_first_gets_its_round_again_and_keeps
     assert term.book.drops == {2: 1} and not term.book.stale
 
 
+def test_a_new_process_of_a_member_breaks_its_round_and_does_not_get_it_for_its_first_ticket():
+    # Node 2's agent died and a new one took its id (``_identity``), one incarnation later,
+    # before the old connection was seen to close. Its tickets count from 1 again: its join 7
+    # is a new join, not the one round 1 answered, and its old process's round is broken.
+    term = _round_of_two()
+    _sent(term)
+    term.accepted(11, 0.31)
+    hello = {"t": "hello", "node": f"{2:016x}", "epoch": 1, "leader": f"{LEADER:016x}", "ip": "198.18.0.2"}
+    term.received(11, [{**hello, "inc": 2, "ahead": True}], 0.31)
+    assert term.book.stale and "a new process of the node started" in term.book.lost_why[2]
+    _join(term, 11, 7, 0.33)
+    assert _rounds_sent(_sent(term), 11) == []
+    assert 2 in term.book.pending
+
+
+def _proposed(term: LeaderTerm) -> list[tuple[int, dict[str, Any]]]:
+    """The proposals the term sent (and what else it sent, dropped); the leader's own node
+    accepts each at once."""
+    for answer in term.local():
+        if answer.kind == "propose" and answer.round is not None:
+            term.accept_local(answer.round.number, term._now)
+    out = []
+    for conn, frame in term.frames():
+        frames = FrameReader().feed(frame)
+        assert isinstance(frames, list)
+        out.extend((conn, f) for f in frames if f["t"] == "propose")
+    return out
+
+
+def _base_of_three() -> LeaderTerm:
+    """A new term whose joiners (the leader, nodes 2 and 3) ran round 4 of nodes 1 to 3."""
+    book = RoundBook(leader=LEADER, epoch=2, min_nodes=2, max_nodes=4, last_call_timeout=1.0)
+    term = LeaderTerm(
+        claim=Claim(2, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0, label=""
+    )
+    term.start(0.0)
+    term.jobs()
+    _store_opened(term, 5001, 0.1)
+    last = History(epoch=1, round=4, members=(1, 2, 3))
+    term.join_local(1, "198.18.0.1", last, 60.0, 60.0, 0.1)
+    for node, conn in ((2, 10), (3, 11)):
+        term.accepted(conn, 0.2)
+        hello = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "x"}
+        term.received(conn, [hello], 0.2)
+        join = {"t": "join", "id": 7, "ip": f"198.18.0.{node}", "timeout": 60, "remaining": 60}
+        term.received(conn, [{**join, "history": last.to_json()}], 0.3)
+    return term
+
+
+def test_a_proposal_stands_when_a_node_joins_during_it_and_the_node_waits_for_the_next_round():
+    term = _base_of_three()
+    term.handle_timer(1.5)  # the last call ends: round 5 of nodes 1 to 3 is proposed
+    (first, *_) = _proposed(term)
+    number = first[1]["round"]["round"]
+    term.accepted(12, 1.6)  # node 4 (a spare) joins while the votes are on their way
+    hello = {"t": "hello", "node": f"{4:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "198.18.0.4"}
+    term.received(12, [hello], 1.6)
+    term.received(12, [{"t": "join", "id": 1, "ip": "198.18.0.4", "timeout": 60, "remaining": 60}], 1.6)
+    assert _proposed(term) == [] and term._proposal is not None
+    assert term._proposal.round.number == number  # the same proposal: not sent again to everyone
+    for conn in (10, 11):
+        term.received(conn, [{"t": "accept", "round": number, "ok": True}], 1.7)
+    assert term.book.current is not None and term.book.current.number == number
+    assert 4 in term.book.pending and 4 not in term.book.current.member_set
+
+
+def test_a_refusal_of_a_proposal_given_up_since_does_not_withdraw_the_current_one():
+    term = _base_of_three()
+    term.handle_timer(1.5)
+    number = _proposed(term)[0][1]["round"]["round"]
+    refusal = {"t": "accept", "round": number - 1, "ok": False, "history": None, "accepted": None}
+    term.received(10, [refusal], 1.6)
+    assert term._proposal is not None and term._proposal.round.number == number
+    assert _proposed(term) == []
+
+
 def test_the_next_rounds_store_opens_a_moment_after_a_round_and_at_once_when_a_round_wants_it():
     """A thousand members connecting to the next store must not compete with the new round's
     start: it opens NEXT_STORE_DELAY_S after the round; a round wanted sooner does not wait."""
