@@ -279,7 +279,10 @@ class LeaderTerm:
 
     @property
     def spare_port(self) -> int | None:
-        """The store the next round will use, once it is open (this node's agent connects ahead)."""
+        """The store the next round will use, once it is open (this node's agent connects ahead):
+        the proposed round's while its votes come in, else the spare one."""
+        if self._proposal is not None:
+            return self._proposal.port
         return self._spare_port  # None once the term stood down (``release_stores``)
 
     # ------------------------------------------------------------ lifecycle
