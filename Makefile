@@ -63,3 +63,4 @@ stress: $(STAMP)
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults partition
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults mcast-off
+	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults reset-partition
