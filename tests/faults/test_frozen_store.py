@@ -135,7 +135,12 @@ def test_the_cut_keeps_cutting_only_while_a_connect_under_way_at_its_moment_runs
     still runs (it must not cut that one for the next minute)."""
     flights = _store._Flights()
     aborts: list[float] = []
-    monkeypatch.setattr(_store, "_abort_now", lambda ip, ports: aborts.append(time.monotonic()) or 0)
+
+    def abort_now(ip: str, ports: object) -> int:
+        aborts.append(time.monotonic())
+        return 0
+
+    monkeypatch.setattr(_store, "_abort_now", abort_now)
     monkeypatch.setattr(_store, "abort_connections_to", lambda ip, ports: 0)
     before, after = flights.connecting("127.0.0.1", 1, None), flights.connecting("127.0.0.1", 1, None)
     assert before.__enter__() is False

@@ -357,7 +357,7 @@ def _proposed(term: LeaderTerm) -> list[tuple[int, dict[str, Any]]]:
     for answer in term.local():
         if answer.kind == "propose" and answer.round is not None:
             term.accept_local(answer.round.number, term._now)
-    out = []
+    out: list[tuple[int, dict[str, Any]]] = []
     for conn, frame in term.frames():
         frames = FrameReader().feed(frame)
         assert isinstance(frames, list)
