@@ -50,11 +50,13 @@ from torch_mingle._rounds import (
     Gone,
     History,
     Round,
+    RoundKey,
     Status,
     bounded_int,
     gone_of,
     gone_to_json,
     node_id,
+    round_key_to_json,
 )
 from torch_mingle._wire import Invalid, Seal, check, encode_frame
 
@@ -335,9 +337,14 @@ class FollowerSession:
         frame = encode_frame("bye")
         return self.seal.seal(frame) if self.seal is not None else frame
 
-    def leave(self) -> None:
+    def leave(self, own_key: RoundKey | None = None) -> None:
+        """Leave the job; ``own_key``: the newest round this node was in or voted for (its
+        departure counts for that round's successor only, ``RoundBook.voters_of``)."""
         self._queued_join = None  # a node that leaves asks for no round (the join is answered)
-        self._request(encode_frame("leave"))
+        if own_key is None:
+            self._request(encode_frame("leave"))
+        else:
+            self._request(encode_frame("leave", left=round_key_to_json(own_key)))
 
     def close_job(self, why: str = "", *, failed: bool = False) -> None:
         self._request(encode_frame("close", why=why, failed=failed))

@@ -35,9 +35,12 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,11 @@ MAX_SLOTS = 256
 KEEP_S = 600.0
 #: At most this many slots of other jobs are swept per claim.
 MAX_SWEPT = 4 * MAX_SLOTS
+#: A slot's lock file: the job's prefix, the slot number.
+_SLOT_LOCK = re.compile(r"[0-9a-f]{16}\.[0-9]{1,3}\.lock")
+#: Held while a process claims a slot (``_claiming``), at most CLAIM_WAIT_S.
+CLAIM_LOCK = "claiming.lock"
+CLAIM_WAIT_S = 2.0
 
 
 def default_state_dir() -> Path:
@@ -85,6 +93,8 @@ class Identity:
         self._lock_fd = lock_fd
         self._path = path
         self._touched = time.monotonic()
+        #: ``save`` (the loop's thread) against ``release`` (the agent's, as it leaves).
+        self._guard = threading.Lock()
 
     @classmethod
     def fresh(cls, node_id: int | None = None) -> Identity:
@@ -105,6 +115,11 @@ class Identity:
             )  # fmt: skip
             return cls.fresh()
         prefix = hashlib.sha256(job.encode()).hexdigest()[:16]
+        with _claiming(state_dir):
+            return cls._claim(state_dir, prefix, label, keep_s)
+
+    @classmethod
+    def _claim(cls, state_dir: Path, prefix: str, label: str, keep_s: float) -> Identity:
         _sweep(state_dir, skip=prefix)
         for slot in range(MAX_SLOTS):
             path = state_dir / f"{prefix}.{slot}"
@@ -134,54 +149,88 @@ class Identity:
         )
         return cls.fresh()
 
-    def save(self, state: NodeState) -> None:
+    def save(self, state: NodeState) -> bool:
         """Record ``state``: atomically (a crash leaves the old or the new, never half) and on
-        the disk (a host that loses power keeps it) before the vote goes out."""
-        self.state = state
-        if self._path is None:
-            return
-        data = {
-            "node": f"{self.node_id:016x}",
-            "incarnation": self.incarnation,
-            "keep_s": self.keep_s,
-            "history": state.history.to_json() if state.history else None,
-            "accepted": state.accepted.to_json() if state.accepted else None,
-        }
-        tmp = _tmp_path(self._path)
+        the disk (a host that loses power keeps it) before the vote goes out.
+
+        False: the vote must not go out. The write failed and the slot could not be forsaken
+        either; a new process of this node would take over the slot with what it held before,
+        and vote again where this one's vote counted. (Forsaken, its state file deleted, the
+        slot gives its next process a fresh node id: this one goes on without a slot.)"""
+        with self._guard:
+            self.state = state
+            path = self._path
+            if path is None:
+                return True
+            data = {
+                "node": f"{self.node_id:016x}",
+                "incarnation": self.incarnation,
+                "keep_s": self.keep_s,
+                "history": state.history.to_json() if state.history else None,
+                "accepted": state.accepted.to_json() if state.accepted else None,
+                "led": state.led,
+            }
+            tmp = _tmp_path(path)
+            try:
+                with open(tmp, "w") as f:
+                    f.write(json.dumps(data, separators=(",", ":")))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                _fsync_dir(path.parent)
+            except OSError as exc:
+                return self._forsake(path, exc)
+            self._touched = time.monotonic()
+            return True
+
+    def _forsake(self, path: Path, exc: OSError) -> bool:
         try:
-            with open(tmp, "w") as f:
-                f.write(json.dumps(data, separators=(",", ":")))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path)
-            _fsync_dir(self._path.parent)
-        except OSError as exc:
-            log.warning("cannot write this node's state to %s: %s", self._path, exc)
-        self._touched = time.monotonic()
+            for p in (path, _tmp_path(path)):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            _fsync_dir(path.parent)
+        except OSError as again:
+            log.warning(
+                "cannot write this node's state to %s (%s), nor delete it (%s): this node votes "
+                "no more (a new process of it would vote again with older state); free the "
+                "state directory or set state_dir= elsewhere (README.md, Configuration)",
+                path, exc, again,
+            )  # fmt: skip
+            return False
+        log.warning(
+            "cannot write this node's state to %s (%s): going on without a state file (a new "
+            "process of this node will get a fresh node id)",
+            path, exc,
+        )  # fmt: skip
+        self._path = None
+        return True
 
     def keep_alive(self) -> None:
         """Touch the slot if a quarter of ``keep_s`` passed (called by the loop as it runs):
         how long ago its process died is how long nobody touched it."""
-        if self._path is None or time.monotonic() - self._touched < self.keep_s / 4:
-            return
-        self._touched = time.monotonic()
-        try:
-            os.utime(self._path)
-        except OSError as exc:
-            log.warning("cannot touch this node's state %s: %s", self._path, exc)
+        with self._guard:
+            path = self._path
+            if path is None or time.monotonic() - self._touched < self.keep_s / 4:
+                return
+            self._touched = time.monotonic()
+            try:
+                os.utime(path)
+            except OSError as exc:
+                log.warning("cannot touch this node's state %s: %s", path, exc)
 
     def release(self, *, forget: bool) -> None:
         """Give the slot up (``forget``: the node ended gracefully, nothing is left to keep)."""
-        if forget and self._path is not None:
-            # The lock file last, while locked (``_try_lock`` checks that it is still there).
-            for path in (self._path, _tmp_path(self._path), _lock_path(self._path)):
+        with self._guard:
+            if forget and self._path is not None:
+                # The lock file last, while locked (``_try_lock`` checks that it is still there).
+                for path in (self._path, _tmp_path(self._path), _lock_path(self._path)):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                self._path = None  # the loop may still record a vote as it stops: nowhere now
+            if self._lock_fd is not None:
                 with contextlib.suppress(OSError):
-                    path.unlink()
-            self._path = None  # the loop may still record a vote as it stops: nowhere now
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = None
+                    os.close(self._lock_fd)
+                self._lock_fd = None
 
 
 def _lock_path(state: Path) -> Path:
@@ -197,14 +246,43 @@ def _stale(path: Path, keep_s: float) -> bool:
     return _mtime(path) < time.time() - keep_s * 1.25
 
 
+@contextlib.contextmanager
+def _claiming(state_dir: Path) -> Iterator[None]:
+    """One claim (and sweep) at a time in ``state_dir``: a sweep locks other jobs' slots for a
+    moment, and an agent of that job claiming then would take the busy slot for a live one and
+    start under a fresh node id. Waits at most CLAIM_WAIT_S (a claimant frozen while holding
+    it), then claims anyway: the slot locks keep that safe, only that race comes back."""
+    try:
+        fd = os.open(state_dir / CLAIM_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.005)  # a claim takes a few system calls per slot
+            except OSError:
+                break
+        yield
+    finally:
+        os.close(fd)
+
+
 def _sweep(state_dir: Path, skip: str) -> None:
-    """Delete the stale slots of other jobs (ours: ``claim`` looks at each), a bounded number."""
+    """Delete the stale slots of other jobs (ours: ``claim`` looks at each), a bounded number:
+    only files named as slots are, and only a slot whose state file is one (or is missing)."""
     try:
         names = [e.name for _, e in zip(range(MAX_SWEPT), os.scandir(state_dir), strict=False)]
     except OSError:
         return
     for name in names:
-        if not name.endswith(".lock") or name.startswith(skip):
+        if not _SLOT_LOCK.fullmatch(name) or name.startswith(skip):
             continue
         lock = state_dir / name
         state = lock.with_name(name[: -len(".lock")])
@@ -214,8 +292,10 @@ def _sweep(state_dir: Path, skip: str) -> None:
         try:
             if not state.exists() and _mtime(lock) > time.time() - KEEP_S:
                 continue  # being set up right now
-            if state.exists() and not _stale(state, _read(state)[3]):
-                continue
+            if state.exists():
+                node_id, _, _, kept = _read(state)
+                if not node_id or not _stale(state, kept):
+                    continue  # not a slot's state (left alone), or kept still
             for path in (state, _tmp_path(state), lock):
                 with contextlib.suppress(OSError):
                     path.unlink()
@@ -259,9 +339,10 @@ def _read(path: Path) -> tuple[int, int, NodeState, float]:
         keep_s = float(data.get("keep_s", KEEP_S))
         history = History.from_json(data["history"]) if data.get("history") else None
         accepted = History.from_json(data["accepted"]) if data.get("accepted") else None
+        led = int(data.get("led", 0))
     except (OSError, ValueError, KeyError, TypeError):
         return 0, 0, NodeState(), KEEP_S
-    return node_id, incarnation, NodeState(history, accepted), keep_s
+    return node_id, incarnation, NodeState(history, accepted, led), keep_s
 
 
 def _mtime(path: Path) -> float:

@@ -61,14 +61,17 @@ from torch_mingle._rounds import (
     JoinRequest,
     Round,
     RoundBook,
+    RoundKey,
     Status,
     bounded_int,
     gone_of,
     gone_to_json,
+    newest_key,
     node_hex,
     node_id,
     peer_ip,
     quorum_met,
+    round_key_of,
 )
 from torch_mingle._wire import Invalid, Seal, check, dumps_compact, encode_frame, frame_digest
 
@@ -293,7 +296,7 @@ class LeaderTerm:
         self._update_established()
         self._decide(now)
 
-    def stand_down(self, why: str, *, leaving: bool = False) -> None:
+    def stand_down(self, why: str, *, leaving: bool = False, own_key: RoundKey | None = None) -> None:
         """The term ends (a better claim won, an internal error, or ``leaving``: the leader's node
         leaves the job): every waiter re-joins elsewhere."""
         if self._stopped:
@@ -304,12 +307,15 @@ class LeaderTerm:
                 self._answer(m, "retry", why=why)
         # Alive and staying: the members must not count this node as gone; leaving: they must.
         # Either way they learn who of the round is gone: the next leader's voting set.
+        # Each with the newest round it was in or voted for: only that round's successor counts
+        # without its vote (``voters_of``). Leaving, this node too (``own_key``: its own word).
+        if leaving:
+            self._left(self.claim.leader, own_key)
         rnd = self.book.current
         departed = sorted((self.book.left | self.book.gone) & rnd.member_set) if rnd else []
-        # Each with the round it left: only that round's successor counts without its vote.
-        gone = gone_to_json((n, self.book.left_in(n) or self.book.current_key()) for n in departed)
-        if leaving and rnd is not None:
-            gone.append([node_hex(self.claim.leader), rnd.epoch, node_hex(rnd.members[0]), rnd.number])
+        if leaving:
+            departed = sorted({*departed, self.claim.leader})
+        gone = gone_to_json((n, key) for n in departed if (key := self.book.left_in(n)) is not None)
         for m in list(self.conns.values()):
             self._send(m, "bye", leaving=leaving, gone=gone)
         for conn in list(self.conns):
@@ -468,10 +474,21 @@ class LeaderTerm:
         self._arrive(self.claim.leader, round_number)
         self._local.append(LocalAnswer("ack", ticket))
 
-    def leave_local(self, now: float) -> None:
-        """The leader's own node leaves (its agent is done, whether its workers succeeded or not)."""
-        self.book.leave(self.claim.leader)
+    def leave_local(self, now: float, own_key: RoundKey | None = None) -> None:
+        """The leader's own node leaves (its agent is done, whether its workers succeeded or
+        not); ``own_key``: the newest round it was in or voted for."""
+        self._left(self.claim.leader, own_key)
         self._after_departure(now)
+
+    def _left(self, node: int, said: RoundKey | None) -> None:
+        """``node`` leaves the job; ``said``: the newest round it was in or voted for, by its own
+        word. What this term saw of it counts too (``RoundBook.known_key``)."""
+        self.book.leave(node, newest_key(said, self._voted_for(node)))
+
+    def _voted_for(self, node: int) -> RoundKey | None:
+        """This term's proposal, if ``node`` accepted it."""
+        p = self._proposal
+        return History.of(p.round).key if p is not None and node in p.accepted else None
 
     def others_rejoined(self) -> bool:
         """Every other live member of the current round waits in a join (its workers stopped)."""
@@ -578,7 +595,11 @@ class LeaderTerm:
                 self._set_deadline(m, None)
                 self.book.withdraw(m.node)
         elif kind == "leave":
-            self.book.leave(m.node)
+            try:
+                said: RoundKey | None = round_key_of(msg["left"]) if "left" in msg else None
+            except (TypeError, ValueError):
+                said = None  # (its departure then counts for no round: it keeps its vote)
+            self._left(m.node, said)
             self._after_departure(now)
         elif kind == "close":
             why = msg.get("why")
@@ -884,7 +905,7 @@ class LeaderTerm:
                 self._offer_spare(m)
 
     def _check_joins(self, now: float) -> None:
-        due = []
+        due, withdrawn = [], False
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, _, m = heapq.heappop(self._deadlines)
             if m.join_deadline == deadline:
@@ -898,7 +919,13 @@ class LeaderTerm:
             why = self.book.explain()
             self.book.withdraw(m.node)
             self._answer(m, "timeout", why=why)
+            withdrawn = True
         self._mark_status(now)
+        if withdrawn:
+            # A proposal out with this node in it must not form without it (its agent gave up):
+            # decide again now, not at the next batch that decides (during a vote, heartbeats
+            # and accepts decide nothing).
+            self._decide(now)
 
     def _update_established(self) -> None:
         if self.established:
@@ -995,7 +1022,7 @@ class LeaderTerm:
         if node in self.book.left:
             return
         if not votes:
-            self.book.said_it_left(node)
+            self.book.said_it_left(node, self._voted_for(node))
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
             log.warning("%s node %s is lost: %s", self.label, node_hex(node), why)

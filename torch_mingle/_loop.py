@@ -376,10 +376,10 @@ class Loop:
     def discovery_port_towards(self, ip: str) -> int:
         return self._route(ip).local_address[1]
 
-    def persist(self, state: NodeState) -> None:
-        """Written before the node's vote goes out (``_identity``; nothing to keep without one)."""
-        if self.identity is not None:
-            self.identity.save(state)
+    def persist(self, state: NodeState) -> bool:
+        """Written before the node's vote goes out (``_identity``; nothing to keep without one);
+        False: the vote must not go out."""
+        return self.identity.save(state) if self.identity is not None else True
 
     def describe(self) -> str:
         first = self.transports[0]

@@ -59,7 +59,7 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import field, record, replace
-from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, may_accept
+from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, may_accept, newest_key
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -86,7 +86,7 @@ class Net(Protocol):
     def local_ip_towards(self, ip: str) -> str: ...
     def discovery_port_towards(self, ip: str) -> int: ...
     def describe(self) -> str: ...
-    def persist(self, state: NodeState) -> None: ...
+    def persist(self, state: NodeState) -> bool: ...
 
 
 @record
@@ -96,6 +96,9 @@ class NodeState:
 
     history: History | None = None
     accepted: History | None = None
+    #: The highest epoch it led: a new process starts its election above it, and never leads
+    #: a term of the same (epoch, node) as its predecessor's, whose proposals may be out.
+    led: int = 0
 
 
 @record
@@ -345,14 +348,16 @@ class Node:
         self._last_leader_ip: str | None = None
         #: Leaders of our last round that left the job (their ``bye`` said so): they no longer
         #: vote on the next round (sent with every join).
-        self._gone: dict[int, RoundKey | None] = {}
+        self._gone: dict[int, RoundKey] = {}
         #: The highest round of the job this node heard of (led, joined, or announced to it).
         self._round_seen = 0
         # A predecessor's terms (``_identity``): the election starts above them. (The round it
         # knows counts through ``history``; a proposal it accepted may never have formed.)
+        self._led = state.led if state is not None else 0
         for known in (self.history, self.accepted):
             if known is not None:
                 core.max_epoch_seen = max(core.max_epoch_seen, known.epoch)
+        core.max_epoch_seen = max(core.max_epoch_seen, self._led)
         self._pending_close: str | None = None
         self._close_failed = False
         self._failure_cut = 0
@@ -555,7 +560,7 @@ class Node:
             self.board.resolve(self._join, error=MingleStateError("the handler was shut down"))
         if self.term is not None:
             self.term.close_job(self.settings.node_id, why, now)
-            self.term.leave_local(now)
+            self.term.leave_local(now, self._own_key())
         else:
             if self.job_closed:
                 self._pending_close = None
@@ -576,7 +581,7 @@ class Node:
         """A follower's shutdown, its close (if any) delivered: its leave goes out, the session ends."""
         session = self.session
         if session is not None and session.ready:
-            session.leave()
+            session.leave(self._own_key())
             for frame in session.frames():
                 self.net.send(session.conn, frame)
         self._end_session()
@@ -597,9 +602,9 @@ class Node:
         if self._join is not None:
             self.board.resolve(self._join, error=MingleStateError("this node is leaving the job"))
         if self.term is not None:
-            self.term.leave_local(now)
+            self.term.leave_local(now, self._own_key())
         elif self.session is not None:
-            self.session.leave()
+            self.session.leave(self._own_key())
         self._flush(now)
 
     def _leaving_deadline(self, now: float) -> None:
@@ -810,6 +815,13 @@ class Node:
             self.core.abandon(now)
             return
         claim = Claim(epoch=epoch, leader=s.node_id)
+        previous, self._led = self._led, max(self._led, epoch)
+        if not self._persist():
+            self._led = previous
+            self.net.stop_listening()
+            self.last_error = "cannot record the term in the state directory"
+            self.core.abandon(now)
+            return
         book = RoundBook(
             leader=s.node_id,
             epoch=epoch,
@@ -848,7 +860,7 @@ class Node:
         term = self.term
         if term is None:
             return
-        term.stand_down(why, leaving=leaving)
+        term.stand_down(why, leaving=leaving, own_key=self._own_key() if leaving else None)
         self._flush_term(term, now)
         self.net.stop_listening()
         self.term = None
@@ -960,7 +972,8 @@ class Node:
             self.saw_open = True
             self._deliver_close(now)
             if self._leaving is not None and not self._leaving.done:
-                session.leave()  # our leave may have been lost with the last leader's connection
+                # (our leave may have been lost with the last leader's connection)
+                session.leave(self._own_key())
         elif isinstance(ev, StatusChanged):
             if ev.status.closed:
                 self.job_closed = True
@@ -984,14 +997,18 @@ class Node:
             else:
                 log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
                 verdict = judge(ev.evidence)
-                for node, key in session.leader_reported_gone:  # (the leader itself, if it left)
-                    self._gone.setdefault(node, key)
-                if not verdict.votes and session.claim.leader not in self._gone:
-                    # It left our last round: the next leader does not wait for it there.
-                    last = self.history
-                    key = last.key if last is not None and session.claim.leader in last.members else None
-                    self._gone[session.claim.leader] = key
+                # Each with the newest round it was in or voted for, the leader itself too if it
+                # left (then the next leader does not wait for it there). Never a guess: a
+                # departure filed under an older round than its node's newest would let that
+                # node's vote be dropped where it may have counted (``RoundBook.voters_of``).
+                for node, key in session.leader_reported_gone:
+                    if (newest := newest_key(key, self._gone.get(node))) is not None:
+                        self._gone[node] = newest
                 self.core.leader_failed(now, session.claim, ev.reason, fence=verdict.fence)
+
+    def _own_key(self) -> RoundKey | None:
+        """The newest round this node was in or voted for: where its departure counts."""
+        return newest_key(*(h.key for h in (self.history, self.accepted) if h is not None))
 
     def _accept(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
         """Record the proposal ``rnd`` as this node's vote, if ``may_accept`` allows (written to
@@ -1003,8 +1020,10 @@ class Node:
                 self.label, rnd.number, rnd.epoch, self.history, self.accepted,
             )  # fmt: skip
             return False
-        self.accepted = proposal
-        self._persist()
+        previous, self.accepted = self.accepted, proposal
+        if not self._persist():
+            self.accepted = previous  # not on the disk: not a vote (``Identity.save``)
+            return False
         return True
 
     def _remember_store(self, claim: Claim, port: int) -> None:
@@ -1017,8 +1036,8 @@ class Node:
         if len(self._store_ports) > 4:
             self._store_ports.pop(next(iter(self._store_ports)))
 
-    def _persist(self) -> None:
-        self.net.persist(NodeState(self.history, self.accepted))
+    def _persist(self) -> bool:
+        return self.net.persist(NodeState(self.history, self.accepted, self._led))
 
     def _answer(
         self,

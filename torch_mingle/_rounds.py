@@ -127,10 +127,27 @@ RoundKey = tuple[int, int, int]
 Gone = tuple[tuple[int, RoundKey | None], ...]
 
 
+def newest_key(*keys: RoundKey | None) -> RoundKey | None:
+    """The newest of round keys, in ``History.newer_than``'s order (round, then epoch); None if
+    none is known."""
+    known = [k for k in keys if k is not None]
+    return max(known, key=lambda k: (k[2], k[0], -k[1])) if known else None
+
+
+def round_key_of(raw: Any) -> RoundKey:
+    """A frame's round key, ``[epoch, leader, round]``; ``ValueError`` (or ``TypeError``) for garbage."""
+    epoch, leader, number = raw
+    return (bounded_int(epoch, MAX_EPOCH), node_id(leader), bounded_int(number, MAX_ROUND))
+
+
+def round_key_to_json(key: RoundKey) -> list[Any]:
+    return [key[0], node_hex(key[1]), key[2]]
+
+
 def gone_of(raw: Any) -> Gone:
     """A frame's ``gone`` (a join's, a leader's ``bye``): the nodes that left the job, each as
-    ``[id, epoch, leader, round]`` (the round it left) or a bare id; ``ValueError`` (or
-    ``TypeError``) for garbage."""
+    ``[id, epoch, leader, round]`` (the newest round it was in or voted for when it left) or a
+    bare id (round unknown: it counts for no round); ``ValueError`` (or ``TypeError``) for garbage."""
     if raw is None:
         return ()
     if not isinstance(raw, list) or len(raw) > MAX_MEMBERS:
@@ -138,16 +155,14 @@ def gone_of(raw: Any) -> Gone:
     out: list[tuple[int, RoundKey | None]] = []
     for item in raw:
         if isinstance(item, list):
-            node, epoch, leader, number = item
-            key = (bounded_int(epoch, MAX_EPOCH), node_id(leader), bounded_int(number, MAX_ROUND))
-            out.append((node_id(node), key))
+            out.append((node_id(item[0]), round_key_of(item[1:])))
         else:
             out.append((node_id(item), None))
     return tuple(out)
 
 
 def gone_to_json(gone: Iterable[tuple[int, RoundKey | None]]) -> list[Any]:
-    return [[node_hex(n), key[0], node_hex(key[1]), key[2]] if key else node_hex(n) for n, key in gone]
+    return [[node_hex(n), *round_key_to_json(key)] if key else node_hex(n) for n, key in gone]
 
 
 def members_of(value: Any) -> tuple[int, ...]:
@@ -492,7 +507,7 @@ class RoundBook:
     #: The newest formed round a node reported when it refused a proposal.
     _learned: History | None = None
     #: The round each node that left the job left (``voters_of``).
-    _left_in: dict[int, RoundKey | None] = field(default_factory=dict)
+    _left_in: dict[int, RoundKey] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- inputs
 
@@ -508,7 +523,7 @@ class RoundBook:
         for node, key in req.gone:
             if node not in self.pending:
                 self.gone.add(node)
-                self._left_in.setdefault(node, key)
+                self._departed(node, key)
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
         if req.accepted is not None:
@@ -535,17 +550,17 @@ class RoundBook:
                 for term in [t for t, p in self.reported.items() if not p.newer_than(base)]:
                     del self.reported[term]
 
-    def said_it_left(self, node: int) -> None:
+    def said_it_left(self, node: int, said: RoundKey | None = None) -> None:
         """``node`` left the job by its own word, seen on its connection (``_evidence``): it no
-        longer votes on the successor of the round it was in."""
+        longer votes on the successor of the newest round it was in or voted for."""
         self.gone.add(node)
-        self._left_in.setdefault(node, self.current_key())
+        self._departed(node, newest_key(said, self.known_key(node)))
 
-    def leave(self, node: int) -> None:
+    def leave(self, node: int, said: RoundKey | None = None) -> None:
+        """``node`` leaves the job; ``said``: the newest round it was in or voted for, by its own
+        word (its ``leave`` frame)."""
         self.left.add(node)
-        pending = self.pending.get(node)
-        last = pending.history.key if pending is not None and pending.history is not None else None
-        self._left_in[node] = self.current_key() or last
+        self._departed(node, newest_key(said, self.known_key(node)))
         self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self._broken_by.add(node)  # it left a running round (preempted): the others go on without it
@@ -730,17 +745,36 @@ class RoundBook:
                 return h.epoch
         return None
 
-    def voters_of(self, members: tuple[int, ...], key: RoundKey | None = None) -> frozenset[int]:
+    def voters_of(self, members: tuple[int, ...], key: RoundKey) -> frozenset[int]:
         """Who of the members of round ``key`` votes on the next one: all but those that left it
-        (``_evidence``). A node that left a later round still votes on an older one: its vote
-        there may have formed that later round. A departure from an unknown round (or a
-        question about one) counts for any round, as a node that left the job."""
+        (``_evidence``).
+
+        Invariant: a departure is filed under the newest round its node was in or voted for
+        (``known_key``, its own word) or a newer one, never an older one: a node that left a
+        later round still votes on an older one (its vote there may have formed that later
+        round, and a side that dropped it from the older round's voters could form a second
+        successor). A departure whose round is unknown counts for no round."""
         left_in = self._left_in
         if not left_in:
             return frozenset(members)
-        return frozenset(
-            m for m in members if m not in left_in or (key is not None and left_in[m] not in (None, key))
-        )
+        return frozenset(m for m in members if left_in.get(m) != key)
+
+    def known_key(self, node: int) -> RoundKey | None:
+        """The newest round ``node`` is known here to have been in or voted for: its join's
+        report (its last round, the proposal it accepted) and the current round if it is a
+        member. Erring newer is safe (it keeps its vote on the older rounds), older is not."""
+        keys: list[RoundKey | None] = []
+        pending = self.pending.get(node)
+        if pending is not None:
+            keys += [h.key for h in (pending.history, pending.accepted) if h is not None]
+        if self.current is not None and node in self.current.member_set:
+            keys.append(self.current_key())
+        return newest_key(*keys)
+
+    def _departed(self, node: int, key: RoundKey | None) -> None:
+        key = newest_key(key, self._left_in.get(node))
+        if key is not None:
+            self._left_in[node] = key
 
     def current_key(self) -> RoundKey | None:
         rnd = self.current

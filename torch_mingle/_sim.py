@@ -103,9 +103,10 @@ class SimNet:
     def describe(self) -> str:
         return f"simulated interface {self.owner.addr[0]}"
 
-    def persist(self, state: NodeState) -> None:
+    def persist(self, state: NodeState) -> bool:
         """The node's state file: kept per node id, for a new process of it (``Simulation.restart``)."""
         self.sim.saved[self.owner.node.settings.node_id] = state
+        return True
 
 
 @record(frozen=False)

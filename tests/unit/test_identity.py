@@ -3,6 +3,7 @@ vote go to the next agent on its host; a frozen agent's never do."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -74,7 +75,7 @@ def test_a_graceful_end_leaves_nothing_to_take_over(tmp_path):
     first = Identity.claim(tmp_path, "job42")
     first.save(NodeState(History(epoch=1, round=1, members=(first.node_id,)), None))
     first.release(forget=True)
-    assert list(tmp_path.iterdir()) == []  # its lock file too
+    assert [p.name for p in tmp_path.iterdir()] == [_identity.CLAIM_LOCK]  # its lock file went too
     second = Identity.claim(tmp_path, "job42")
     assert second.node_id != first.node_id and second.state == NodeState()
     second.release(forget=True)
@@ -171,3 +172,65 @@ def test_without_a_usable_directory_a_node_runs_with_a_fresh_identity_and_says_s
     ident = Identity.claim(blocked / "state", "job42")
     assert ident.incarnation == 1
     assert "a restarted agent of this node will not get its vote back at once" in caplog.text
+
+
+def test_the_sweep_deletes_only_slots_and_leaves_other_files_alone(tmp_path):
+    """A state directory shared with other programs ($HOME, /tmp): old files and their lock
+    files, and a file named as a slot that holds no slot's state, are not ours to delete."""
+    names = {"notes", "notes.lock", "0123456789abcdef.0", "0123456789abcdef.0.lock"}
+    long_ago = time.time() - 7200
+    for name in names:
+        (tmp_path / name).write_text("not a slot")
+        os.utime(tmp_path / name, (long_ago, long_ago))
+    ours = Identity.claim(tmp_path, "another job")
+    assert names <= {p.name for p in tmp_path.iterdir()}
+    ours.release(forget=True)
+
+
+def test_a_vote_that_cannot_be_written_forsakes_the_slot_so_no_new_process_votes_with_older_state(
+    tmp_path, monkeypatch
+):
+    ident = Identity.claim(tmp_path, "job42")
+    assert ident.save(NodeState(History(epoch=1, round=1, members=(ident.node_id, 7)), None))
+
+    def disk_full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", disk_full)
+        vote = History(epoch=1, round=2, members=(ident.node_id, 7))
+        assert ident.save(NodeState(ident.state.history, vote))  # forsaken: the vote may go out
+    ident.release(forget=False)  # its process dies
+    after = Identity.claim(tmp_path, "job42")
+    assert after.node_id != ident.node_id and after.state == NodeState()  # not round 1 without the vote
+    after.release(forget=True)
+
+
+def test_a_vote_that_can_neither_be_written_nor_forsaken_must_not_go_out(tmp_path, monkeypatch):
+    ident = Identity.claim(tmp_path, "job42")
+
+    def broken(*args: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", broken)
+        m.setattr(_identity, "_fsync_dir", broken)
+        assert not ident.save(NodeState(None, History(epoch=1, round=1, members=(ident.node_id,))))
+    ident.release(forget=True)
+
+
+def test_a_claim_waits_for_another_claim_in_the_directory_but_not_for_ever(tmp_path, monkeypatch):
+    """Claims (and their sweeps) take turns: a sweep locks other jobs' slots for a moment, and
+    a claim then would take a busy slot for a live agent's. A claimant frozen mid-claim holds
+    the turn: the others claim anyway after CLAIM_WAIT_S."""
+    monkeypatch.setattr(_identity, "CLAIM_WAIT_S", 0.3)
+    fd = os.open(tmp_path / _identity.CLAIM_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a claim under way, its process frozen
+        started = time.monotonic()
+        ident = Identity.claim(tmp_path, "job42")
+        assert time.monotonic() - started >= 0.3  # it waited its turn ...
+        assert ident._path is not None  # ... and then claimed a slot
+        ident.release(forget=True)
+    finally:
+        os.close(fd)

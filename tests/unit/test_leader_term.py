@@ -465,3 +465,42 @@ def test_members_that_keep_beating_cost_the_leader_no_wake_up_beside_its_beats()
     beats = [t for t in woke if abs(t - round(t)) < 1e-9]
     assert len(woke) - len(beats) <= 1, woke  # the next round's store, opened once
     assert not any(f["t"] == "evicted" for f in _sent(term).get(10, []))
+
+
+def test_a_proposal_never_forms_with_a_member_whose_join_timed_out_while_the_votes_came_in():
+    """Node 3's agent gives up (its join is answered "timeout") while round 5 waits for node 2's
+    vote; only heartbeats and accepts arrive meanwhile. The round must not form with node 3 in
+    it: its agent raised, and the others would wait for it in the store."""
+    book = RoundBook(leader=LEADER, epoch=2, min_nodes=2, max_nodes=4, last_call_timeout=1.0)
+    term = LeaderTerm(
+        claim=Claim(2, LEADER),
+        book=book,
+        advertised_ip="198.18.0.1",
+        interval_s=1.0,
+        timeout_s=30.0,
+        label="",
+    )
+    term.start(0.0)
+    term.jobs()
+    _store_opened(term, 5001, 0.1)
+    last = History(epoch=1, round=4, members=(1, 2, 3))
+    term.join_local(1, "198.18.0.1", last, 60.0, 60.0, 0.1)
+    for node, conn, remaining in ((2, 10, 60), (3, 11, 2)):
+        term.accepted(conn, 0.2)
+        hello = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "x"}
+        term.received(conn, [hello], 0.2)
+        join = {"t": "join", "id": 7, "ip": f"198.18.0.{node}", "timeout_s": remaining}
+        join["remaining_s"] = remaining
+        term.received(conn, [{**join, "history": last.to_json()}], 0.3)
+    term.handle_timer(1.5)  # round 5 of nodes 1 to 3 is proposed; the leader's node accepts
+    number = _proposed(term)[0][1]["round"]["round"]
+    t = 1.6
+    while not any(f["t"] == "timeout" for f in _sent(term).get(11, [])):
+        assert t < 10.0, "node 3's join never timed out"
+        term.received(10, [{"t": "hb"}], t)
+        term.received(11, [{"t": "hb"}], t)
+        term.handle_timer(t)
+        t += 0.5
+    term.received(10, [{"t": "accept", "round": number, "ok": True}], t)
+    rnd = term.book.current
+    assert rnd is None or 3 not in rnd.member_set, f"round {rnd} formed with node 3, whose join timed out"

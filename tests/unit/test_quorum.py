@@ -212,7 +212,7 @@ def test_no_two_leaders_form_a_round_from_the_same_previous_round(scenario):
                 join(b, node, gone=seen[node], history=hist)
             for node in dead:
                 if node in seen[leader]:
-                    b.leave(node)
+                    b.leave(node, previous.key)  # its leave names its newest round
                 else:
                     b.died(node, "lost")
             formed_here = False
@@ -233,3 +233,31 @@ def test_no_two_leaders_form_a_round_from_the_same_previous_round(scenario):
     leaders_by_side = [{leader for leader, _ in formed if leader in group} for group in groups]
     sides_that_formed = sum(1 for leaders in leaders_by_side if leaders)
     assert sides_that_formed <= 1, f"two sides formed a round from round 7 of {members}: {formed}"
+
+
+def test_a_departure_counts_for_the_newest_round_its_node_voted_for_not_the_leaders_round():
+    # Node 2 ran round 3 of {1,2,3,4}, then accepted round 4 of another term, {2,3,5}, which
+    # may have formed. It joins a leader whose round is still round 3, and leaves. Filed under
+    # round 3, its vote there would be dropped: {1,4} would hold 2 of 3 and form a second
+    # successor of round 3 beside round 4.
+    b = book(1)
+    b.current = Round(number=3, epoch=1, members=(1, 2, 3, 4), store_ip="198.18.0.1", store_port=1)
+    assert b.current_key() == PREVIOUS.key
+    other = History(epoch=3, round=4, members=(5, 2, 3))
+    b.join(JoinRequest(node=2, ip="198.18.0.2", history=PREVIOUS, accepted=other))
+    b.leave(2)
+    assert b.left_in(2) == other.key
+    assert 2 in b.voters_of(PREVIOUS.members, PREVIOUS.key)
+    assert 2 not in b.voters_of(other.members, other.key)
+
+
+def test_a_departure_by_its_own_word_counts_for_its_round_and_an_unknown_one_for_none():
+    b = book(1)
+    later = History(epoch=3, round=7, members=(1, 2))
+    b.leave(2, later.key)  # its leave frame named round 7
+    assert b.voters_of(later.members, later.key) == {1}
+    assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
+    b.leave(3)  # nothing known of node 3's rounds: it keeps its vote everywhere
+    assert b.left_in(3) is None
+    b.join(JoinRequest(node=4, ip="198.18.0.4", history=PREVIOUS, gone=((3, None),)))
+    assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
