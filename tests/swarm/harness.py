@@ -508,6 +508,16 @@ class World:
         for r in self.rounds.values():
             if r.delivered and (r.lineage not in newest or r.key[2] > newest[r.lineage].key[2]):
                 newest[r.lineage] = r
+        # A proposal a live node accepted may have formed (its leader had the votes and was
+        # lost before it told anyone): no leader may go on without a majority of its members
+        # either (``RoundBook.uncertain``), whether or not it formed.
+        accepted = [
+            set(h.members)
+            for a in live
+            if (h := a.node.node.accepted) is not None and h.newer_than(a.node.node.history)
+        ]
+        if any(2 * len(members & alive) <= len(members) for members in accepted):
+            return False
         if not newest:
             return True  # no round yet: the first one needs no majority of anything
         some = False
