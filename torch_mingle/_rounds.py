@@ -506,6 +506,9 @@ class RoundBook:
     _proposed: int = 0
     #: The newest formed round a node reported when it refused a proposal.
     _learned: History | None = None
+    #: The highest epoch of a round another term formed or proposed that a joiner reported,
+    #: whatever its lineage (``outdated_by``).
+    _reported_epoch: int = 0
     #: The round each node that left the job left (``voters_of``).
     _left_in: dict[int, RoundKey] = field(default_factory=dict)
 
@@ -526,6 +529,8 @@ class RoundBook:
                 self._departed(node, key)
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
+            if req.history.term != (self.epoch, self.leader):
+                self._reported_epoch = max(self._reported_epoch, req.history.epoch)
         if req.accepted is not None:
             self.join_report(req.accepted)
         was_member = req.history is not None and req.node in req.history.members
@@ -541,6 +546,7 @@ class RoundBook:
         if not accepted.members or accepted.term == (self.epoch, self.leader):
             return
         self.last_round_number = max(self.last_round_number, accepted.round)
+        self._reported_epoch = max(self._reported_epoch, accepted.epoch)
         old = self.reported.get(accepted.term)
         if old is None or accepted.round > old.round:
             self.reported[accepted.term] = accepted
@@ -743,6 +749,11 @@ class RoundBook:
         for h in (self.base(), *self.uncertain()):
             if h is not None and h.term != (self.epoch, self.leader) and h.epoch >= self.epoch:
                 return h.epoch
+        # A joiner that ran a round of a higher epoch elsewhere (a side that started apart, before
+        # the job's first round reached it): our round, of a lower epoch, would be its token going
+        # back. (Of the same epoch it cannot: our round numbers pass every round reported.)
+        if self._reported_epoch > self.epoch:
+            return self._reported_epoch
         return None
 
     def voters_of(self, members: tuple[int, ...], key: RoundKey) -> frozenset[int]:

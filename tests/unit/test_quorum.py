@@ -32,10 +32,16 @@ def book(leader: int, *, quorum: bool = True, min_nodes: int = 1, max_nodes: int
 
 
 def join(
-    b: RoundBook, node: int, gone: frozenset[int] = frozenset(), history: History | None = PREVIOUS
+    b: RoundBook,
+    node: int,
+    gone: frozenset[int] = frozenset(),
+    history: History | None = PREVIOUS,
+    left_from: History | None = None,
 ) -> None:
-    # Each departure as a leader's bye reports it: with the round it left (here: ``history``).
-    left = tuple((n, history.key if history else None) for n in sorted(gone))
+    # Each departure as a leader's bye reports it: with the round it left, by its own word
+    # (``left_from``, else the joiner's ``history``).
+    left_from = left_from or history
+    left = tuple((n, left_from.key if left_from else None) for n in sorted(gone))
     b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, gone=left))
 
 
@@ -209,7 +215,7 @@ def test_no_two_leaders_form_a_round_from_the_same_previous_round(scenario):
             joined = [n for n in group if with_spares or n not in outsiders]
             for node in joined:
                 hist = previous if node in members else None
-                join(b, node, gone=seen[node], history=hist)
+                join(b, node, gone=seen[node], history=hist, left_from=previous)
             for node in dead:
                 if node in seen[leader]:
                     b.leave(node, previous.key)  # its leave names its newest round
@@ -261,3 +267,14 @@ def test_a_departure_by_its_own_word_counts_for_its_round_and_an_unknown_one_for
     assert b.left_in(3) is None
     b.join(JoinRequest(node=4, ip="198.18.0.4", history=PREVIOUS, gone=((3, None),)))
     assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
+
+
+def test_a_leader_gives_way_to_a_joiner_that_ran_a_round_of_a_higher_epoch_in_any_lineage():
+    # Node 3 was cut off before round 1 of epoch 1 reached it, and formed round 1 of epoch 2
+    # with others of its side. A round of ours (epoch 1) would take its token back.
+    b = RoundBook(leader=1, epoch=1, min_nodes=1, max_nodes=8, last_call_timeout=1.0)
+    join(b, 1, history=History(epoch=1, round=5, members=(1, 2)))
+    join(b, 2, history=History(epoch=1, round=5, members=(1, 2)))
+    assert b.outdated_by() is None
+    join(b, 3, history=History(epoch=2, round=1, members=(3, 4)))
+    assert b.outdated_by() == 2
