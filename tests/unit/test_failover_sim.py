@@ -379,3 +379,15 @@ def test_a_node_that_shuts_down_between_two_leaders_tells_the_next_one_that_the_
     sim.run_until(t0 + FAST.successor_wait_s + 2.0)
     assert shutdown.done and shutdown.result is True
     assert all(n.node.job_closed for n in rest), [(n.node.label, n.node.job_closed) for n in rest]
+
+
+def test_a_new_process_of_a_leader_starts_its_election_above_the_term_it_led():
+    """What the leader's node saved says which epoch it led (``NodeState.led``), recorded before
+    the term began: its next process never claims that (epoch, node) again."""
+    sim, _ = _running(3, seed=2)
+    (old,) = sim.leaders()
+    epoch = old.node.term.claim.epoch if old.node.term is not None else 0
+    assert epoch >= 1 and sim.saved[old.node.settings.node_id].led == epoch
+    sim.kill(old)
+    new = sim.restart(old, sim.now + 0.1, node_id=old.node.settings.node_id)
+    assert new.node.core.max_epoch_seen >= epoch

@@ -234,3 +234,14 @@ def test_a_claim_waits_for_another_claim_in_the_directory_but_not_for_ever(tmp_p
         ident.release(forget=True)
     finally:
         os.close(fd)
+
+
+def test_the_highest_epoch_a_node_led_goes_to_its_next_process(tmp_path):
+    """A predecessor that led a term and proposed nothing left no round behind: its successor
+    must still start its election above that term, whose frames may be out."""
+    ident = Identity.claim(tmp_path, "job42")
+    assert ident.save(NodeState(None, None, led=7))
+    ident.release(forget=False)  # its process dies
+    after = Identity.claim(tmp_path, "job42")
+    assert after.node_id == ident.node_id and after.state.led == 7
+    after.release(forget=True)
