@@ -67,6 +67,12 @@ def test_a_member_lost_before_it_wrote_its_role_info_costs_no_300s_wait(tmp_path
     cmd = _cmd(job, "2:3", tmp_path, steps=10, step_time=0.05)
     victim_env = agent_env(TORCH_MINGLE_FAILPOINTS="agent.lost_before_role_info=1")
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(2)]
+    # The victim is a member, not the leader (whose death ends the round by another path: the
+    # store goes with it): it starts once the two others follow a leader, and their round of
+    # three forms when it joins.
+    wait_until(
+        lambda: any("] leader: this node" in a.output() for a in agents), 60, "a leader", agents=agents
+    )
     victim = start_agent("victim", cmd, tmp_path, env=victim_env)
     started = time.monotonic()
     codes = finish_all(agents, timeout=120)
