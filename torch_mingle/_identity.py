@@ -115,12 +115,11 @@ class Identity:
             )  # fmt: skip
             return cls.fresh()
         prefix = hashlib.sha256(job.encode()).hexdigest()[:16]
-        with _claiming(state_dir):
+        with _claiming(state_dir, prefix):
             return cls._claim(state_dir, prefix, label, keep_s)
 
     @classmethod
     def _claim(cls, state_dir: Path, prefix: str, label: str, keep_s: float) -> Identity:
-        _sweep(state_dir, skip=prefix)
         for slot in range(MAX_SLOTS):
             path = state_dir / f"{prefix}.{slot}"
             fd = _try_lock(_lock_path(path))
@@ -247,31 +246,40 @@ def _stale(path: Path, keep_s: float) -> bool:
 
 
 @contextlib.contextmanager
-def _claiming(state_dir: Path) -> Iterator[None]:
-    """One claim (and sweep) at a time in ``state_dir``: a sweep locks other jobs' slots for a
+def _claiming(state_dir: Path, prefix: str) -> Iterator[None]:
+    """A claim in ``state_dir``, and a sweep if none runs. A sweep locks other jobs' slots for a
     moment, and an agent of that job claiming then would take the busy slot for a live one and
-    start under a fresh node id. Waits at most CLAIM_WAIT_S (a claimant frozen while holding
-    it), then claims anyway: the slot locks keep that safe, only that race comes back."""
+    start under a fresh node id: so the sweep holds the directory's lock exclusively, claims
+    hold it shared (they run side by side), and a claim that finds a sweep under way waits for
+    it, CLAIM_WAIT_S at most (a sweeper frozen mid-sweep), then claims anyway (the slot locks
+    keep that safe; only that race comes back). A claim that finds other claims under way
+    does not sweep: the next claim will."""
     try:
         fd = os.open(state_dir / CLAIM_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
+        _sweep(state_dir, skip=prefix)
         yield
         return
     try:
+        if _flock_now(fd, fcntl.LOCK_EX):
+            _sweep(state_dir, skip=prefix)
         deadline = time.monotonic() + CLAIM_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.005)  # a claim takes a few system calls per slot
-            except OSError:
-                break
+        while not _flock_now(fd, fcntl.LOCK_SH) and time.monotonic() < deadline:
+            time.sleep(0.001)  # a sweep of at most MAX_SWEPT files is under way
         yield
     finally:
         os.close(fd)
+
+
+def _flock_now(fd: int, how: int) -> bool:
+    """Take (or convert to) ``how`` on ``fd`` without waiting; False if another holds it."""
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # a file system without flock: go on (as without the directory lock)
+    return True
 
 
 def _sweep(state_dir: Path, skip: str) -> None:
