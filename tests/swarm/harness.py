@@ -43,7 +43,7 @@ from tests.swarm import scenario as sc
 from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import JOIN_GRACE_S, JobClosed, Joined, Ticket, TimedOut
 from torch_mingle._protocol import MAX_SUSPECTS, Timing
-from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, node_hex
+from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, node_hex
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._simnet import DROP, RESET, Delivery, Impairment
 from torch_mingle._wire import (
@@ -158,6 +158,8 @@ class World:
         self.agents: list[_Agent] = []
         self.by_host: dict[int, _Agent] = {}
         self.rounds: dict[tuple[int, int, int], _Round] = {}
+        #: Each proposal a node accepted, by its key: the round it was formed from, its members.
+        self.accepted: dict[tuple[int, int, int], tuple[tuple[int, int, int] | None, tuple[int, ...]]] = {}
         self.trained: list[_Round] = []
         self._lineages = itertools.count(1)
         #: Rounds of two lineages that trained at the same time (isolated starts: counted).
@@ -249,6 +251,7 @@ class World:
             node = self.sim.restart(self.by_host[host].node, at, node_id=node_id)
         else:
             node = self.sim.add_node(at, node_id=node_id)
+        self._record_accepts(node)
         agent = _Agent(host, node, since=at, bound_s=sc.JOIN_TIMEOUT_S + JOIN_GRACE_S)
         agent.ticket = self.sim.join(node, sc.JOIN_TIMEOUT_S)
         self.agents.append(agent)
@@ -257,6 +260,19 @@ class World:
         self._quiet_since = max(self._quiet_since, at)
         self._note(agent, f"starts node {node_hex(node.core.node_id)[:6]}")
         return agent
+
+    def _record_accepts(self, node: SimNode) -> None:
+        """Every proposal the node accepts, with the round it was formed from: a round may form
+        from a proposal that formed and reached no agent (its leader was lost at once)."""
+        inner = node.node._accept
+
+        def accept(rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
+            ok = inner(rnd, base, covers)
+            if ok:
+                self.accepted.setdefault((rnd.epoch, rnd.members[0], rnd.number), (rnd.base, rnd.members))
+            return ok
+
+        node.node._accept = accept  # type: ignore[method-assign]
 
     def _tick(self) -> None:
         now = self.sim.now
@@ -371,6 +387,8 @@ class World:
         if base is None:
             return next(self._lineages)
         known = self.rounds.get(base)
+        if known is None and base in self.accepted:
+            return self._lineage_of(self.accepted[base][0])  # formed, maybe, and delivered to nobody
         if known is None:
             raise Violation(
                 "ranks",
@@ -508,16 +526,14 @@ class World:
         for r in self.rounds.values():
             if r.delivered and (r.lineage not in newest or r.key[2] > newest[r.lineage].key[2]):
                 newest[r.lineage] = r
-        # A proposal a live node accepted may have formed (its leader had the votes and was
-        # lost before it told anyone): no leader may go on without a majority of its members
-        # either (``RoundBook.uncertain``), whether or not it formed.
-        accepted = [
-            set(h.members)
-            for a in live
-            if (h := a.node.node.accepted) is not None and h.newer_than(a.node.node.history)
-        ]
-        if any(2 * len(members & alive) <= len(members) for members in accepted):
-            return False
+        # A proposal a node accepted, newer than every round an agent ran, may have formed (its
+        # leader had the votes and was lost before it told anyone): a leader that heard of it
+        # may not go on without a majority of its members either (``RoundBook.uncertain``),
+        # whether or not it formed.
+        ran = max((r.key[2] for r in self.rounds.values() if r.delivered), default=0)
+        for key, (_, members) in self.accepted.items():
+            if key not in self.rounds and key[2] > ran and 2 * len(alive & set(members)) <= len(members):
+                return False
         if not newest:
             return True  # no round yet: the first one needs no majority of anything
         some = False
