@@ -256,6 +256,8 @@ class Simulation:
         """SIGCONT: what arrived meanwhile is read now, and its timers fire late."""
         node.frozen = False
         held, node.held = node.held, []
+        if not node.alive:
+            return  # killed while frozen (a restart of its host): a dead process reads nothing
         for delivery in held:
             self._dispatch(node, delivery)
         self._schedule_timer(node)
