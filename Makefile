@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale stress clean
+.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order stress clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ bench-quick: $(STAMP)
 
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/scale_rendezvous.py
+
+bench-order: $(STAMP)
+	$(BIN)/python benchmarks/rank_order.py
 
 bench-flood: $(STAMP)
 	$(BIN)/python benchmarks/flood_latency.py

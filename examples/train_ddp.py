@@ -153,6 +153,7 @@ def main() -> int:
             "NCCL_SOCKET_IFNAME",
             "MINGLE_EPOCH",
             "MINGLE_ROUND",
+            "SLURM_NODEID",
         )
     }
     if not args.quiet:

@@ -283,6 +283,7 @@ class FollowerSession:
         pport: int = 0,
         gone: Gone = (),
         accepted: History | None = None,
+        place: str = "",
     ) -> None:
         """Ask for a place in the next round (before the connection is up: sent with the hello,
         replacing an older ask).
@@ -300,6 +301,7 @@ class FollowerSession:
             gone=gone_to_json(gone),
             history=history.to_json() if history else None,
             accepted=accepted.to_json() if accepted else None,
+            place=place or None,
             timeout_s=timeout_s,
             remaining_s=remaining_s,
         )

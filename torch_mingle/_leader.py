@@ -49,6 +49,7 @@ from typing import Any
 
 from torch_mingle import _faults
 from torch_mingle._evidence import Evidence, judge
+from torch_mingle._order import MAX_PLACE_CHARS
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (
@@ -455,6 +456,7 @@ class LeaderTerm:
         pport: int = 0,
         gone: Gone = (),
         accepted: History | None = None,
+        place: str = "",
     ) -> None:
         if self._self is None:
             self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
@@ -466,6 +468,7 @@ class LeaderTerm:
             pport=pport,
             gone=gone,
             accepted=accepted,
+            place=place,
         )
         self._join(self._self, ticket, req, timeout_s, remaining_s, now)
         self._decide(now)
@@ -574,6 +577,7 @@ class LeaderTerm:
                 pport=_port(msg.get("pport")),
                 gone=gone_of(msg.get("gone")),
                 accepted=accepted,
+                place=_place(msg.get("place")),
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
         elif kind == "accept":
@@ -1230,6 +1234,11 @@ def _port(raw: Any) -> int:
         return bounded_int(raw, 65535)
     except ValueError:
         return 0
+
+
+def _place(raw: Any) -> str:
+    """A join's place in rank order (``_order``), if it is a short string, else "" (none)."""
+    return raw if isinstance(raw, str) and len(raw) <= MAX_PLACE_CHARS else ""
 
 
 def _ip(raw: Any) -> str:

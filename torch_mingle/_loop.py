@@ -46,6 +46,7 @@ from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node, NodeState
 from torch_mingle._protocol import Dest
 from torch_mingle._record import field, record
+from torch_mingle._slurm import STANDBY_AFTER_S
 from torch_mingle._store import (
     LISTEN_BACKLOG,
     EndedStores,
@@ -176,6 +177,7 @@ class Loop:
         *,
         keeper: StoreKeeper,
         peers: tuple[str, ...] = (),
+        standby_peers: tuple[str, ...] = (),
         write_timeout_s: float = 15.0,
         connect_timeout_s: float = 5.0,
         label: str = "",
@@ -190,6 +192,9 @@ class Loop:
         self.keeper = keeper
         self.ended_stores = EndedStores()
         self.peer_hosts = peers
+        #: Hosts tried by unicast once the group stayed silent (``_slurm``), and when to look.
+        self.standby_peers = standby_peers
+        self._standby_at: float | None = None
         self.write_timeout_s = write_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.label = label
@@ -251,6 +256,8 @@ class Loop:
             self._resolve_peers_now()
         now = self.clock()
         self._renew_at = now + self.membership_refresh_s
+        if self.standby_peers and not self.peer_hosts:
+            self._standby_at = now + STANDBY_AFTER_S
         self._guard("start", lambda: node.start(now), now)
         self._thread.start()
 
@@ -437,7 +444,13 @@ class Loop:
         self._run_deferred(now)
 
     def _timeout(self, node: Node, now: float) -> float:
-        times = [node.next_timer(), self._next_resolve, self._accept_paused_until, self._renew_at]
+        times = [
+            node.next_timer(),
+            self._next_resolve,
+            self._accept_paused_until,
+            self._renew_at,
+            self._standby_at,
+        ]
         times.extend(s.closing_by for s in self._streams.values() if s.closing_by is not None)
         times.extend(
             s.stalled_since + self.write_timeout_s
@@ -531,6 +544,8 @@ class Loop:
                 self._sel.register(self._listener, selectors.EVENT_READ, ("listen", None))
         if self._next_resolve is not None and now >= self._next_resolve:
             self._resolve_peers_now()
+        if self._standby_at is not None and now >= self._standby_at:
+            self._use_standby_peers()
         for stream in list(self._streams.values()):
             if stream.closing_by is not None and now >= stream.closing_by:
                 self._drop(stream)
@@ -562,6 +577,23 @@ class Loop:
         if via is not None:
             return via
         return next((t for t in self.transports if t.iface.holds_network_of(ip)), self.transports[0])
+
+    def _use_standby_peers(self) -> None:
+        """Nothing heard on the group for a while: reach the standby hosts by unicast too."""
+        self._standby_at = None
+        assert self.node is not None  # noqa: S101
+        if self.node.core.peers:
+            return  # multicast carries the job: no need
+        log.warning(
+            "%s no node of the job heard by multicast in %gs; trying the %d hosts of the Slurm node "
+            "list by unicast (README#slurm)",
+            self.label,
+            STANDBY_AFTER_S,
+            len(self.standby_peers),
+        )
+        self.peer_hosts = self.standby_peers
+        self.resolver.start()
+        self._resolve_peers_now()
 
     def _resolve_peers_now(self) -> None:
         self._next_resolve = None

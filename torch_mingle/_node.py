@@ -127,6 +127,8 @@ class NodeSettings:
     probe_port: int = 0
     #: Which process of this node id this is (``_identity``: a restarted agent is the next).
     incarnation: int = 1
+    #: Where this node sorts in rank order (``rank_order``, ``_order``); "": arrival order.
+    place: str = ""
 
 
 # ------------------------------------------------------------------ outcomes of a join
@@ -1118,6 +1120,7 @@ class Node:
                 pport=self.settings.probe_port,
                 gone=tuple(self._gone.items()),
                 accepted=self.accepted,
+                place=self.settings.place,
             )
         elif self.session is not None:
             dport = self.net.discovery_port_towards(self.session.ip)
@@ -1131,6 +1134,7 @@ class Node:
                 pport=self.settings.probe_port,
                 gone=tuple(self._gone.items()),
                 accepted=self.accepted,
+                place=self.settings.place,
             )
 
     def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:

@@ -33,7 +33,11 @@ an older term) does not restart a healthy round at once: it is counted in
 time the node was dropped in this term. A node that flaps therefore never keeps a fresh
 round from training. A genuine newcomer is counted at once, as with c10d.
 
-Ranks: the leader is 0; members of the previous round keep their relative order; newcomers
+Ranks (``rank_order``): the leader is 0, as its node hosts the store. Each joiner may carry a
+*place* (its host name, a number from its environment, a topology label: ``_order``). With
+places, every member is sorted by place and the sorted list is read as a ring starting at the
+leader: the ring that NCCL builds is the place order, whoever leads. Without places (or
+between equal ones) members of the previous round keep their relative order and newcomers
 follow in arrival order. Every node reads the same published order, so ranks agree. Round
 numbers only grow, across terms too: a new round is numbered after every round the leader
 heard of, and a term that learns of a round formed or proposed by a term at least as new as
@@ -48,6 +52,7 @@ import struct
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from torch_mingle._order import natural_key
 from torch_mingle._record import field, record
 from torch_mingle._wire import dumps_compact, parse_ip
 
@@ -267,6 +272,8 @@ class JoinRequest:
     #: The newest proposal the joiner accepted that is newer than its history: a round that
     #: may have formed without its knowing. The next round counts that proposal's voters too.
     accepted: History | None = None
+    #: Where the node sorts in rank order (``_order``): "" sorts first, then by natural order.
+    place: str = ""
 
 
 @record
@@ -425,6 +432,38 @@ class Status:
             reason=str(data.get("reason", ""))[:4000],
             failed=str(data.get("failed", ""))[:4000],
         )
+
+
+def rank_order(
+    leader: int,
+    pending: dict[int, JoinRequest],
+    previous: tuple[int, ...] = (),
+    limit: int | None = None,
+) -> tuple[int, ...]:
+    """The members of the next round in rank order: the leader first (it hosts the store).
+
+    Who is admitted (at most ``limit``) does not depend on places: the leader, then the previous
+    round's members, then arrival order, so a spare never takes a running member's place.
+    Invariant: the result starts with the leader, holds each admitted node once and, with
+    places, is the ascending order of ``(place, previous rank, arrival)`` read as a ring from
+    the leader: members adjacent in place order stay adjacent (rank n-1 and rank 0 count as
+    adjacent, as in a ring). Without places it is the admission order itself.
+    """
+    prev_rank = {node: i for i, node in enumerate(previous)}
+    arrival = {node: i for i, node in enumerate(pending)}
+    late = len(previous)
+
+    def admission(n: int) -> tuple[bool, int, int]:
+        return (n != leader, prev_rank.get(n, late), arrival.get(n, -1))
+
+    admitted = sorted({leader, *pending}, key=admission)[:limit]
+    if not any(req.place for req in pending.values()):
+        return tuple(admitted)
+    ring = sorted(
+        admitted, key=lambda n: (natural_key(pending[n].place) if n in pending else (), admission(n))
+    )
+    at = ring.index(leader)
+    return tuple(ring[at:] + ring[:at])
 
 
 @record
@@ -683,7 +722,7 @@ class RoundBook:
     def _form(self, reason: str, hold: float | None = None) -> Form | Wait:
         """The round of the first ``max_nodes`` in rank order (sorted only now: a decision to
         wait, made once per batch of joins, sorts nothing), if it has a quorum."""
-        admit = self._rank_order()[: self.max_nodes]
+        admit = self._rank_order()
         base, uncertain = self.base(), self.uncertain()
         # Every joiner votes, a member of the new round or not (a spare that leads takes a place
         # at rank 0; the voters it leaves out accept the round all the same: ``quorum_met``).
@@ -968,13 +1007,7 @@ class RoundBook:
 
     def _rank_order(self) -> tuple[int, ...]:
         previous = self._previous_members() or ()
-        prev_rank = {node: i for i, node in enumerate(previous)}
-        arrival = {node: i for i, node in enumerate(self.pending)}
-        others = sorted(
-            (n for n in self.pending if n != self.leader),
-            key=lambda n: (prev_rank.get(n, len(previous)), arrival[n]),
-        )
-        return (self.leader, *others)
+        return rank_order(self.leader, self.pending, previous, self.max_nodes)
 
     def _expected_joined(self) -> bool:
         """True when every live node of the last round (re-)joined; the leader's own join is

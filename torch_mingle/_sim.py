@@ -189,9 +189,10 @@ class Simulation:
         job: str | None = None,
         node_id: int | None = None,
         addr: tuple[str, int] | None = None,
+        place: str = "",
     ) -> SimNode:
         """A node starting at ``start_at``; ``addr``: a host's address that an earlier process had
-        (a restart on the same host)."""
+        (a restart on the same host); ``place``: where it sorts in rank order."""
         index = len(self.nodes)
         node_id = node_id or self.rng.getrandbits(64) or 1
         addr = addr or (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 29477)
@@ -211,7 +212,7 @@ class Simulation:
             last_call_timeout_s=self.last_call_timeout_s, rejoin_delay_s=self.rejoin_delay_s,
             interval_s=t.beacon_interval_s, timeout_s=t.leader_timeout_s,
             connect_timeout_s=min(5.0, t.leader_timeout_s), discovery_warning_s=0.0,
-            bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]", quorum=self.quorum,
+            bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]", quorum=self.quorum, place=place,
         )  # fmt: skip
         sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
         sim_node.net = SimNet(self, sim_node)
@@ -237,7 +238,7 @@ class Simulation:
     def restart(self, old: SimNode, at: float, *, node_id: int | None = None) -> SimNode:
         """A new process of the agent on ``old``'s host, starting at ``at`` (``old`` is dead by
         then); under ``old``'s node id it reads what ``old`` saved (``_identity``)."""
-        return self.add_node(at, node_id=node_id, addr=old.addr)
+        return self.add_node(at, node_id=node_id, addr=old.addr, place=old.node.settings.place)
 
     def step_clock(self, node: SimNode, seconds: float) -> None:
         """The node's wall clock steps (NTP, a VM resumed): what signed datagrams carry."""

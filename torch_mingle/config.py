@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torch_mingle._order import DEFAULT_POLICY, parse_policy
 from torch_mingle._record import field, record
+from torch_mingle._slurm import run_id as slurm_run_id
+from torch_mingle._slurm import standby_hosts
 from torch_mingle.errors import README_SECURITY, MingleConfigError
 
 if TYPE_CHECKING:
@@ -82,6 +85,9 @@ class MingleConfig:
     #: Where a node keeps its identity and its vote across restarts of its agent (``_identity``);
     #: ``none`` keeps nothing (a restarted agent is a new node). Default: see ``default_state_dir``.
     state_dir: str | None = None
+    #: How ranks follow the hardware (``_order``): ``host``, ``arrival``, ``env:VAR`` or
+    #: ``topology``; rank 0 is always the leader, whose node hosts the store.
+    rank_order: str = DEFAULT_POLICY
     #: ``--rdzv_endpoint``: accepted and not used (some launchers pass one anyway); logged once.
     endpoint: str = ""
     #: Keys the user set explicitly, for logging.
@@ -104,7 +110,7 @@ class MingleConfig:
         ``--rdzv_conf``); ``--rdzv_conf`` wins.
         """
         return cls.from_mapping(
-            run_id=params.run_id,
+            run_id=slurm_run_id(params.run_id, os.environ),
             min_nodes=params.min_nodes,
             max_nodes=params.max_nodes,
             local_addr=params.local_addr,
@@ -178,6 +184,12 @@ class MingleConfig:
         env = os.environ if environ is None else environ
         raw = self.peers if self.peers is not None else env.get(PEERS_ENV, "").replace(",", " ")
         return tuple(h for h in raw.replace(";", " ").split() if h)
+
+    def standby_hosts(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """Hosts to try by unicast once multicast stays silent: the Slurm step's node list, unless
+        ``peers`` (or $TORCH_MINGLE_PEERS) names the peers already."""
+        env = os.environ if environ is None else environ
+        return () if self.peer_hosts(env) else standby_hosts(env)
 
     def load_secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
         """The shared secret: ``secret_file``, else $TORCH_MINGLE_SECRET_FILE, else $TORCH_MINGLE_SECRET."""
@@ -326,6 +338,7 @@ _PARSERS: dict[str, Any] = {
     "quorum": lambda k, v: _parse_choice(k, v, QUORUM_CHOICES),
     "data_path_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=3600.0, example="5"),
     "state_dir": _parse_str,
+    "rank_order": parse_policy,
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

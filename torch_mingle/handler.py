@@ -39,8 +39,10 @@ from torch_mingle._identity import Identity, default_state_dir
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, interface_for
 from torch_mingle._loop import Loop
 from torch_mingle._node import Board, Diagnostics, JobClosed, Joined, Node, NodeSettings, Ticket, TimedOut
+from torch_mingle._order import place_of
 from torch_mingle._protocol import Discovery, Timing
 from torch_mingle._rounds import Round
+from torch_mingle._slurm import JOB_ID_ENV
 from torch_mingle._store import AgentStore, StoreKeeper, open_client
 from torch_mingle._transport import McastTransport
 from torch_mingle._wire import REPLAY_WINDOW_MS, Codec, derive_key, parse_ip
@@ -266,6 +268,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             ", ".join(f"{i.name} {i.address}" for i in self._ifaces),
             why,
         )
+        if config.run_id == os.environ.get(JOB_ID_ENV):
+            log.info("%s rdzv_id: Slurm job %s", self._label, config.run_id)
         for warning in config.warnings():
             log.warning("%s %s", self._label, warning)
         _raise_descriptor_limit(config.max_nodes, self._label)
@@ -304,6 +308,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             quorum=config.quorum == "majority",
             probe_port=self._probe.port if self._probe is not None else 0,
             incarnation=self._identity.incarnation,
+            place=place_of(config.rank_order, os.environ),
         )
         broadcast = config.fallback == "broadcast"
         transports = [
@@ -314,6 +319,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             transports,
             keeper=StoreKeeper(bind_ip, self._connect_ip),
             peers=config.peer_hosts(),
+            standby_peers=config.standby_hosts(),
             write_timeout_s=config.keep_alive_timeout,
             connect_timeout_s=settings.connect_timeout_s,
             label=self._label,

@@ -174,3 +174,34 @@ print("before", before, "after", "encodings.idna" in sys.modules)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["before", "False", "after", "True"], done.stdout + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("policy", ["host", "env:SLURM_NODEID", "topology", "arrival"])
+def test_ranks_follow_the_rank_order_policy_from_the_leader_around(make_handler, monkeypatch, policy):
+    # Four nodes: node-names, node ids and topology labels all in one order that the
+    # arrival (creation) order does not follow.
+    places = ["node7", "node66", "node2", "node10"]
+    racks = ["r1/b", "r2/a", "r1/a", "r2/b"]
+    job, handlers = unique_job("order"), []
+    for i, name in enumerate(places):
+        monkeypatch.setattr("torch_mingle._order.socket.gethostname", lambda name=name: name)
+        monkeypatch.setenv("SLURM_NODEID", str(int(name[4:])))
+        monkeypatch.setenv("TORCH_MINGLE_TOPOLOGY", racks[i])
+        handlers.append(make_handler(job, 4, rank_order=policy))
+    infos = rendezvous_all(handlers)
+    by_rank = [places[i] for i in sorted(range(4), key=lambda i: infos[i].rank)]
+    (leader,) = [i for i, h in enumerate(handlers) if h.diagnostics().is_leader]
+    assert by_rank[0] == places[leader]
+    expected = {
+        "host": ["node2", "node7", "node10", "node66"],
+        "env:SLURM_NODEID": ["node2", "node7", "node10", "node66"],
+        "topology": ["node2", "node7", "node66", "node10"],  # r1/a, r1/b, r2/a, r2/b
+    }.get(policy)
+    if expected is None:  # arrival: the leader, then the others as they joined
+        assert sorted(by_rank) == sorted(places)
+        return
+    at = expected.index(places[leader])
+    assert by_rank == expected[at:] + expected[:at]
+    # The next round keeps the order: same members, same leader, same ranks.
+    again = rendezvous_all(handlers)
+    assert [i.rank for i in again] == [i.rank for i in infos]

@@ -11,6 +11,10 @@ import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
+
+#: What ``ip netns exec <ns>`` mounts over ``/etc`` (``hosts``, ``resolv.conf``) for that namespace.
+NETNS_ETC = Path("/etc/netns")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -174,6 +178,15 @@ class Segment:
             subprocess.run(["ip", "netns", "exec", host.name, "nft", "delete", "table", "inet", "mgl_cut"],
                            capture_output=True, check=False, timeout=30)  # fmt: skip
 
+    def name_hosts(self, names: dict[str, Host]) -> None:
+        """Give every host an ``/etc/hosts`` of its own that maps ``names`` to hosts' addresses
+        (``ip netns exec`` mounts ``/etc/netns/<namespace>/hosts`` over ``/etc/hosts``)."""
+        lines = "127.0.0.1 localhost\n" + "".join(f"{h.ip} {name}\n" for name, h in names.items())
+        for host in self.hosts:
+            etc = NETNS_ETC / host.name
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(lines)
+
     def _netns_add(self, name: str) -> None:
         _ip("netns", "add", name)
         self.namespaces.append(name)
@@ -181,4 +194,5 @@ class Segment:
     def destroy(self) -> None:
         for ns in reversed(self.namespaces):
             _ip("netns", "del", ns, check=False)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
         self.namespaces.clear()

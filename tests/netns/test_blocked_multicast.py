@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT, train_on_hosts, unique_job
+from tests.helpers import (
+    ROOT,
+    agent_env,
+    assert_trained_together,
+    dump,
+    final_reports,
+    finish_all,
+    start_agent,
+    torchrun_cmd,
+    train_on_hosts,
+    unique_job,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -68,3 +80,21 @@ def test_rendezvous_completes_without_multicast(blocked, tmp_path, conf):
     _, reports = train_on_hosts(blocked, tmp_path, conf, steps=3, prefix="nomcast")
     assert sorted(r["rank"] for r in reports) == [0, 1, 2]
     assert len({r["env"]["MASTER_ADDR"] for r in reports}) == 1
+
+
+def test_a_slurm_job_forms_on_its_node_list_when_multicast_is_dropped(segment, blocked, tmp_path):
+    # What srun gives every task: the job's id and its node list; no --rdzv_id, no peers.
+    segment.name_hosts({f"gpu{i + 1}": h for i, h in enumerate(blocked)})
+    slurm_job = str(random.randrange(10**6, 10**7))
+    env = agent_env(SLURM_JOB_ID=slurm_job, SLURM_JOB_NODELIST="gpu[1-3]")
+    cmd = torchrun_cmd(
+        job="none", nnodes="3", nproc=1, conf={"interface": "eth0", "join_timeout": 60},
+        script_args=["--steps", "3", "--report", str(tmp_path / "report")],
+    )  # fmt: skip
+    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name, env=env, job=slurm_job) for h in blocked]
+    assert finish_all(agents) == [0, 0, 0], dump(agents)
+    assert_trained_together(final_reports(tmp_path / "report"), 3, 3, agents)
+    for agent in agents:
+        assert f"rdzv_id: Slurm job {slurm_job}" in agent.output()
+    tried = [a for a in agents if "trying the 3 hosts of the Slurm node list by unicast" in a.output()]
+    assert tried, dump(agents)

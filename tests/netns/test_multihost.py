@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import leader_of, train_on_hosts
+from tests.helpers import (
+    agent_env,
+    assert_trained_together,
+    dump,
+    final_reports,
+    finish_all,
+    leader_of,
+    start_agent,
+    torchrun_cmd,
+    train_on_hosts,
+    unique_job,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -16,3 +27,25 @@ def test_three_hosts_find_each_other_and_train(segment, tmp_path):
     leader = next(h for h in hosts if h.name == leader_of(agents).name)
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {leader.ip}
     assert {r["env"]["GLOO_SOCKET_IFNAME"] for r in reports} == {"eth0"}
+
+
+def test_ranks_follow_each_hosts_slurm_node_id_around_the_leader(segment, tmp_path):
+    hosts = [segment.add_host(f"198.18.0.{i}") for i in (21, 22, 23)]
+    node_ids = {hosts[0].name: "2", hosts[1].name: "0", hosts[2].name: "1"}  # not the IP order
+    cmd = torchrun_cmd(
+        job=unique_job("order"), nnodes="3", nproc=1,
+        conf={"interface": "eth0", "join_timeout": 120, "rank_order": "env:SLURM_NODEID"},
+        script_args=["--steps", "3", "--report", str(tmp_path / "report")],
+    )  # fmt: skip
+    agents = [
+        start_agent(h.name, cmd, tmp_path, netns=h.name, env=agent_env(SLURM_NODEID=node_ids[h.name]))
+        for h in hosts
+    ]
+    assert finish_all(agents) == [0, 0, 0], dump(agents)
+    reports = final_reports(tmp_path / "report")
+    assert_trained_together(reports, 3, 3, agents)
+    ring = [r["env"]["SLURM_NODEID"] for r in sorted(reports, key=lambda r: r["rank"])]
+    leader = leader_of(agents).name
+    assert ring[0] == node_ids[leader]  # rank 0 is the leader, the store's host
+    at = ["0", "1", "2"].index(ring[0])
+    assert ring == (["0", "1", "2"] * 2)[at : at + 3]  # then the scheduler's order, around

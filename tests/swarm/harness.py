@@ -16,6 +16,8 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   again, dies, leaves, or its workers finish).
 * ``ranks``: a round's ranks are 0..n-1, each node once; rank 0 is the leader that formed
   it, and the store is at rank 0's address.
+* ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
+  the members' places in ascending order exactly once around (``_rounds.rank_order``).
 * ``token``: the fencing token (epoch, round) handed to workers only grows: per agent, and
   from one training round to the next (the round number too: it grows across terms).
 * ``secret``: a host without the secret never has a connection the leader identified: so it
@@ -42,6 +44,7 @@ from typing import Any
 from tests.swarm import scenario as sc
 from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import JOIN_GRACE_S, JobClosed, Joined, Ticket, TimedOut
+from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_SUSPECTS, Timing
 from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, node_hex
 from torch_mingle._sim import SimNode, Simulation
@@ -67,7 +70,7 @@ SLACK_S = 2 * MONITOR_S + 0.05
 #: How long the swarm lets a job run in peace after recovery before it finishes.
 DWELL_S = 1.0
 
-INVARIANTS = ("one-round", "ranks", "token", "secret", "bounded-wait", "recovery", "resources")
+INVARIANTS = ("one-round", "ranks", "rank-order", "token", "secret", "bounded-wait", "recovery", "resources")
 
 
 def timing() -> Timing:
@@ -250,7 +253,7 @@ class World:
         if host in self.by_host:
             node = self.sim.restart(self.by_host[host].node, at, node_id=node_id)
         else:
-            node = self.sim.add_node(at, node_id=node_id)
+            node = self.sim.add_node(at, node_id=node_id, place=self._place(host))
         self._record_accepts(node)
         agent = _Agent(host, node, since=at, bound_s=sc.JOIN_TIMEOUT_S + JOIN_GRACE_S)
         agent.ticket = self.sim.join(node, sc.JOIN_TIMEOUT_S)
@@ -364,6 +367,7 @@ class World:
         leader_hosts = {a.node.addr[0] for a in self.agents if a.node_id == members[0]}
         if rnd.store_ip not in leader_hosts:
             raise Violation("ranks", f"{where}: store at {rnd.store_ip}, rank 0 on {leader_hosts}", now)
+        self._check_rank_order(where, members, now)
         token = (rnd.epoch, rnd.number)
         self.checks += 1
         if agent.tokens and token <= agent.tokens[-1]:
@@ -380,6 +384,21 @@ class World:
         agent.state, agent.round, agent.ticket = "running", log, None
         if log.delivered == set(members) and not log.ended:
             self._training(log)
+
+    def _place(self, host: int) -> str:
+        """A host's place in rank order: a rack of three hosts, then the host (natural order)."""
+        return f"rack{host % 3}/h{host}" if self.sc.places else ""
+
+    def _check_rank_order(self, where: str, members: tuple[int, ...], now: float) -> None:
+        if not self.sc.places:
+            return
+        self.checks += 1
+        host_of = {a.node_id: a.host for a in self.agents}
+        ring = [natural_key(self._place(host_of[m])) for m in members]
+        descents = sum(ring[i] > ring[(i + 1) % len(ring)] for i in range(len(ring)))
+        if descents > 1:
+            hosts = [host_of[m] for m in members]
+            raise Violation("rank-order", f"{where}: hosts {hosts} in rank order, not a ring of places", now)
 
     def _lineage_of(self, base: tuple[int, int, int] | None) -> int:
         """A round continues the lineage of the round it was formed from (``Round.base``); a

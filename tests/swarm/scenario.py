@@ -72,6 +72,8 @@ class Scenario:
     events: tuple[Event, ...]
     #: Indices of the generated events this run keeps (all of them, unless shrunk).
     kept: tuple[int, ...] = ()
+    #: Each host has a place in rank order (``rank_order=topology``-like labels); else none.
+    places: bool = False
 
     @property
     def heal_at(self) -> float:
@@ -91,6 +93,7 @@ class Scenario:
     def describe(self) -> str:
         shape = f"{self.hosts} hosts, min {self.min_nodes} max {self.max_nodes}"
         shape += ", secret" if self.secret else ", no secret"
+        shape += ", places" if self.places else ""
         late = [f"{i}@{t:.1f}s" for i, t in enumerate(self.starts) if t > 1.0]
         if late:
             shape += f", late {' '.join(late)}"
@@ -138,7 +141,8 @@ def generate(seed: int) -> Scenario:
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
     events.sort(key=lambda e: e.at)
-    return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events))
+    # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
+    return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events), places=seed % 2 == 1)
 
 
 def _event(rng: random.Random, kind: str, hosts: int) -> Event:

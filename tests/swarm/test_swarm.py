@@ -75,11 +75,16 @@ def test_a_seed_replays_exactly_whatever_the_hash_seed() -> None:
 
 
 def _cluster(
-    hosts: int, *events: sc.Event, min_nodes: int = 1, max_nodes: int = 0, secret: bool = False
+    hosts: int,
+    *events: sc.Event,
+    min_nodes: int = 1,
+    max_nodes: int = 0,
+    secret: bool = False,
+    places: bool = False,
 ) -> sc.Scenario:
     return sc.Scenario(
         seed=7, hosts=hosts, min_nodes=min_nodes, max_nodes=max_nodes or hosts, secret=secret,
-        starts=(0.0,) * hosts, events=tuple(events),
+        starts=(0.0,) * hosts, events=tuple(events), places=places,
     )  # fmt: skip
 
 
@@ -113,6 +118,20 @@ def _no_quorum(self: RoundBook, *args: object) -> None:
     return None
 
 
+def _placed_and_a_crash() -> sc.Scenario:
+    return _cluster(5, sc.Event(2.0, "crash", node=4), places=True)
+
+
+def _against_the_ring(
+    leader: int, pending: dict[int, Any], previous: tuple[int, ...] = (), limit: int | None = None
+) -> tuple[int, ...]:
+    order = _sound_rank_order(leader, pending, previous, limit)
+    return (leader, *reversed(order[1:]))
+
+
+_sound_rank_order = _rounds.rank_order
+
+
 def _leader_last(self: RoundBook) -> tuple[int, ...]:
     return (*[n for n in self.pending if n != self.leader], self.leader)
 
@@ -140,6 +159,8 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
                                (_leader, "quorum_met", lambda *counted: True)]),
     # Rank 0 is not the leader that hosts the store.
     "ranks": (_split_2_2, [(_rounds.RoundBook, "_rank_order", _leader_last)]),
+    # Ranks in descending place order after the leader: the ring of places is broken.
+    "rank-order": (_placed_and_a_crash, [(_rounds, "rank_order", _against_the_ring)]),
     # A term that learns of a newer term's round goes on: its next round has an older epoch.
     "token": (_stale_leader_comes_back, [(_rounds.RoundBook, "outdated_by", lambda self: None)]),
     # The leader does not check the control connection's MAC.
