@@ -42,6 +42,7 @@ import logging
 from typing import Any
 
 from torch_mingle import _faults
+from torch_mingle._events import Note, Sink, ignore
 from torch_mingle._evidence import Evidence
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
@@ -129,6 +130,8 @@ class FollowerSession:
     #: With a secret: the connection's authentication (``_wire.Seal``); the hello waits for the
     #: leader's challenge.
     seal: Seal | None = None
+    #: Where the session's rendezvous events go (``_events``).
+    on_event: Sink = ignore
     phase: str = "connecting"  # connecting, challenge (with a secret), hello, ready, over
     status: Status | None = None
     last_heard: float = 0.0
@@ -259,6 +262,7 @@ class FollowerSession:
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
             self._out(encode_frame("hb"))
+            self.on_event(Note("keep_alive", f"sent a keep-alive heartbeat to the leader {self.ip}"))
 
     def next_timer(self) -> float | None:
         if self.phase == "connecting":

@@ -48,6 +48,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from torch_mingle import _faults
+from torch_mingle._events import Note, Sink, ignore
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._order import MAX_PLACE_CHARS
 from torch_mingle._protocol import Claim
@@ -255,8 +256,11 @@ class LeaderTerm:
     #: The round proposed and waiting for its votes (``_propose``).
     _proposal: _Proposal | None = None
     _quorum_logged: str = ""
+    _last_call_noted: bool = False
     #: With a secret: the key every control connection is authenticated with (``Seal``).
     seal_key: bytes | None = None
+    #: Where the term's rendezvous events go (``_events``).
+    on_event: Sink = ignore
     #: Set when a term at least as new as this one formed or proposed a round this leader knows
     #: of (its epoch): the node gives this term up for a newer one (``Node._flush_term``).
     outdated_by: int | None = None
@@ -512,6 +516,7 @@ class LeaderTerm:
             if m is not None:
                 self._answer(m, "closed", why=self.closed_why)
         log.info("%s rendezvous closed: %s", self.label, self.closed_why)
+        self.on_event(Note("closed", f"marked the rendezvous as closed: {self.closed_why}", "SUCCEEDED"))
         self._decide(now)
 
     # ------------------------------------------------------------ outputs
@@ -739,6 +744,12 @@ class LeaderTerm:
                 if decision.reason.startswith("no quorum") and decision.reason != self._quorum_logged:
                     self._quorum_logged = decision.reason  # said once, not at every join
                     log.info("%s the next round waits: %s", self.label, decision.reason)
+                    self.on_event(Note("quorum_wait", f"waits for a quorum: {decision.reason}"))
+                elif decision.reason.startswith("last call") and not self._last_call_noted:
+                    self._last_call_noted = True
+                    self.on_event(
+                        Note("last_call", f"opened the last call of the next round: {decision.reason}")
+                    )
                 break
             proposal = self._proposal
             if proposal is not None and proposal.stands(decision):
@@ -876,6 +887,14 @@ class LeaderTerm:
             self._jobs.append(ReleaseStores(ports=tuple(old)))
         self._spare_due_at = now + NEXT_STORE_DELAY_S
         self._update_established()
+        self._last_call_noted = False
+        self.on_event(
+            Note(
+                "round_complete",
+                f"marked round {rnd.number} as complete ({proposal.form.reason})",
+                master_endpoint=f"{rnd.store_ip}:{port}",
+            )
+        )
         log.info(
             "%s round %d formed (%s): world size %d, store port %d, members %s",
             self.label,
@@ -1030,6 +1049,7 @@ class LeaderTerm:
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
             log.warning("%s node %s is lost: %s", self.label, node_hex(node), why)
+            self.on_event(Note("node_lost", f"removed node {node_hex(node)} from the rendezvous: {why}"))
         self.book.died(node, why)
         self._after_departure(now)
         self._decide(now)

@@ -23,9 +23,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from torch_mingle._events import MAX_PENDING_NOTES, Note, Sink, ignore
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._follower import (
     Answer,
@@ -226,6 +228,9 @@ class Board:
         self._answers = threading.Condition(lock)
         self._diag = diagnostics
         self.fatal: BaseException | None = None
+        #: Rendezvous events of the loop's thread, for the agent's (``_events``): the oldest
+        #: go first when the agent records none for long.
+        self._notes: deque[Note] = deque(maxlen=MAX_PENDING_NOTES)
 
     def publish(self, diag: Diagnostics) -> None:
         with self._snapshots:
@@ -268,6 +273,21 @@ class Board:
             self._answers.notify_all()
             self._snapshots.notify_all()
 
+    def post_note(self, note: Note) -> None:
+        """A rendezvous event for the agent's thread to record (``_events``); thread-safe."""
+        with self._answers:
+            self._notes.append(note)
+            self._answers.notify_all()
+
+    def take_notes(self) -> list[Note]:
+        with self._answers:
+            return self._take_notes()
+
+    def _take_notes(self) -> list[Note]:
+        notes = list(self._notes)
+        self._notes.clear()
+        return notes
+
     def answered_within(self, ticket: Ticket, timeout_s: float) -> bool:
         """Whether ``ticket`` is resolved (or the loop failed) within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
@@ -279,24 +299,39 @@ class Board:
                 self._answers.wait(left)
             return True
 
-    def wait(self, ticket: Ticket, *, grace_s: float, clock: Callable[[], float] = time.monotonic) -> object:
+    def wait(
+        self,
+        ticket: Ticket,
+        *,
+        grace_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_notes: Callable[[list[Note]], None] | None = None,
+    ) -> object:
         """Block until the node resolves ``ticket``; every wait has a deadline.
 
         The node's own deadline (which moves while the node is parked) plus ``grace_s``
-        bounds it; a loop that died fails it at once.
+        bounds it; a loop that died fails it at once. ``on_notes`` gets the rendezvous events
+        posted meanwhile, on this thread and outside the lock.
         """
-        with self._answers:
-            while not ticket.done:
-                if self.fatal is not None:
-                    raise MingleStateError(f"the mingle loop stopped: {self.fatal}") from self.fatal
-                limit = None if ticket.deadline is None else ticket.deadline + grace_s
-                now = clock()
-                if limit is not None and now >= limit:
-                    raise MingleStateError(
-                        f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
-                        "this is a bug in torch_mingle"
-                    )
-                self._answers.wait(1.0 if limit is None else min(1.0, limit - now))
+        while True:
+            with self._answers:
+                notes = self._take_notes() if on_notes is not None else []
+                if not notes:
+                    if ticket.done:
+                        break
+                    if self.fatal is not None:
+                        raise MingleStateError(f"the mingle loop stopped: {self.fatal}") from self.fatal
+                    limit = None if ticket.deadline is None else ticket.deadline + grace_s
+                    now = clock()
+                    if limit is not None and now >= limit:
+                        raise MingleStateError(
+                            f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
+                            "this is a bug in torch_mingle"
+                        )
+                    self._answers.wait(1.0 if limit is None else min(1.0, limit - now))
+                    continue
+            assert on_notes is not None  # noqa: S101 - notes are taken only for it
+            on_notes(notes)
         if ticket.error is not None:
             raise ticket.error
         return ticket.result
@@ -375,6 +410,10 @@ class Node:
         self._unflushed = False
         #: Called with every election event (tests and simulations record them).
         self.trace: Callable[[float, object], None] | None = None
+        #: Where the node's rendezvous events go (``_events``; the handler: the board).
+        self.on_event: Sink = ignore
+        #: Its health check fails (``set_unfit``): it leads no term.
+        self.unfit = False
 
     @property
     def label(self) -> str:
@@ -591,6 +630,16 @@ class Node:
         if self._shutdown is not None:
             self.board.resolve(self._shutdown, result=True)
 
+    def set_unfit(self, unfit: bool, now: float) -> None:
+        """The node's health check failed (``unfit``) or passed again. An unfit node leads no
+        term: a leader gives its term up (the others elect another, and form their round
+        without this node), and it abandons any claim it wins until it is fit again."""
+        self.unfit = unfit
+        if unfit and self.term is not None:
+            self._unlead("this node's health check failed", now)
+            self.core.abandon(now)
+        self._flush(now)
+
     def request_leave(self, ticket: Ticket, now: float) -> None:
         """Leave the job at once (a preemption notice), the job going on without this node.
 
@@ -789,6 +838,7 @@ class Node:
             self._lead(ev.epoch, now)
         elif isinstance(ev, SteppedDown):
             log.warning("%s stepping down: %s beats our %s", self.label, ev.winner, ev.own)
+            self.on_event(Note("stepped_down", f"stepped down as leader: {ev.winner} beats {ev.own}"))
             self._unlead(f"this node stepped down as leader ({ev.winner} beats {ev.own})", now)
         elif isinstance(ev, LeaderFound):
             self._leader_found(ev.leader, now)
@@ -803,6 +853,9 @@ class Node:
             # Shutting down between two leaders: it only waits to tell the next one that the
             # job closed. Leading, it would resign at once, and nobody would hear the close.
             self.core.abandon(now)
+            return
+        if self.unfit:
+            self.core.abandon(now)  # its health check fails: a round needs its leader's node
             return
         try:
             port = self.net.listen(s.bind_ip)
@@ -844,11 +897,13 @@ class Node:
             label=s.label,
             own_history=self.history,
             seal_key=self.core.codec.key,
+            on_event=self.on_event,
         )
         self.term.start(now)
         if not self.core.leader_ready(now, s.advertised_ip, port, self.term.follows):
             self._unlead("the claim was overtaken before the term started", now)
             return
+        self.on_event(Note("leader_elected", f"leads the rendezvous (epoch {epoch})"))
         log.info(
             "%s this node leads job %r (epoch %d): control port %s:%d",
             self.label,
@@ -887,6 +942,8 @@ class Node:
         self._round_seen = max(self._round_seen, view.round)
         who = "this node" if view.is_self else view.store_ip
         log.info("%s leader: %s (%s), control port %d", self.label, who, view.claim, view.store_port)
+        if not view.is_self:
+            self.on_event(Note("leader_found", f"follows the leader {who} (epoch {view.claim.epoch})"))
         if view.closed and not view.is_self:
             self._job_closed_seen("its leader announces that the job finished")
             return
@@ -936,10 +993,12 @@ class Node:
             conn=conn,
             incarnation=s.incarnation,
             seal=Seal(self.core.codec.key, leader=False) if self.core.codec.key is not None else None,
+            on_event=self.on_event,
         )
         self._send_join(now)  # queued in the session, sent with the hello
 
     def _leader_lost(self, claim: Claim, reason: str, now: float) -> None:
+        self.on_event(Note("leader_lost", f"lost the leader {claim}: {reason}; electing again"))
         if self.session is not None and self.session.claim == claim:
             self._end_session()
         if self.in_round_claim == claim:

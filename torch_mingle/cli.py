@@ -6,6 +6,8 @@
   each interface hears, the jobs and the dropped datagrams seen on the group, and exits
   non-zero with advice when multicast reaches nobody.
 * ``ls`` lists the rendezvous jobs visible on the segment: every leader answers a probe.
+* ``check-gpu`` is an example of a health check (``health_check=torch-mingle check-gpu``):
+  every GPU computes and NCCL loads; skipped, with exit status 0, on a machine without a GPU.
 
 This module only parses: the commands (and torch, which they import) load after that, so
 ``--version`` and ``--help`` answer at once.
@@ -53,11 +55,18 @@ def parser() -> argparse.ArgumentParser:
             )
         else:
             c.add_argument("--json", action="store_true")
+    sub.add_parser("check-gpu", help="an example health check: every GPU computes, NCCL loads")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "check-gpu":
+        from torch_mingle._health import check_gpu  # noqa: PLC0415 - imports torch
+
+        code, said = check_gpu()
+        print(said)
+        return code
     from torch_mingle._doctor import run  # noqa: PLC0415 - imports torch: only once there is work
 
     return run(args)

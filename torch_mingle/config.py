@@ -88,6 +88,11 @@ class MingleConfig:
     #: How ranks follow the hardware (``_order``): ``host``, ``arrival``, ``env:VAR`` or
     #: ``topology``; rank 0 is always the leader, whose node hosts the store.
     rank_order: str = DEFAULT_POLICY
+    #: A command run (``/bin/sh -c``) before each join; a non-zero exit keeps the node out of
+    #: the round until it passes (``_health``).
+    health_check: str | None = None
+    #: Seconds one run of ``health_check`` may take before it is killed and counts as failed.
+    health_check_timeout: float = 60.0
     #: ``--rdzv_endpoint``: accepted and not used (some launchers pass one anyway); logged once.
     endpoint: str = ""
     #: Keys the user set explicitly, for logging.
@@ -339,6 +344,8 @@ _PARSERS: dict[str, Any] = {
     "data_path_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=3600.0, example="5"),
     "state_dir": _parse_str,
     "rank_order": parse_policy,
+    "health_check": _parse_str,
+    "health_check_timeout": lambda k, v: _parse_float(k, v, minimum=0.1, maximum=DAY_S, example="60"),
 }
 
 KNOWN_KEYS = tuple(sorted(_PARSERS))

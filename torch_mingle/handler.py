@@ -35,6 +35,8 @@ from torch.distributed.elastic.rendezvous import (
 
 from torch_mingle import BACKEND_NAME
 from torch_mingle._datapath import MingleDataPathError, ProbeListener, failure_message, peers_to_probe, probe
+from torch_mingle._events import Note, record_notes
+from torch_mingle._health import HEALTH_RETRY_S, Verdict, wait_until_healthy
 from torch_mingle._identity import Identity, default_state_dir
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, interface_for
 from torch_mingle._loop import Loop
@@ -328,6 +330,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         )
         self._node = Node(settings, core, self._loop, state=self._identity.state)
         self._board: Board = self._node.board
+        self._node.on_event = self._board.post_note
         self._round: Round | None = None
         self._closed = False
         self._shut = False
@@ -373,6 +376,25 @@ class MingleRendezvousHandler(RendezvousHandler):
         return self._board.wait_for(predicate, timeout_s)
 
     def next_rendezvous(self) -> RendezvousInfo:
+        self._note(Note("join", "attempts to join the next round of the rendezvous"))
+        try:
+            info = self._next_rendezvous()
+        except Exception as exc:
+            self._note(Note("join_failed", f"failed to join: {type(exc).__name__}: {exc}", "FAILED"))
+            raise
+        store = info.bootstrap_store_info
+        self._note(
+            Note(
+                "joined",
+                f"joined round {self._round.number if self._round else '?'} of the rendezvous as rank "
+                f"{info.rank} in a world of size {info.world_size}",
+                rank=info.rank,
+                master_endpoint=f"{store.master_addr}:{store.master_port}" if store else "",
+            )
+        )
+        return info
+
+    def _next_rendezvous(self) -> RendezvousInfo:
         if self._shut:
             raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
         if self._closed:
@@ -386,6 +408,8 @@ class MingleRendezvousHandler(RendezvousHandler):
                 # What the last round's probes left in the queue goes now, while the join
                 # waits, not when the round has formed and every node probes at once.
                 self._probe.drain()
+            if self._config.health_check:
+                self._check_health(started)
             left = self._config.join_timeout - (time.monotonic() - started)
             outcome = self._ask("join", left, self._node.request_join, while_waiting=_load_idna_codec)
             if isinstance(outcome, TimedOut):
@@ -420,12 +444,39 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._log_counters(outcome.round.number)
             return info
 
+    def _check_health(self, started: float) -> None:
+        """Run the site's check before the join; while it fails, this node stays out of the
+        rounds and leads none. Bounded by ``join_timeout``, counted from ``started``."""
+        cfg = self._config
+        assert cfg.health_check is not None  # noqa: S101 - called with one
+
+        def failed(verdict: Verdict) -> None:
+            log.warning(
+                "%s health check `%s` failed: %s; this node stays out of the job and tries again "
+                "in %gs\n%s",
+                self._label, cfg.health_check, verdict.why, HEALTH_RETRY_S, verdict.output,
+            )  # fmt: skip
+            self._note(Note("health_check_failed", f"failed its health check: {verdict.why}", "FAILED"))
+            self._loop.call(functools.partial(self._node.set_unfit, True))
+
+        deadline = started + cfg.join_timeout
+        verdict = wait_until_healthy(cfg.health_check, cfg.health_check_timeout, deadline, on_failure=failed)
+        self._loop.call(functools.partial(self._node.set_unfit, not verdict.ok))
+        if not verdict.ok:
+            self._failure = f"its health check failed: {verdict.why}"
+            raise MingleTimeoutError(
+                f"{self._label} this node's health check `{cfg.health_check}` kept failing for "
+                f"join_timeout={cfg.join_timeout:g}s, so it did not join: {verdict.why}. Its last "
+                f"output:\n{verdict.output or '(none)'}\nFix the node, or the check (README#health-checks)"
+            )
+
     def is_closed(self) -> bool:
         if self._board.diagnostics().closed:
             self._closed = True
         return self._closed
 
     def set_closed(self) -> None:
+        self._note(Note("set_closed", "marked the rendezvous as closed (set_closed)", "SUCCEEDED"))
         self._closed = True
         self._loop.call(functools.partial(self._node.request_close, "set_closed()"))
 
@@ -435,6 +486,9 @@ class MingleRendezvousHandler(RendezvousHandler):
         Read from the node's last snapshot: the agent polls this every monitor interval, and
         it must never wait on a leader that hangs.
         """
+        notes = self._board.take_notes()
+        if notes:
+            self._record_notes(notes)
         if self._round is None:
             return 0
         diag = self._board.diagnostics()
@@ -458,6 +512,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 close_timeout,
                 lambda t, now: self._node.request_shutdown(t, close_timeout, why, now),
             )
+        self._note(Note("shutdown", "closed the rendezvous", "SUCCEEDED"))
         self._loop.stop()
         if self._probe is not None:
             self._probe.close()
@@ -530,7 +585,14 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._loop.call(lambda now: request(ticket, now))  # type: ignore[operator]
         if while_waiting is not None and not self._board.answered_within(ticket, PRELOAD_AFTER_S):
             while_waiting()
-        return self._board.wait(ticket, grace_s=ANSWER_GRACE_S)
+        return self._board.wait(ticket, grace_s=ANSWER_GRACE_S, on_notes=self._record_notes)
+
+    def _note(self, note: Note) -> None:
+        """Record a rendezvous event of the agent's thread, after those the loop posted."""
+        self._record_notes([*self._board.take_notes(), note])
+
+    def _record_notes(self, notes: list[Note]) -> None:
+        record_notes(notes, self._config.run_id, f"{self._node_id:016x}")
 
     def _arrive_at_exit_barrier(self, round_number: int) -> None:
         """torch's agent enters the exit barrier: tell the leader first (bounded wait)."""

@@ -61,3 +61,14 @@ def test_two_doctors_hear_each_other_on_loopback():
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         assert "OK: multicast reaches 1 other node(s) on lo" in out
+
+
+def test_check_gpu_skips_a_machine_without_a_gpu_and_says_so():
+    import torch
+
+    done = mingle("check-gpu")
+    if torch.cuda.is_available():  # on a GPU machine it checks for real
+        assert done.returncode == 0 and "GPU(s) compute; NCCL" in done.stdout, done.stdout + done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "check-gpu: no CUDA device on this machine; nothing to check (skipped)"

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.helpers import (
+    ROOT,
     agent_env,
     assert_trained_together,
     dump,
@@ -222,3 +223,51 @@ def test_a_preempted_node_leaves_at_once_and_the_others_keep_their_restarts(tmp_
     print(f"preempted {who}: the other three joined round 2 {took:.2f}s after SIGTERM")
     # Not a heartbeat timeout (15 s): the leave was said, not inferred from silence.
     assert took < conf["keep_alive_interval"] * conf["keep_alive_max_attempt"] / 2, dump(agents)
+
+
+def _events(path):
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_site_event_handler_sees_join_death_and_close(tmp_path):
+    """torch's rendezvous events (``_events``), as a site's handler receives them: every node
+    records its join, the round and its rank; the leader records the member it lost, and the
+    survivors join again and close."""
+    job = unique_job("events")
+    cmd = _cmd(job, "2:3", tmp_path, steps=30, step_time=0.1)
+    launcher = [
+        cmd[0],
+        str(ROOT / "tests" / "events_launcher.py"),
+        *cmd[3:],
+    ]  # instead of -m torch.distributed.run
+    files = {f"node{i}": tmp_path / f"events-{i}.jsonl" for i in range(3)}
+    agents = [start_agent(name, launcher, tmp_path, env=agent_env(EVENTS_FILE=str(path)), job=job)
+              for name, path in files.items()]  # fmt: skip
+    wait_until(lambda: any("step 3/30" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
+    leader = leader_of(agents)
+    victim = next(a for a in agents if a is not leader)
+    victim.kill()
+    survivors = [a for a in agents if a is not victim]
+    assert finish_all(survivors) == [0, 0], dump(agents)
+    for agent in agents:
+        events = _events(files[agent.name])
+        names = [e["name"] for e in events]
+        assert {e["run_id"] for e in events} == {job}
+        assert names[0] == "mingle:join", names
+        assert names.index("mingle:joined") > names.index("mingle:join")
+        joined = next(e for e in events if e["name"] == "mingle:joined")
+        assert joined["rank"] in (0, 1, 2) and joined["master_endpoint"].startswith("127.0.0.1:")
+        assert joined["node_state"] == "RUNNING"
+        if agent is victim:
+            continue
+        assert names.count("mingle:joined") == 2, names  # round 1, then round 2 without the victim
+        assert names[-1] == "mingle:shutdown", names
+        assert events[-1]["node_state"] == "SUCCEEDED"
+    lead = [e["name"] for e in _events(files[leader.name])]
+    assert "mingle:leader_elected" in lead and "mingle:round_complete" in lead
+    lost = lead.index("mingle:node_lost")
+    assert lead.index("mingle:round_complete", lost) > lost  # the next round formed after the loss
+    assert "mingle:closed" in lead
+    follower = next(a for a in survivors if a is not leader)
+    follow = [e["name"] for e in _events(files[follower.name])]
+    assert "mingle:leader_found" in follow and "mingle:keep_alive" in follow

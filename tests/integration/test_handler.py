@@ -205,3 +205,24 @@ def test_ranks_follow_the_rank_order_policy_from_the_leader_around(make_handler,
     # The next round keeps the order: same members, same leader, same ranks.
     again = rendezvous_all(handlers)
     assert [i.rank for i in again] == [i.rank for i in infos]
+
+
+def test_a_node_whose_health_check_fails_stays_out_and_the_others_go_on(make_handler, tmp_path):
+    """Three nodes, one sick (its check fails: exit 1, with a message). It leads at first: it
+    gives up leadership, the two others form their round, and its own join fails at
+    ``join_timeout`` with the check's output."""
+    job = unique_job("health")
+    sick = make_handler(job, 2, 3, health_check="echo 'GPU 1: ECC errors' >&2; exit 1", join_timeout="12",
+                        last_call_timeout="1")  # fmt: skip
+    assert sick.wait_diagnostics(lambda d: d.is_leader, 10.0) is not None, sick.diagnostics()
+    with ThreadPoolExecutor(3) as pool:
+        sick_join = pool.submit(sick.next_rendezvous)
+        assert sick.wait_diagnostics(lambda d: not d.is_leader, 10.0) is not None, sick.diagnostics()
+        healthy = [make_handler(job, 2, 3, health_check="true", last_call_timeout="1") for _ in range(2)]
+        infos = list(pool.map(lambda h: h.next_rendezvous(), healthy))
+        assert sorted(i.rank for i in infos) == [0, 1] and {i.world_size for i in infos} == {2}
+        with pytest.raises(MingleTimeoutError) as err:
+            sick_join.result(timeout=60)
+    message = str(err.value)
+    assert "health check `echo 'GPU 1: ECC errors' >&2; exit 1` kept failing" in message
+    assert "it exited with status 1" in message and "GPU 1: ECC errors" in message

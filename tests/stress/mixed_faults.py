@@ -33,6 +33,7 @@ import argparse
 import itertools
 import json
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -202,6 +203,10 @@ def main() -> int:
         at_leader = at_leader or fault == "mcast-off"
         with tempfile.TemporaryDirectory(prefix="mingle-stress-") as tmp:
             result = trial(i + 1, fault, at_leader, Path(tmp), rng)
+            if not result["ok"]:  # the agents' logs outlive the trial: they say why
+                kept = Path(tempfile.mkdtemp(prefix=f"mingle-stress-failed-{i + 1}-"))
+                shutil.copytree(tmp, kept, dirs_exist_ok=True)
+                result["error"] += f" (logs: {kept})"
         results.append(result)
         rec, rdzv = result.get("recovery_s"), result.get("rendezvous_s")
         rec_text = f"{rec:5.2f}s" if isinstance(rec, float) else "   - "

@@ -666,6 +666,22 @@ class World:
             inherit = old.node.core.node_id if self.inherit_identity else None
             self._spawn(old.host, self.sim.now, node_id=inherit)
 
+    def _do_unfit(self, e: sc.Event, agent: _Agent) -> None:
+        """The agent's health check fails, and passes again at the end (``Node.set_unfit``);
+        a frozen agent runs no check: it learns of it when it thaws."""
+        node = agent.node
+        if node.frozen:
+            return  # a frozen agent runs no check
+
+        def fit_again() -> None:
+            if node.alive and node.frozen:
+                self._at(self.sim.now + 0.25, fit_again)  # it checks again once thawed
+            elif node.alive:
+                node.node.set_unfit(False, self.sim.now)
+
+        node.node.set_unfit(True, self.sim.now)
+        self._at(e.ends, fit_again)
+
     def _do_freeze(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.freeze(agent.node)
         self._at(e.ends, lambda: self._thaw(agent))

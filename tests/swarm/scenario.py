@@ -41,6 +41,7 @@ KINDS: dict[str, int] = {
     "workers_fail": 6,  # a worker fails: the agent re-joins at once
     "sigterm": 3,  # a preemption notice: the agent leaves gracefully
     "shutdown": 1,  # an agent's shutdown(): the job closes for every node
+    "unfit": 3,  # the node's health check fails for a while: it leads no term meanwhile
 }
 FAULT_KINDS = frozenset(KINDS) - {"workers_fail", "sigterm", "shutdown"}
 
@@ -182,6 +183,8 @@ def _event(rng: random.Random, kind: str, hosts: int) -> Event:
         return Event(at, kind, node, dur=round(rng.uniform(0.5, 8.0), 3), args=(step,))
     if kind in ("forge", "replay"):
         return Event(at, kind, args=(rng.randint(1, 20),))
+    if kind == "unfit":
+        return Event(at, kind, node, dur=round(rng.uniform(0.5, 6.0), 3))
     if kind == "rogue":
         return Event(at, kind, node, dur=round(rng.uniform(0.5, 5.0), 3), args=(rng.random() < 0.5,))
     return Event(at, kind, node)  # workers_fail, sigterm, shutdown, reset_conns

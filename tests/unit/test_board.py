@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from torch_mingle._events import MAX_PENDING_NOTES, Note
 from torch_mingle._node import Board, Diagnostics, Ticket
 
 
@@ -41,6 +42,7 @@ def test_answered_within_returns_at_once_when_the_loop_failed():
 
 REENTRY = """
 import os, signal
+from torch_mingle._events import MAX_PENDING_NOTES, Note
 from torch_mingle._node import Board, Diagnostics, Ticket
 
 board = Board(Diagnostics(node_id="1", job="job", role="idle"))
@@ -64,3 +66,36 @@ def test_a_signal_handler_that_waits_on_the_board_inside_a_board_call_does_not_d
     except subprocess.TimeoutExpired:
         pytest.fail("the handler deadlocked on the board's lock")
     assert done.returncode == 0 and "handled [True]" in done.stdout, done.stdout + done.stderr
+
+
+def test_events_posted_during_a_wait_are_recorded_on_the_waiting_thread_before_the_answer():
+    board = _board()
+    ticket = Ticket("join", 3)
+    ticket.deadline = time.monotonic() + 30.0
+    seen: list[tuple[str, str]] = []
+
+    def loop_thread() -> None:
+        board.post_note(Note("leader_found", "follows"))
+        board.post_note(Note("round_complete", "round 1"))
+        board.resolve(ticket, result="round")
+
+    worker = threading.Thread(target=loop_thread)
+    worker.start()
+    result = board.wait(
+        ticket,
+        grace_s=1.0,
+        on_notes=lambda notes: seen.extend((n.name, threading.current_thread().name) for n in notes),
+    )
+    worker.join(5.0)
+    assert result == "round"
+    me = threading.current_thread().name
+    assert seen == [("leader_found", me), ("round_complete", me)]
+    assert board.take_notes() == []
+
+
+def test_events_nobody_records_are_bounded():
+    board = _board()
+    for i in range(MAX_PENDING_NOTES + 10):
+        board.post_note(Note("keep_alive", str(i)))
+    notes = board.take_notes()
+    assert len(notes) == MAX_PENDING_NOTES and notes[0].message == "10"  # the oldest went first

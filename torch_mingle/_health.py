@@ -1,0 +1,132 @@
+"""A site's health check, run before each join (``health_check=COMMAND``), and the example check.
+
+How it works
+------------
+Before every join the handler runs ``COMMAND`` with ``/bin/sh -c`` in a session of its own,
+bounded by ``health_check_timeout``; on a timeout the whole process group is killed. Exit 0
+lets the node join. Anything else keeps it out of the round: the node does not join (the
+others form their round without it), waits ``HEALTH_RETRY_S`` and runs the check again, until
+``join_timeout`` ends the wait with an error that carries the check's last output.
+
+``torch-mingle check-gpu`` (``check_gpu``) is an example check: CUDA visible, a small
+allocation and a kernel on every GPU, NCCL loadable. On a machine without a GPU it says so and
+exits 0, so one command line serves a mixed cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+
+from torch_mingle._record import record
+
+#: Seconds between two runs of a failing check.
+HEALTH_RETRY_S = 5.0
+#: Seconds to read what a killed check printed.
+DRAIN_S = 2.0
+#: What an error quotes of a failing check's output: its end.
+OUTPUT_TAIL_CHARS = 2000
+
+
+@record
+class Verdict:
+    ok: bool
+    #: Why not, in one line: the exit status or the timeout.
+    why: str = ""
+    #: The end of what the check printed (stdout and stderr together).
+    output: str = ""
+
+
+def run_check(command: str, timeout_s: float) -> Verdict:
+    """Run ``command`` once, bounded by ``timeout_s``; never raises for the command's sake."""
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout kills what it started too
+        )
+    except OSError as exc:
+        return Verdict(ok=False, why=f"it could not start: {exc}")
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return Verdict(ok=False, why=f"it did not finish within {timeout_s:g}s", output=_drain(proc))
+    if proc.returncode == 0:
+        return Verdict(ok=True, output=_tail(out))
+    code = proc.returncode
+    why = f"it was killed by signal {-code}" if code < 0 else f"it exited with status {code}"
+    return Verdict(ok=False, why=why, output=_tail(out))
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> str:
+    """What a killed check printed; bounded, since a process it started in a session of its
+    own may hold its output open for ever."""
+    try:
+        out, _ = proc.communicate(timeout=DRAIN_S)
+    except subprocess.TimeoutExpired:
+        assert proc.stdout is not None  # noqa: S101 - started with a pipe
+        proc.stdout.close()
+        proc.wait(timeout=DRAIN_S)
+        return "(its output stayed open: a process it started lives on)"
+    return _tail(out)
+
+
+def _tail(raw: bytes) -> str:
+    text = raw.decode(errors="replace").strip()
+    return text if len(text) <= OUTPUT_TAIL_CHARS else "..." + text[-OUTPUT_TAIL_CHARS:]
+
+
+def wait_until_healthy(
+    command: str,
+    timeout_s: float,
+    deadline: float,
+    *,
+    on_failure: Callable[[Verdict], None],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Verdict:
+    """Run the check until it passes or ``deadline`` (``clock`` time) is reached; the last verdict.
+
+    Each run is bounded by ``timeout_s`` and by what is left before ``deadline``.
+    """
+    last: Verdict | None = None
+    while True:
+        left = deadline - clock()
+        if left <= 0:
+            return last or Verdict(ok=False, why="no time was left to run it")
+        verdict = run_check(command, min(timeout_s, left))
+        if verdict.ok:
+            return verdict
+        on_failure(verdict)
+        last = verdict
+        sleep(max(0.0, min(HEALTH_RETRY_S, deadline - clock())))
+
+
+def check_gpu() -> tuple[int, str]:
+    """``torch-mingle check-gpu``: its exit status and what it says. 0 when every GPU computes
+    and NCCL loads, and when there is no GPU (skipped)."""
+    import torch  # noqa: PLC0415 - the command's own work
+
+    if not torch.cuda.is_available():
+        return 0, "check-gpu: no CUDA device on this machine; nothing to check (skipped)"
+    n = 1 << 20
+    expected = float(n * (n - 1))  # the sum of 2 * (0 .. n-1)
+    try:
+        for index in range(torch.cuda.device_count()):
+            with torch.cuda.device(index):
+                total = float((torch.arange(n, dtype=torch.float64, device="cuda") * 2).sum().item())
+                torch.cuda.synchronize()
+            if total != expected:
+                return 1, f"check-gpu: cuda:{index} computed {total}, expected {expected}"
+        version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+    except Exception as exc:  # any failure is the verdict: say it, do not raise
+        return 1, f"check-gpu: {type(exc).__name__}: {exc}"
+    return 0, f"check-gpu: {torch.cuda.device_count()} GPU(s) compute; NCCL {version} loads"
