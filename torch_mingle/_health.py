@@ -19,15 +19,18 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import IO
 
 from torch_mingle._record import record
 
 #: Seconds between two runs of a failing check.
 HEALTH_RETRY_S = 5.0
-#: Seconds to read what a killed check printed.
-DRAIN_S = 2.0
+#: Seconds for a killed check to be reaped.
+REAP_S = 2.0
 #: What an error quotes of a failing check's output: its end.
 OUTPUT_TAIL_CHARS = 2000
 
@@ -42,46 +45,52 @@ class Verdict:
 
 
 def run_check(command: str, timeout_s: float) -> Verdict:
-    """Run ``command`` once, bounded by ``timeout_s``; never raises for the command's sake."""
-    try:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: a timeout kills what it started too
-        )
-    except OSError as exc:
-        return Verdict(ok=False, why=f"it could not start: {exc}")
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        return Verdict(ok=False, why=f"it did not finish within {timeout_s:g}s", output=_drain(proc))
-    if proc.returncode == 0:
-        return Verdict(ok=True, output=_tail(out))
-    code = proc.returncode
-    why = f"it was killed by signal {-code}" if code < 0 else f"it exited with status {code}"
-    return Verdict(ok=False, why=why, output=_tail(out))
+    """Run ``command`` once, bounded by ``timeout_s``; never raises for the command's sake.
+
+    Its output goes to a temporary file, not a pipe: a process it leaves behind cannot keep a
+    read waiting, and a check that prints without end costs disk, not the agent's memory.
+    """
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a timeout kills what it started too
+            )
+        except OSError as exc:
+            return Verdict(ok=False, why=f"it could not start: {exc}")
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            try:
+                proc.wait(timeout=REAP_S)
+            except subprocess.TimeoutExpired:
+                why = f"it ran over {timeout_s:g}s, and SIGKILL did not end it (hung in the kernel?)"
+                return Verdict(ok=False, why=why, output=_tail(out))
+            return Verdict(ok=False, why=f"it did not finish within {timeout_s:g}s", output=_tail(out))
+        except BaseException:  # a signal for the agent (torch's SignalException): the check goes too
+            _kill_group(proc)
+            raise
+        if code == 0:
+            return Verdict(ok=True, output=_tail(out))
+        why = f"it was killed by signal {-code}" if code < 0 else f"it exited with status {code}"
+        return Verdict(ok=False, why=why, output=_tail(out))
 
 
-def _drain(proc: subprocess.Popen[bytes]) -> str:
-    """What a killed check printed; bounded, since a process it started in a session of its
-    own may hold its output open for ever."""
-    try:
-        out, _ = proc.communicate(timeout=DRAIN_S)
-    except subprocess.TimeoutExpired:
-        assert proc.stdout is not None  # noqa: S101 - started with a pipe
-        proc.stdout.close()
-        proc.wait(timeout=DRAIN_S)
-        return "(its output stayed open: a process it started lives on)"
-    return _tail(out)
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _tail(raw: bytes) -> str:
-    text = raw.decode(errors="replace").strip()
-    return text if len(text) <= OUTPUT_TAIL_CHARS else "..." + text[-OUTPUT_TAIL_CHARS:]
+def _tail(out: IO[bytes]) -> str:
+    """The end of what the check wrote (``OUTPUT_TAIL_CHARS``, read from the file's end)."""
+    size = out.seek(0, os.SEEK_END)
+    out.seek(max(0, size - OUTPUT_TAIL_CHARS))
+    text = out.read().decode(errors="replace").strip()
+    return text if size <= OUTPUT_TAIL_CHARS else "..." + text
 
 
 def wait_until_healthy(
@@ -116,6 +125,12 @@ def check_gpu() -> tuple[int, str]:
     import torch  # noqa: PLC0415 - the command's own work
 
     if not torch.cuda.is_available():
+        devices = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+        if devices:  # GPUs there, CUDA not usable: a broken driver or CUDA set-up is sick
+            return (
+                1,
+                f"check-gpu: {len(devices)} NVIDIA device(s) in /dev, but CUDA is not available to torch",
+            )
         return 0, "check-gpu: no CUDA device on this machine; nothing to check (skipped)"
     n = 1 << 20
     expected = float(n * (n - 1))  # the sum of 2 * (0 .. n-1)

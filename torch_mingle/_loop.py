@@ -545,7 +545,7 @@ class Loop:
         if self._next_resolve is not None and now >= self._next_resolve:
             self._resolve_peers_now()
         if self._standby_at is not None and now >= self._standby_at:
-            self._use_standby_peers()
+            self._use_standby_peers(now)
         for stream in list(self._streams.values()):
             if stream.closing_by is not None and now >= stream.closing_by:
                 self._drop(stream)
@@ -578,15 +578,17 @@ class Loop:
             return via
         return next((t for t in self.transports if t.iface.holds_network_of(ip)), self.transports[0])
 
-    def _use_standby_peers(self) -> None:
-        """Nothing heard on the group for a while: reach the standby hosts by unicast too."""
-        self._standby_at = None
+    def _use_standby_peers(self, now: float) -> None:
+        """Looked at every ``STANDBY_AFTER_S``: a node still alone (``Node.alone``: multicast
+        carries nothing between it and the others) reaches the standby hosts by unicast too."""
         assert self.node is not None  # noqa: S101
-        if self.node.core.peers:
-            return  # multicast carries the job: no need
+        if not self.node.alone():
+            self._standby_at = now + STANDBY_AFTER_S
+            return
+        self._standby_at = None
         log.warning(
-            "%s no node of the job heard by multicast in %gs; trying the %d hosts of the Slurm node "
-            "list by unicast (README#slurm)",
+            "%s alone after %gs: no node of the job reached by multicast; trying the %d hosts of the "
+            "Slurm node list by unicast (README#slurm)",
             self.label,
             STANDBY_AFTER_S,
             len(self.standby_peers),

@@ -315,23 +315,27 @@ class Board:
         """
         while True:
             with self._answers:
+                # The answer, the loop's failure and the deadline are read in the same pass as
+                # the notes: a handler slower than the notes come never delays them.
                 notes = self._take_notes() if on_notes is not None else []
-                if not notes:
-                    if ticket.done:
-                        break
-                    if self.fatal is not None:
-                        raise MingleStateError(f"the mingle loop stopped: {self.fatal}") from self.fatal
-                    limit = None if ticket.deadline is None else ticket.deadline + grace_s
-                    now = clock()
-                    if limit is not None and now >= limit:
-                        raise MingleStateError(
-                            f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
-                            "this is a bug in torch_mingle"
-                        )
+                done, fatal = ticket.done, self.fatal
+                limit = None if ticket.deadline is None else ticket.deadline + grace_s
+                now = clock()
+                if not (notes or done or fatal is not None or (limit is not None and now >= limit)):
                     self._answers.wait(1.0 if limit is None else min(1.0, limit - now))
                     continue
-            assert on_notes is not None  # noqa: S101 - notes are taken only for it
-            on_notes(notes)
+            if notes:
+                assert on_notes is not None  # noqa: S101 - notes are taken only for it
+                on_notes(notes)
+            if done:
+                break
+            if fatal is not None:
+                raise MingleStateError(f"the mingle loop stopped: {fatal}") from fatal
+            if limit is not None and now >= limit:
+                raise MingleStateError(
+                    f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
+                    "this is a bug in torch_mingle"
+                )
         if ticket.error is not None:
             raise ticket.error
         return ticket.result
@@ -629,6 +633,15 @@ class Node:
         self.core.stop()
         if self._shutdown is not None:
             self.board.resolve(self._shutdown, result=True)
+
+    def alone(self) -> bool:
+        """Whether this node is cut off from its job as far as it can tell: it heard no other
+        node, or it follows no leader, or it leads one that nobody follows (``_slurm``)."""
+        if not self.core.peers:
+            return True
+        if self.term is not None:
+            return self.term.connected_nodes() == 0
+        return self.session is None or not self.session.ready
 
     def set_unfit(self, unfit: bool, now: float) -> None:
         """The node's health check failed (``unfit``) or passed again. An unfit node leads no

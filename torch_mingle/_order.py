@@ -16,7 +16,6 @@ that starts at itself, since rank 0 hosts the store (``_rounds.rank_order``).
 
 from __future__ import annotations
 
-import functools
 import re
 import socket
 from collections.abc import Mapping
@@ -81,7 +80,6 @@ def place_of(policy: str, environ: Mapping[str, str], hostname: str | None = Non
 _DIGITS = re.compile(r"(\d+)")
 
 
-@functools.lru_cache(maxsize=65536)
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     """Sort key that reads digit runs as numbers (``node7`` before ``node66``) and compares
     ``/``-separated parts one by one (``rack2/x`` before ``rack10/a``)."""

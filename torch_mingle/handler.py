@@ -335,6 +335,8 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._closed = False
         self._shut = False
         self._failure: str | None = None
+        #: Its health check never passed within ``join_timeout``: it leaves, not closes.
+        self._unhealthy = False
         self._user_env = {var: os.environ.get(var) for var in SOCKET_IFNAME_VARS}
         self._sigterm_hook = self._on_sigterm  # one bound method: the handler we install, by identity
         self._sigterm_prev: Any = None
@@ -464,6 +466,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._loop.call(functools.partial(self._node.set_unfit, not verdict.ok))
         if not verdict.ok:
             self._failure = f"its health check failed: {verdict.why}"
+            self._unhealthy = True
             raise MingleTimeoutError(
                 f"{self._label} this node's health check `{cfg.health_check}` kept failing for "
                 f"join_timeout={cfg.join_timeout:g}s, so it did not join: {verdict.why}. Its last "
@@ -506,12 +509,17 @@ class MingleRendezvousHandler(RendezvousHandler):
         # A leader keeps its stores up until every other node has left (their exit barriers).
         close_timeout = self._config.close_timeout
         why = f"it shut down after: {self._failure}" if self._failure else "it finished"
-        with contextlib.suppress(MingleError):
-            self._ask(
-                "shutdown",
-                close_timeout,
-                lambda t, now: self._node.request_shutdown(t, close_timeout, why, now),
-            )
+        if self._unhealthy:
+            # Its health check never passed: this node leaves, and the job goes on without it
+            # (closing the rendezvous would end it for every node).
+            self.leave()
+        else:
+            with contextlib.suppress(MingleError):
+                self._ask(
+                    "shutdown",
+                    close_timeout,
+                    lambda t, now: self._node.request_shutdown(t, close_timeout, why, now),
+                )
         self._note(Note("shutdown", "closed the rendezvous", "SUCCEEDED"))
         self._loop.stop()
         if self._probe is not None:
@@ -545,6 +553,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         signal.signal(signal.SIGTERM, prev)  # a second SIGTERM goes straight to torch
         if not self._left and not self._shut:
             self._left = True
+            log.warning("%s SIGTERM: leaving the job", self._label)
             self.leave()
         prev(signum, frame)  # torch's: stops the workers, the agent exits
 
@@ -556,7 +565,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         others' workers fail, which counts against their ``--max-restarts``.
         """
         wait_s = min(self._config.close_timeout, MAX_LEAVE_WAIT_S)
-        log.warning("%s SIGTERM: leaving the job; the others go on without this node", self._label)
+        log.warning("%s leaving: the others go on without this node", self._label)
         started = time.monotonic()
         try:
             went_on = self._ask("leave", wait_s, self._node.request_leave)

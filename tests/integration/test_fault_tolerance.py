@@ -253,7 +253,8 @@ def test_a_site_event_handler_sees_join_death_and_close(tmp_path):
         events = _events(files[agent.name])
         names = [e["name"] for e in events]
         assert {e["run_id"] for e in events} == {job}
-        assert names[0] == "mingle:join", names
+        # The node may find its leader before torch's agent first asks to join: that comes first.
+        assert set(names[: names.index("mingle:join")]) <= {"mingle:leader_found", "mingle:leader_elected"}
         assert names.index("mingle:joined") > names.index("mingle:join")
         joined = next(e for e in events if e["name"] == "mingle:joined")
         assert joined["rank"] in (0, 1, 2) and joined["master_endpoint"].startswith("127.0.0.1:")

@@ -226,3 +226,8 @@ def test_a_node_whose_health_check_fails_stays_out_and_the_others_go_on(make_han
     message = str(err.value)
     assert "health check `echo 'GPU 1: ECC errors' >&2; exit 1` kept failing" in message
     assert "it exited with status 1" in message and "GPU 1: ECC errors" in message
+    # torch's agent shuts the sick node's handler down: it leaves, the job stays open, and the
+    # others' next round forms (a close would make their next_rendezvous() fail).
+    sick.shutdown()
+    again = rendezvous_all(healthy)
+    assert sorted(i.rank for i in again) == [0, 1]

@@ -117,6 +117,9 @@ class Cluster:
         )
         self.conf.write_text(
             f"ClusterName=mingle\n"
+            # Job ids of their own: a job's id is its rendezvous id, and the nodes' state
+            # directories (``state_dir``) outlive a cluster.
+            f"FirstJobId={secrets.randbelow(10**8) + 10**6}\n"
             f"SlurmctldHost=ctl({self.controller.ip})\n"
             f"SlurmUser=root\nSlurmdUser=root\n"
             f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={r / 'munge' / 'munge.sock'}\n"
@@ -155,23 +158,42 @@ class Cluster:
 
         _wait_for(idle, START_S, f"{self.nodes} idle Slurm nodes", self.root / "log")
 
-    def run(self, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """A Slurm client command, run on the controller's network."""
+    def run(
+        self, *cmd: str, check: bool = True, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """A Slurm client command, run on the controller's network (``env``: more variables;
+        sbatch passes its environment on to the job)."""
         assert self.controller is not None
         return subprocess.run(
             ["ip", "netns", "exec", self.controller.name, *cmd], capture_output=True, text=True,
-            env=self.env, timeout=timeout, check=check,
+            env={**self.env, **(env or {})}, timeout=timeout, check=check,
         )  # fmt: skip
 
-    def slurmd_of(self, host: Host) -> subprocess.Popen[bytes]:
-        return self.daemons[self.node_name(host)]
+    def processes_on(self, host: Host) -> list[int]:
+        """Every process in ``host``'s network namespace: its slurmd and what that started (a
+        job's slurmstepd is re-parented to init, so it is no descendant of our slurmd)."""
+        try:
+            ns = os.stat(f"/run/netns/{host.name}").st_ino
+        except OSError:
+            return []
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{entry}/ns/net").st_ino == ns:
+                        found.append(int(entry))
+        return found
 
     def stop(self) -> None:
-        """Kill every process started here (and what they started: the jobs), by PID."""
+        """Kill every process started here, by PID: the daemons, what they started, and every
+        process in the cluster's namespaces (the jobs)."""
+        hosts = [h for h in (self.controller, *self.hosts) if h is not None]
+        pids = [p for h in hosts for p in self.processes_on(h)]
         for proc in self.daemons.values():
-            for pid in [proc.pid, *descendants(proc.pid)]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            pids += [proc.pid, *descendants(proc.pid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         for proc in self.daemons.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)

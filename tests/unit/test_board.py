@@ -99,3 +99,29 @@ def test_events_nobody_records_are_bounded():
         board.post_note(Note("keep_alive", str(i)))
     notes = board.take_notes()
     assert len(notes) == MAX_PENDING_NOTES and notes[0].message == "10"  # the oldest went first
+
+
+def test_a_recorder_slower_than_the_events_never_keeps_the_answer_waiting():
+    board = _board()
+    ticket = Ticket("join", 4)
+    ticket.deadline = time.monotonic() + 30.0
+    stop = threading.Event()
+
+    def chatty_loop() -> None:  # an event every 10 ms, for ever
+        while not stop.is_set():
+            board.post_note(Note("keep_alive", "beat"))
+            time.sleep(0.01)
+
+    noisy = threading.Thread(target=chatty_loop)
+    noisy.start()
+    timer = threading.Timer(0.2, lambda: board.resolve(ticket, result="round"))
+    timer.start()
+    started = time.monotonic()
+    try:
+        result = board.wait(ticket, grace_s=1.0, on_notes=lambda notes: time.sleep(0.05))
+    finally:
+        stop.set()
+        timer.cancel()
+        noisy.join(5.0)
+    assert result == "round"
+    assert time.monotonic() - started < 5.0
