@@ -371,6 +371,8 @@ class Node:
         self.saw_open = False
         #: The leader said a healthy round runs without this node (a spare, or held off).
         self.parked = False
+        #: How often it was parked: a wait restarts at the end of each (README "Every wait").
+        self.parks = 0
         self.recoveries = 0
         self.last_error: str | None = None
         self._join: Ticket | None = None
@@ -1164,6 +1166,7 @@ class Node:
         elif kind == "closed":
             self._job_closed_seen(text or "the job was closed while this node waited")
         elif kind == "wait":
+            self.parks += parked and not self.parked
             self.parked = parked
             self._set_deadline(join, None if parked else now + join.timeout_s)
             if parked:

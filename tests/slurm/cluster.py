@@ -42,10 +42,11 @@ def slurm_available() -> str | None:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return f"Slurm ({', '.join(PACKAGES)}) is not installed and cannot be installed: root and apt needed"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    done = subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )  # fmt: skip
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900, check=False)
+    if done.returncode != 0:  # a fresh machine may have no package lists yet
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=900, check=False)
+        done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900, check=False)
     if done.returncode != 0 or not all(shutil.which(tool) for tool in NEEDED):
         return f"installing {' '.join(PACKAGES)} failed: {done.stdout[-500:]}{done.stderr[-500:]}"
     return None

@@ -136,6 +136,8 @@ class _Agent:
     round: _Round | None = None
     tokens: list[tuple[int, int]] = field(default_factory=list)
     thawed_at: float = 0.0
+    #: The node's count of parks when the harness last looked (``Node.parks``).
+    parks_seen: int = 0
 
     @property
     def node_id(self) -> int:
@@ -290,8 +292,10 @@ class World:
                 continue
             ticket = agent.ticket
             if agent.state == "joining":
-                if node.node.parked:
-                    agent.since = now  # waits for the job, not for a timeout (README)
+                if node.node.parked or node.node.parks != agent.parks_seen:
+                    # It waits for the job, not for a timeout (README): its wait restarts when
+                    # it is no longer parked, also after a park shorter than a monitor step.
+                    agent.parks_seen, agent.since = node.node.parks, now
                 if ticket is not None and ticket.done:
                     self._joined(agent, ticket)
             elif agent.state == "running":
