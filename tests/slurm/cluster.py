@@ -30,6 +30,8 @@ PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 NEEDED = ("slurmctld", "slurmd", "sbatch", "scontrol", "munged")
 SUBNET = "198.18.3"
 START_S = 60.0
+#: Slurm's MaxJobId is 67,043,328 by default: a first job id stays well below it.
+MAX_FIRST_JOB_ID = 60_000_000
 
 
 def slurm_available() -> str | None:
@@ -120,7 +122,7 @@ class Cluster:
             f"ClusterName=mingle\n"
             # Job ids of their own: a job's id is its rendezvous id, and the nodes' state
             # directories (``state_dir``) outlive a cluster.
-            f"FirstJobId={secrets.randbelow(10**8) + 10**6}\n"
+            f"FirstJobId={secrets.randbelow(MAX_FIRST_JOB_ID) + 1000}\n"
             f"SlurmctldHost=ctl({self.controller.ip})\n"
             f"SlurmUser=root\nSlurmdUser=root\n"
             f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={r / 'munge' / 'munge.sock'}\n"
