@@ -3,9 +3,10 @@
 How it works
 ------------
 Each node turns the job's ``rank_order`` policy into one short string, its place, and sends it
-with every join. The leader sorts the members by place (digit runs compare as numbers,
-``/``-separated parts one by one: ``_rounds.natural_key``) and reads the sorted list as a ring
-that starts at itself, since rank 0 hosts the store (``_rounds.rank_order``).
+with every join. The leader admits members whatever their places (itself, the previous round,
+then arrival order), sorts the admitted by place (digit runs compare as numbers, ``/``-separated
+parts one by one: ``natural_key``) and reads the sorted list as a ring that starts at itself,
+since rank 0 hosts the store (``_rounds.rank_order``).
 
 * ``arrival``: no place; the previous round's order, then arrival order (the leader first).
 * ``host``: the host name (``node7`` before ``node66``; ties fall back to arrival order).
