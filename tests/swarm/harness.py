@@ -549,13 +549,14 @@ class World:
         for r in self.rounds.values():
             if r.delivered and (r.lineage not in newest or r.key[2] > newest[r.lineage].key[2]):
                 newest[r.lineage] = r
-        # A proposal a node accepted, newer than every round an agent ran, may have formed (its
-        # leader had the votes and was lost before it told anyone): a leader that heard of it
-        # may not go on without a majority of its members either (``RoundBook.uncertain``),
-        # whether or not it formed.
+        # A proposal a node accepted, at least as new as every round an agent ran, may have
+        # formed (its leader had the votes and was lost before it told anyone): a leader that
+        # heard of it may not go on without a majority of its members either
+        # (``RoundBook.uncertain``), whether or not it formed. "At least": a term on another
+        # side of a partition may propose a round of the same number as the one that ran.
         ran = max((r.key[2] for r in self.rounds.values() if r.delivered), default=0)
         for key, (_, members) in self.accepted.items():
-            if key not in self.rounds and key[2] > ran and 2 * len(alive & set(members)) <= len(members):
+            if key not in self.rounds and key[2] >= ran and 2 * len(alive & set(members)) <= len(members):
                 return False
         if not newest:
             return True  # no round yet: the first one needs no majority of anything
