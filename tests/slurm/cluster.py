@@ -18,12 +18,10 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers import descendants
+from tests.helpers import descendants, wait_until
 from tests.netns.segment import NETNS_ETC, Host, Segment, netns_available
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -106,7 +104,7 @@ class Cluster:
              f"--seed-file={munge / 'munged.seed'}"],
             stdout=subprocess.DEVNULL, stderr=(munge / "munged.out").open("wb"), start_new_session=True,
         )  # fmt: skip
-        _wait_for((munge / "munge.sock").exists, 20, "munged's socket", munge / "munged.out")
+        wait_until((munge / "munge.sock").exists, 20, f"munged's socket; see {munge / 'munged.out'}", 0.2)
 
     def _write_conf(self) -> None:
         assert self.controller is not None
@@ -159,7 +157,7 @@ class Cluster:
             states = done.stdout.split()
             return done.returncode == 0 and states[:1] == ["idle"] and states[1:2] == [str(self.nodes)]
 
-        _wait_for(idle, START_S, f"{self.nodes} idle Slurm nodes", self.root / "log")
+        wait_until(idle, START_S, f"{self.nodes} idle Slurm nodes; see {self.root / 'log'}", 0.2)
 
     def run(
         self, *cmd: str, check: bool = True, timeout: float = 60, env: dict[str, str] | None = None
@@ -209,11 +207,3 @@ class Cluster:
             text = path.read_text(errors="replace")
             parts.append(f"--- {path.name}\n{text[-3000:]}")
         return "\n".join(parts)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, where: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; see {where}")
-        time.sleep(0.2)
