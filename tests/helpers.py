@@ -229,13 +229,18 @@ def train_on_hosts(
     prefix: str = "net",
     env: dict[str, str] | None = None,
     extra: Sequence[str] = (),
+    env_of: Any = None,
 ) -> tuple[list[Agent], list[dict[str, Any]]]:
-    """One agent per namespace host trains ``steps`` steps; all exit 0 and trained together."""
+    """One agent per namespace host trains ``steps`` steps; all exit 0 and trained together.
+
+    ``env_of(host)``: each host's environment of its own, instead of ``env``."""
     cmd = torchrun_cmd(
         job=unique_job(prefix), nnodes=str(len(hosts)), nproc=1, conf={"join_timeout": 120, **conf},
         script_args=["--steps", str(steps), "--report", str(tmp_path / "report")], extra=extra,
     )  # fmt: skip
-    agents = [start_agent(h.name, cmd, tmp_path, netns=h.name, env=env) for h in hosts]
+    agents = [
+        start_agent(h.name, cmd, tmp_path, netns=h.name, env=env_of(h) if env_of else env) for h in hosts
+    ]
     codes = finish_all(agents)
     assert codes == [0] * len(hosts), dump(agents)
     reports = final_reports(tmp_path / "report")

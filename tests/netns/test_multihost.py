@@ -6,15 +6,8 @@ import pytest
 
 from tests.helpers import (
     agent_env,
-    assert_trained_together,
-    dump,
-    final_reports,
-    finish_all,
     leader_of,
-    start_agent,
-    torchrun_cmd,
     train_on_hosts,
-    unique_job,
 )
 
 pytestmark = pytest.mark.netns
@@ -32,18 +25,10 @@ def test_three_hosts_find_each_other_and_train(segment, tmp_path):
 def test_ranks_follow_each_hosts_slurm_node_id_around_the_leader(segment, tmp_path):
     hosts = [segment.add_host(f"198.18.0.{i}") for i in (21, 22, 23)]
     node_ids = {hosts[0].name: "2", hosts[1].name: "0", hosts[2].name: "1"}  # not the IP order
-    cmd = torchrun_cmd(
-        job=unique_job("order"), nnodes="3", nproc=1,
-        conf={"interface": "eth0", "join_timeout": 120, "rank_order": "env:SLURM_NODEID"},
-        script_args=["--steps", "3", "--report", str(tmp_path / "report")],
+    agents, reports = train_on_hosts(
+        hosts, tmp_path, {"interface": "eth0", "rank_order": "env:SLURM_NODEID"}, steps=3, prefix="order",
+        env_of=lambda h: agent_env(SLURM_NODEID=node_ids[h.name]),
     )  # fmt: skip
-    agents = [
-        start_agent(h.name, cmd, tmp_path, netns=h.name, env=agent_env(SLURM_NODEID=node_ids[h.name]))
-        for h in hosts
-    ]
-    assert finish_all(agents) == [0, 0, 0], dump(agents)
-    reports = final_reports(tmp_path / "report")
-    assert_trained_together(reports, 3, 3, agents)
     ring = [r["env"]["SLURM_NODEID"] for r in sorted(reports, key=lambda r: r["rank"])]
     leader = leader_of(agents).name
     assert ring[0] == node_ids[leader]  # rank 0 is the leader, the store's host
