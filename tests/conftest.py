@@ -5,6 +5,7 @@ Every test fails if it leaves a torch_mingle thread running.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,17 @@ def no_thread_leaks() -> Iterator[None]:
             return
         leaked[0].join(timeout=0.1)
     pytest.fail(f"test leaked threads: {sorted(t.name for t in leaked)}")
+
+
+@pytest.fixture(autouse=True)
+def own_environment() -> Iterator[None]:
+    """A handler run in the test process exports the workers' variables (``GLOO_SOCKET_IFNAME``,
+    ``MINGLE_ROUND``...) into ``os.environ``, as it must under torchrun: the next test gets the
+    environment back as it was, so a later child (a Slurm job exports ours) never inherits them."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)
