@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order stress clean
+.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order bench-leader stress clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-quick: $(STAMP)
 
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/scale_rendezvous.py
+
+# One real leader and up to 16,384 members from one load generator (about 10 minutes).
+bench-leader: $(STAMP)
+	$(BIN)/python benchmarks/leader_capacity.py
 
 bench-order: $(STAMP)
 	$(BIN)/python benchmarks/rank_order.py

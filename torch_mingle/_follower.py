@@ -137,6 +137,9 @@ class FollowerSession:
     last_heard: float = 0.0
     #: The store the leader opened for its next round (``next``), if it named one.
     next_store_port: int | None = None
+    #: The rounds this leader delivered on this connection, by number (the last few): a join
+    #: names its history by number when it is one of them (``ref``), see ``LeaderTerm._history_of``.
+    delivered: dict[int, Round] = field(default_factory=dict)
     #: The rounds the leader proposed on this connection, newest last: its ``round`` answer
     #: names the one that formed.
     proposals: dict[int, Round] = field(default_factory=dict)
@@ -296,6 +299,7 @@ class FollowerSession:
         ``remaining_s`` what is left of the current one.
         """
         self.history = history
+        ref = self._delivered_number(history)
         frame = encode_frame(
             "join",
             id=ticket,
@@ -303,7 +307,8 @@ class FollowerSession:
             dport=dport,
             pport=pport,
             gone=gone_to_json(gone),
-            history=history.to_json() if history else None,
+            history=history.to_json() if history and ref is None else None,
+            ref=ref,
             accepted=accepted.to_json() if accepted else None,
             place=place or None,
             timeout_s=timeout_s,
@@ -313,6 +318,16 @@ class FollowerSession:
             self._out(frame)
         elif self.phase != "over":
             self._queued_join = frame
+
+    def _delivered_number(self, history: History | None) -> int | None:
+        """``history``'s number if this leader formed it and sent it on this connection: the
+        leader holds its members, so the join need not carry them (O(N) bytes a join)."""
+        if history is None or history.epoch != self.claim.epoch or not history.members:
+            return None
+        rnd = self.delivered.get(history.round)
+        if rnd is None or history.members[0] != self.claim.leader:
+            return None
+        return history.round if rnd.members == history.members else None
 
     def accept(self, number: int) -> None:
         """This node recorded proposal ``number``: its vote for it."""
@@ -425,6 +440,9 @@ class FollowerSession:
                 self.status = status
                 self._events.append(StatusChanged(status))
             self.next_store_port = None  # used by this round, or not by any: named again if due
+            self.delivered[rnd.number] = rnd
+            while len(self.delivered) > MAX_PROPOSALS_KEPT:
+                del self.delivered[next(iter(self.delivered))]
             self._events.append(Answer("round", int(msg["id"]), round=rnd))
         elif kind in ("retry", "timeout"):
             # The store named stays the next round's (the leader names each store once per node).

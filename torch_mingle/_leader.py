@@ -92,8 +92,14 @@ STORE_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: compete with the new round's own start (its agents and workers connecting to its store,
 #: the leader's accept queue). A round needed sooner opens it at once.
 NEXT_STORE_DELAY_S = 1.0
+#: Rounds of this term a join may name by number instead of carrying its member list
+#: (``_history_of``); an older one costs the node its connection, and it joins again in full.
+FORMED_KEPT = 1024
 
 ConnId = int
+#: The heartbeat, encoded once (a thousand members get the same bytes every interval).
+HB_FRAME = encode_frame("hb")
+HB_DIGEST = frame_digest(HB_FRAME)
 
 
 # Jobs for the shell's worker thread (blocking TCPStore work), answered by ``job_done``.
@@ -249,6 +255,9 @@ class LeaderTerm:
     _store_requested: bool = False
     _offer_after_decide: list[_Member] = field(default_factory=list)
     _round_ports: list[int] = field(default_factory=list)
+    #: The rounds this term formed, by number: a member's join names its last one by number
+    #: (``ref``) instead of sending N ids back, which made a re-rendezvous O(N**2) bytes.
+    _formed: dict[int, History] = field(default_factory=dict)
     #: The status key of the last pass over every member, and who said hello since.
     _status_key: tuple[object, ...] | None = None
     _hello_since_status: set[int] = field(default_factory=set)
@@ -294,6 +303,10 @@ class LeaderTerm:
         return self._spare_port  # None once the term stood down (``release_stores``)
 
     # ------------------------------------------------------------ lifecycle
+
+    @property
+    def _hb_digest(self) -> bytes | None:
+        return HB_DIGEST if self.seal_key is not None else None
 
     def start(self, now: float) -> None:
         self._next_beat = now + self.interval_s
@@ -571,7 +584,7 @@ class LeaderTerm:
             self.counters.beats_in += 1
             return
         if kind == "join":
-            history = History.from_json(msg["history"]) if msg.get("history") is not None else None
+            history = self._history_of(msg)
             timeout_s, remaining_s = _seconds(msg.get("timeout_s")), _seconds(msg.get("remaining_s"))
             accepted = History.from_json(msg["accepted"]) if msg.get("accepted") is not None else None
             req = JoinRequest(
@@ -616,6 +629,20 @@ class LeaderTerm:
             self.close_job(m.node, why[:2000] if isinstance(why, str) else "", now, failed=failed)
         else:
             self._drop(m, f"protocol error: unexpected {kind}", now)
+
+    def _history_of(self, msg: dict[str, Any]) -> History | None:
+        """A join's last round: sent whole, or (``ref``) by the number of a round this term formed
+        and delivered to it. A number this term no longer holds costs the node its connection
+        (``ValueError``): on its next one it sends the round whole."""
+        if msg.get("ref") is not None:
+            number = bounded_int(msg["ref"], MAX_ROUND)
+            known = self._formed.get(number)
+            if known is None:
+                raise ValueError(f"its join names round {number}, which this term no longer holds")
+            # A History of its own per join, as a parsed one is (the round book tells joins
+            # apart by identity), sharing the member tuple: no O(N) work per join.
+            return History(known.epoch, known.round, known.members)
+        return History.from_json(msg["history"]) if msg.get("history") is not None else None
 
     def _hello(self, m: _Member, msg: dict[str, Any], now: float) -> None:
         node, leader = node_id(msg["node"]), node_id(msg["leader"])
@@ -865,6 +892,9 @@ class LeaderTerm:
         assert proposal is not None  # noqa: S101 - called with one
         rnd, port = proposal.round, proposal.port
         self.book.formed(rnd, now)
+        self._formed[rnd.number] = History.of(rnd)
+        if len(self._formed) > FORMED_KEPT:
+            del self._formed[next(iter(self._formed))]
         # Each member's round carries the status it runs under, so that no status frame
         # follows it (a second read and wake-up on every member as the round starts).
         status = self.book.status(now)
@@ -1002,7 +1032,7 @@ class LeaderTerm:
                     self._drop(m, why, now)
                     continue
                 if beat:
-                    self._send(m, "hb")
+                    self._out(m, HB_FRAME, self._hb_digest)
                     self.counters.beats_out += 1
             earliest = due if earliest is None else min(earliest, due)
         if earliest is None or earliest >= self._next_beat:

@@ -10,7 +10,7 @@ from torch_mingle._evidence import Evidence, judge
 from torch_mingle._follower import Answer, FollowerSession, Proposed, SessionOver
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import RoundBook, Status
+from torch_mingle._rounds import History, Round, RoundBook, Status
 from torch_mingle._wire import FrameReader
 
 LEADER = 0x1
@@ -229,3 +229,24 @@ def test_a_round_carries_the_status_it_starts_under_and_no_status_frame_follows_
     term.handle_timer(0.5)
     later = _frames([frame for conn, frame in term.frames() if conn == 10])
     assert "status" not in [f["t"] for f in later]
+
+
+def _join_sent(s: FollowerSession, history: History | None) -> dict[str, Any]:
+    s.frames()  # the hello
+    s.join(2, "198.18.0.2", history, 60.0, 60.0)
+    (frame,) = s.frames()
+    (msg,) = FrameReader().feed(frame)  # type: ignore[misc]
+    return msg
+
+
+def test_a_join_names_a_round_this_leader_delivered_by_its_number_and_others_in_full():
+    """Sending N ids back with every join made a re-rendezvous O(N**2) bytes for the leader."""
+    s = _ready_session()
+    rnd = Round(number=4, epoch=1, members=(LEADER, 0x2, 0x3), store_ip="198.18.0.1", store_port=5001)
+    assert _join_sent(s, History.of(rnd))["history"] is not None  # not delivered on this connection
+    s.received([{"t": "round", "id": 1, "round": rnd.to_json()}], 0.3)
+    msg = _join_sent(s, History.of(rnd))
+    assert (msg["ref"], msg["history"]) == (4, None)
+    other_term = Round(number=4, epoch=1, members=(0x3, LEADER, 0x2), store_ip="198.18.0.3", store_port=5001)
+    msg = _join_sent(s, History.of(other_term))  # the same number, led by another node
+    assert (msg["ref"], msg["history"]["round"]) == (None, 4)

@@ -504,3 +504,16 @@ def test_a_proposal_never_forms_with_a_member_whose_join_timed_out_while_the_vot
     term.received(10, [{"t": "accept", "round": number, "ok": True}], t)
     rnd = term.book.current
     assert rnd is None or 3 not in rnd.member_set, f"round {rnd} formed with node 3, whose join timed out"
+
+
+def test_a_join_naming_its_round_by_number_gets_its_members_and_an_unknown_one_loses_its_connection():
+    """A member's join names the round this term delivered to it by number (``ref``): the leader
+    holds its members; a number it no longer holds costs the connection, and the node joins
+    again in full on its next one (the session that delivered the round is gone)."""
+    term = _round_of_two()
+    rnd = term.book.current
+    assert rnd is not None
+    term.received(10, [{"t": "join", "id": 8, "ip": "x", "ref": rnd.number, "history": None}], 1.0)
+    assert term.book.pending[2].history == History.of(rnd)
+    term.received(10, [{"t": "join", "id": 9, "ip": "x", "ref": 99, "history": None}], 1.1)
+    assert [conn for conn, _ in term.closes()] == [10]

@@ -227,6 +227,30 @@ def test_all_gone_once_every_other_node_left_or_died():
     assert b.all_gone()
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(("join", "leave", "died", "form")), st.integers(1, 12)), max_size=60)
+)
+def test_all_gone_answers_as_a_pass_over_every_tracked_node_would(ops):
+    """``all_gone`` walks a cursor (a pass per departure made a shutdown O(N**2)): whatever the
+    joins, departures and rounds, its answer is the one a pass over ``tracked()`` gives."""
+    b = book(min_nodes=1, max_nodes=16)
+    join(b, LEADER)
+    for op, n in ops:
+        node = 0x100 + n
+        if op == "join":
+            join(b, node)
+        elif op == "leave":
+            b.leave(node)
+        elif op == "died":
+            b.died(node, "killed")
+        elif LEADER in b.pending:
+            decision = b.decide(1e6)
+            if isinstance(decision, Form):
+                form(b, decision, 1e6)
+        assert b.all_gone() == (not (b.tracked() - {LEADER})), (op, n)
+
+
 def test_departed_are_the_current_rounds_members_that_left_or_died_until_they_rejoin():
     b = book(min_nodes=2, max_nodes=3)
     for node in (LEADER, 0x20, 0x30):
