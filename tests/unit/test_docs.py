@@ -53,6 +53,13 @@ def _copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _row(readme: Path, key: str) -> str:
+    """The configuration table's row of ``key``, its newline included."""
+    return next(
+        line for line in readme.read_text().splitlines(keepends=True) if line.startswith(f"| `{key}` |")
+    )
+
+
 def _edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, (path, old)
@@ -72,10 +79,15 @@ def test_a_broken_copy_of_the_docs_fails_with_each_problem(tmp_path):
     _edit(root / "docs" / "benchmarks.md", "results/scale.png)", "results/scale-v2.png)")
     # The configuration table: a key dropped, a key the code lacks, a stale default, a default
     # shown for a key that has none.
-    _edit(readme, "| `ttl` | `1` | multicast TTL: 1 never crosses a router |\n", "")
-    _edit(readme, "| `port` | `29477` |", "| `port` | `29478` |\n| `intrface` | none | a typo |")
-    _edit(readme, "| `keep_alive_interval` | `5` |", "| `keep_alive_interval` | `2` |")
-    _edit(readme, "| `peers` | none |", "| `peers` | `localhost` |")
+    defaults = docs_check.config_defaults()
+    _edit(readme, _row(readme, "ttl"), "")
+    _edit(
+        readme,
+        _row(readme, "port"),
+        f"| `port` | `{defaults['port'] + 1}` | UDP |\n| `intrface` | none | a typo |\n",
+    )
+    _edit(readme, _row(readme, "close_timeout"), "| `close_timeout` | `0.5` | seconds |\n")
+    _edit(readme, _row(readme, "peers"), "| `peers` | `localhost` | hosts |\n")
     # A make target the Makefile lacks.
     _edit(root / "docs" / "benchmarks.md", "make bench-order ", "make bench-orders ")
     # The code names an anchor that no page has, and a page that does not exist.
@@ -96,8 +108,8 @@ def test_a_broken_copy_of_the_docs_fails_with_each_problem(tmp_path):
         "broken link ../benchmarks/results/scale-v2.png: no such file",
         "configuration table lacks `ttl`",
         "configuration key `intrface` is not a key of MingleConfig",
-        "default of `port` shows `29478`, the code's default is `29477`",
-        "default of `keep_alive_interval` shows `2`, the code's default is `5.0`",
+        f"default of `port` shows `{defaults['port'] + 1}`, the code's default is `{defaults['port']}`",
+        f"default of `close_timeout` shows `0.5`, the code's default is `{defaults['close_timeout']}`",
         "default of `peers` shows '`localhost`', but it has no default value in the code",
         "`make bench-orders`: the Makefile has no such target",
         "torch_mingle/errors.py:1: reference to the docs: docs/networks.md#multicast-blocked",
