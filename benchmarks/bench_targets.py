@@ -18,7 +18,7 @@ from typing import Any
 
 #: keep_alive_interval and keep_alive_max_attempt that scale_rendezvous.py runs with: torch's
 #: own defaults (c10d's too). A thousand nodes on two cores starve the leader's loop for
-#: seconds at a time, which shorter heartbeats take for a dead leader (see README, Scale).
+#: seconds at a time, which shorter heartbeats take for a dead leader (see docs/benchmarks.md#scale).
 SCALE_KEEP_ALIVE = (5.0, 3)
 
 

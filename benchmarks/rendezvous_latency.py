@@ -764,7 +764,7 @@ def main() -> int:
             points += bench_sim(sim_sizes, sim_runs, tick)
     if bar is not None:
         bar.close()
-    # A quick or partial run never overwrites the full run's results (the README shows those).
+    # A quick or partial run never overwrites the full run's results (docs/benchmarks.md shows those).
     partial = args.quick or args.nodes or args.sections != SECTIONS
     args.out = args.out or (HERE / "results" / "quick" if partial else HERE / "results")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -66,13 +66,13 @@ SETTLE_TIMEOUT_S = 60.0
 DNS_BURSTS = (1, 16, 32, 128)
 CREATE_THREADS = 4
 #: A thousand nodes' threads on two cores answer late; the default 0.02 s window lets a node
-#: that heard nothing in time claim against the running leader (see README, Scale). 0.25 s
+#: that heard nothing in time claim against the running leader (see docs/benchmarks.md#scale). 0.25 s
 #: until the nodes' work per wake-up shrank; a successor waits one window before it claims.
 ELECTION_WINDOW_S = 0.1
 #: The data path check is off here. In the field each node makes its 16 probes in parallel on
 #: its own host (a round trip); here 1,024 nodes' probes share 2 cores and the GIL of 16
-#: processes, which measures this machine, not the rendezvous (with it on, this session's run
-#: took 7.6 s for the first round at 1,024 nodes and 0.18 s at 64; see README, Scale).
+#: processes, which measures this machine, not the rendezvous (with it on, an earlier run
+#: took 7.6 s for the first round at 1,024 nodes and 0.18 s at 64; see docs/benchmarks.md#scale).
 DATA_PATH_TIMEOUT_S = 0.0
 #: The GIL switch interval of the processes that host 64 nodes each (see host_main).
 CROWD_SWITCH_INTERVAL_S = 0.05
@@ -99,7 +99,7 @@ def host_main(spec: dict[str, Any]) -> int:
         # thread waiting for the GIL wakes every switch interval (5 ms by default) to ask for
         # it: with a hundred waiters that is a storm of futex calls (75 to 100 % system time
         # here during a burst), CPU taken from every process, the leader's included. See
-        # README, Scale.
+        # docs/benchmarks.md#what-this-machine-cannot-show.
         sys.setswitchinterval(CROWD_SWITCH_INTERVAL_S)
     logging.getLogger("torch_mingle").setLevel(logging.ERROR)  # a thousand nodes' warnings are noise here
     if spec["role"] in os.environ.get("SCALE_LOG_ROLES", "").split(","):  # e.g. leader,victim
@@ -296,7 +296,7 @@ def _settle(hosts: list[Host], leader: str) -> float:
     """Wait until every node follows ``leader``; returns how long that took after the last creation.
 
     A node created while its host's threads were starved may claim before it hears the
-    leader; its claim loses (see README, Scale) and its followers move, within seconds.
+    leader; its claim loses (see docs/design.md#election) and its followers move, within seconds.
     """
 
     def seen(answers: list[dict[str, Any]]) -> set[str]:

@@ -7,10 +7,10 @@ With ``--checkpoint DIR`` rank 0 saves the model after every step and every rest
 round resumes from the last checkpoint, as an elastic job should. Each checkpoint is tagged
 with the round that wrote it (``MINGLE_EPOCH``, ``MINGLE_ROUND``, set by mingle's agent), and
 a round never overwrites a checkpoint written under a newer epoch: its workers stop instead
-(exit code 3), since a newer leader's job has moved on without them (README#fencing). ``--report DIR`` makes
-every rank write what it saw (JSON), which the tests read; ``--trace FILE`` makes rank 0 add a
-line per step (time, epoch, round, step), from which a test tells whether two rounds ever
-trained at once. The ``--fail-*`` options inject failures for the fault-tolerance tests.
+(exit code 3), since a newer leader's job has moved on without them (docs/design.md#fencing).
+``--report DIR`` makes every rank write what it saw (JSON), which the tests read; ``--trace FILE``
+makes rank 0 add a line per step (time, epoch, round, step), from which a test tells whether two
+rounds ever trained at once. The ``--fail-*`` options inject failures for the fault-tolerance tests.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class Identity:
             log.warning(
                 "cannot write this node's state to %s (%s), nor delete it (%s): this node votes "
                 "no more (a new process of it would vote again with older state); free the "
-                "state directory or set state_dir= elsewhere (README.md, Configuration)",
+                "state directory or set state_dir= elsewhere (docs/usage.md#configuration-in-detail)",
                 path, exc, again,
             )  # fmt: skip
             return False

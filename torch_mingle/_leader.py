@@ -1135,7 +1135,7 @@ class LeaderTerm:
     def _store_failed(self, error: str, now: float) -> None:
         """A round store could not be opened: retry with backoff; resign only if a round waits for it."""
         self._store_failures += 1
-        hint = "; raise `ulimit -n` (see README.md#scale)" if "Too many open files" in error else ""
+        hint = "; raise `ulimit -n` (see docs/networks.md#limits)" if "Too many open files" in error else ""
         if self._wanted_form is not None and self._store_failures >= 3:
             raise RuntimeError(f"cannot open a round store ({self._store_failures} tries): {error}{hint}")
         delay = STORE_RETRY_S[min(self._store_failures, len(STORE_RETRY_S)) - 1]

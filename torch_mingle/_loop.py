@@ -588,7 +588,7 @@ class Loop:
         self._standby_at = None
         log.warning(
             "%s alone after %gs: no node of the job reached by multicast; trying the %d hosts of the "
-            "Slurm node list by unicast (README#slurm)",
+            "Slurm node list by unicast (docs/networks.md#slurm)",
             self.label,
             STANDBY_AFTER_S,
             len(self.standby_peers),
@@ -646,7 +646,7 @@ class Loop:
             except OSError as exc:
                 # Out of descriptors (EMFILE/ENFILE): pause accepting instead of spinning.
                 log.error(  # noqa: TRY400 - the advice matters, the traceback does not
-                    "%s cannot accept a node's connection: %s; raise `ulimit -n` (see README.md#scale)",
+                    "%s cannot accept a node's connection: %s; raise `ulimit -n` (docs/networks.md#limits)",
                     self.label,
                     exc,
                 )

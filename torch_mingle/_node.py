@@ -371,7 +371,7 @@ class Node:
         self.saw_open = False
         #: The leader said a healthy round runs without this node (a spare, or held off).
         self.parked = False
-        #: How often it was parked: a wait restarts at the end of each (README "Every wait").
+        #: How often it was parked: a wait restarts at the end of each (docs/faults.md).
         self.parks = 0
         self.recoveries = 0
         self.last_error: str | None = None

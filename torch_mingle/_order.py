@@ -29,7 +29,7 @@ POLICIES = ("host", "arrival", "topology", "env:VAR")
 DEFAULT_POLICY = "host"
 TOPOLOGY_ENV = "TORCH_MINGLE_TOPOLOGY"
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_README = "README#rank-order"
+_README = "docs/usage.md#rank-order"
 
 
 def parse_policy(key: str, raw: object) -> str:

@@ -9,7 +9,7 @@ the part of dataclasses this package uses: fields with defaults, ``field(default
 Why not dataclasses: Python 3.11 compiles each generated method on its own and matches every
 string annotation against regular expressions. For this package's fifty classes that was 35 ms
 of the 43 ms that importing the handler took, in every torchrun agent before its rendezvous
-could start (README#scale). Here one ``exec`` per class makes its ``__init__``; the other
+could start (CHANGELOG.md). Here one ``exec`` per class makes its ``__init__``; the other
 methods are shared by all records and compare or hash a tuple built by ``operator.attrgetter``.
 """
 

@@ -67,7 +67,7 @@ CLIENT_TIMEOUT_S = 300.0
 #: The accept queue of the leader's listeners (control port, round stores). Every node, and
 #: then every worker, connects at the same moment; a queue shorter than that drops SYNs and
 #: the clients wait out SYN retries (1 s, 3 s, ...) past their connect timeout. The kernel
-#: caps it at ``net.core.somaxconn`` (see README.md#scale).
+#: caps it at ``net.core.somaxconn`` (see docs/networks.md#limits).
 LISTEN_BACKLOG = 65535
 
 

@@ -173,7 +173,7 @@ class McastTransport:
         Linux only (the request layouts are Linux's). Returns False if a join failed: the
         caller tries again soon. When another socket on this host holds the same group on the
         same interface, the kernel's membership does not change and no report is sent; that
-        socket's owner renews it or not (README#networks).
+        socket's owner renews it or not (docs/networks.md#when-multicast-is-blocked).
         """
         if self._rx is None or not sys.platform.startswith("linux"):
             return True

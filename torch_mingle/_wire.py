@@ -502,7 +502,7 @@ class Seal:
     frame carries a MAC over its direction, its place in the stream and its text: nothing can
     be added, replayed, reordered or sent back; the leader's ``welcome``, sealed so, shows the
     follower that the leader knows the secret too. Without a secret there is no ``Seal``, and
-    any host that reaches the control port may join (README#security).
+    any host that reaches the control port may join (docs/security.md#without-a-secret).
     """
 
     def __init__(self, key: bytes, *, leader: bool) -> None:

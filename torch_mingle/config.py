@@ -163,7 +163,7 @@ class MingleConfig:
         if self.fallback is not None and self.fallback not in FALLBACKS:
             raise MingleConfigError(
                 f"rdzv_conf fallback={self.fallback!r} is not known; the fallback is fallback=broadcast, or "
-                "peers=HOST;HOST for unicast (see README#networks)"
+                "peers=HOST;HOST for unicast (see docs/networks.md#when-multicast-is-blocked)"
             )
         if self.fallback == "broadcast" and ipaddress.ip_address(self.group.split("%", 1)[0]).version == 6:
             raise MingleConfigError(

@@ -11,8 +11,8 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 README_INSTALL = "README.md#install"
-README_NETWORKS = "README.md#networks"
-README_SECURITY = "README.md#security"
+README_NETWORKS = "docs/networks.md"
+README_SECURITY = "docs/security.md"
 
 
 class MingleError(RendezvousError):

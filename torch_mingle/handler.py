@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 
 #: Set for the workers (to the discovery interface) unless the user set them.
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-#: Set for the workers of every round (README#fencing): the leader's term and the round. Both
+#: Set for the workers of every round (docs/design.md#fencing): the leader's term and the round. Both
 #: only grow within a job, so (epoch, round) orders the rounds, across failovers too.
 EPOCH_VAR, ROUND_VAR = "MINGLE_EPOCH", "MINGLE_ROUND"
 MAX_CONNECT_TIMEOUT_S = 5.0
@@ -117,7 +117,7 @@ def _warn_endpoint_unused_once(config: MingleConfig) -> None:
 
 
 def _warn_unauthenticated_once(config: MingleConfig) -> None:
-    global _warned_unauthenticated  # noqa: PLW0603 - once per process, as promised in the README
+    global _warned_unauthenticated  # noqa: PLW0603 - once per process, as promised in docs/security.md
     if _warned_unauthenticated:
         return
     _warned_unauthenticated = True
@@ -165,7 +165,7 @@ def _raise_descriptor_limit(max_nodes: int, label: str) -> None:
         log.warning(
             "%s leading up to %d nodes takes about %d open descriptors, but this process may open "
             "only %d (hard limit %d): raise it where the agents start (`ulimit -n %d`, LimitNOFILE= "
-            "in systemd, a container's nofile ulimit); see README.md#scale",
+            "in systemd, a container's nofile ulimit); see docs/networks.md#limits",
             label, max_nodes, need, target, hard, need,
         )  # fmt: skip
 
@@ -195,7 +195,7 @@ def _warn_if_accept_queue_short(max_nodes: int, label: str) -> None:
         "%s up to %d nodes and their workers connect to the leader at once (about %d connections), "
         "but net.core.somaxconn caps its accept queue at %d: connection attempts beyond it wait for "
         "SYN retries. Raise it on every host that may lead (`sysctl -w net.core.somaxconn=%d`); "
-        "see README.md#scale",
+        "see docs/networks.md#limits",
         label, max_nodes, need, somaxconn, need,
     )  # fmt: skip
 
@@ -290,7 +290,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             wall_offset_s=time.time() - time.monotonic(),
             expected_nodes=config.max_nodes,
         )
-        # The data path check's port (README#networks): opened before the node can join.
+        # The data path check's port (docs/networks.md): opened before the node can join.
         self._probe = ProbeListener(family) if config.data_path_timeout > 0 else None
         settings = NodeSettings(
             job=config.run_id,
@@ -470,7 +470,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             raise MingleTimeoutError(
                 f"{self._label} this node's health check `{cfg.health_check}` kept failing for "
                 f"join_timeout={cfg.join_timeout:g}s, so it did not join: {verdict.why}. Its last "
-                f"output:\n{verdict.output or '(none)'}\nFix the node, or the check (README#health-checks)"
+                f"output:\n{verdict.output or '(none)'}\nFix the node, or the check "
+                "(docs/usage.md#health-checks)"
             )
 
     def is_closed(self) -> bool:

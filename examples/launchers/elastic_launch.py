@@ -4,7 +4,7 @@
 
 ``elastic_launch`` is what torchrun runs inside; ``LaunchConfig(rdzv_backend="mingle")``
 needs no ``rdzv_endpoint``. Give every node the same ``run_id``: its default is empty, and
-then each agent makes up its own id and never meets the others (README#with-your-launcher).
+then each agent makes up its own id and never meets the others (docs/usage.md#launchers).
 """
 
 from __future__ import annotations

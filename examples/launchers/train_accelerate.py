@@ -4,7 +4,7 @@
         --machine_rank 0 --main_process_port 0 --rdzv_backend mingle \\
         --mixed_precision no --dynamo_backend no train_accelerate.py
 
-(README#with-your-launcher; on GPUs leave out ACCELERATE_USE_CPU). accelerate builds a
+(docs/usage.md#launchers; on GPUs leave out ACCELERATE_USE_CPU). accelerate builds a
 ``--rdzv_endpoint`` from ``--main_process_ip`` even when none is given; mingle ignores it.
 ``--report DIR`` makes every rank write what it saw (JSON), which the tests read.
 """

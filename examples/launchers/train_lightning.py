@@ -5,7 +5,7 @@
 Lightning's TorchElasticEnvironment reads what mingle's agent sets (``WORLD_SIZE``, ``RANK``,
 ``LOCAL_RANK``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so ``devices`` and
 ``num_nodes`` are torchrun's ``--nproc_per_node`` and ``--nnodes``, taken here from the
-environment (README#with-your-launcher). ``--report DIR`` makes every rank write what it saw.
+environment (docs/usage.md#launchers). ``--report DIR`` makes every rank write what it saw.
 """
 
 from __future__ import annotations

@@ -134,6 +134,6 @@ def test_a_node_raises_its_descriptor_limit_to_what_leading_its_job_takes(hard, 
         capture_output=True, text=True, timeout=90, cwd=ROOT, check=True,
     )  # fmt: skip
     assert f"soft {soft_after}\n" in out.stdout, out
-    assert (f"ulimit -n {NEED_FOR_1024}" in out.stderr and "README.md#scale" in out.stderr) is warned, (
-        out.stderr
-    )
+    assert (
+        f"ulimit -n {NEED_FOR_1024}" in out.stderr and "docs/networks.md#limits" in out.stderr
+    ) is warned, out.stderr

@@ -110,7 +110,7 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
         f"{phases['ddp']:.2f}s, first step {phases['trained']:.2f}s"
     )
     assert rendezvous <= DETECT_S + 3.0, dump(agents)
-    assert phases["trained"] <= DETECT_S + 8.0, dump(agents)  # a sanity bound; timings: README
+    assert phases["trained"] <= DETECT_S + 8.0, dump(agents)  # a sanity bound; timings: docs/faults.md
 
 
 def test_a_flapping_follower_never_deposes_the_healthy_leader(segment, tmp_path):

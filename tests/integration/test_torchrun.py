@@ -36,7 +36,7 @@ def test_three_agents_train_ddp_and_agree_on_everything(tmp_path):
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {"127.0.0.1"}
     assert {r["env"]["GLOO_SOCKET_IFNAME"] for r in reports} == {"lo"}
     assert all("joined round 1 as rank" in a.output() for a in agents)
-    # The round's fencing token, for checkpoints (README#fencing): the first term, round 1.
+    # The round's fencing token, for checkpoints (docs/design.md#fencing): the first term, round 1.
     assert {(r["env"]["MINGLE_EPOCH"], r["env"]["MINGLE_ROUND"]) for r in reports} == {("1", "1")}
 
 

@@ -1,6 +1,6 @@
 """The launchers people already use, each with the mingle backend and no address: two nodes on
 127.0.0.1, CPU and gloo, the real launcher package (pinned in the dev extra), the commands of
-README#with-your-launcher.
+docs/usage.md#launchers.
 """
 
 from __future__ import annotations

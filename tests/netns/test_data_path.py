@@ -78,7 +78,7 @@ def test_two_followers_that_cannot_reach_each_other_fail_the_job_fast_and_say_wh
         out = agent.output()
         assert "data path check failed" in out, dump(agents)
         assert f"{a.ip} on interface eth0" in out or f"{b.ip} on interface eth0" in out, dump(agents)
-        assert "ip route get" in out and "README.md#networks" in out, dump(agents)
+        assert "ip route get" in out and "docs/networks.md" in out, dump(agents)
     assert f"rank 2 at {b.ip} port" in agents[1].output() or f"at {b.ip} port" in agents[1].output()
     assert f"at {a.ip} port" in agents[2].output(), dump(agents)
     assert not list((tmp_path / "blackhole").glob("first-*.json")), "a worker trained\n" + dump(agents)

@@ -22,7 +22,7 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   from one training round to the next (the round number too: it grows across terms).
 * ``secret``: a host without the secret never has a connection the leader identified: so it
   is never in a round, never evicts a member, never makes ``num_nodes_waiting()`` non-zero.
-* ``bounded-wait``: every agent call returns within its bound of README's "Every wait" table.
+* ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound).
 * ``recovery``: after the last fault heals, if a majority of the last round's members are
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
   as a spare beside a full one) within ``recovery_bound_s()``.
@@ -78,7 +78,7 @@ def timing() -> Timing:
 
 
 def recovery_bound_s(hosts: int) -> float:
-    """README's bound on "every live node is in one round" after the last fault heals:
+    """The bound on "every live node is in one round" after the last fault heals (docs/faults.md):
     detection on both sides, one successor wait per member passed over, a suspicion to run
     out, the last call, and the longest hold of a returning node (``rejoin_delay`` doubled
     for each time it was dropped, at most ``MAX_HOLD_DOUBLINGS`` times)."""
@@ -116,7 +116,7 @@ class _Round:
     members: tuple[int, ...]
     #: Each round is formed from a base round (``Round.base``); a first round starts a lineage of
     #: its own: before its first round a job is a set of strangers, and a side of a network
-    #: split at start-up cannot tell itself from a new job (README, "What does not survive").
+    #: split at start-up cannot tell itself from a new job (docs/faults.md#what-does-not-survive).
     #: Rounds of two lineages that train at the same time are counted, not failed.
     lineage: int = 0
     delivered: set[int] = field(default_factory=set)
@@ -293,7 +293,7 @@ class World:
             ticket = agent.ticket
             if agent.state == "joining":
                 if node.node.parked or node.node.parks != agent.parks_seen:
-                    # It waits for the job, not for a timeout (README): its wait restarts when
+                    # It waits for the job, not for a timeout (docs/faults.md): its wait restarts when
                     # it is no longer parked, also after a park shorter than a monitor step.
                     agent.parks_seen, agent.since = node.node.parks, now
                 if ticket is not None and ticket.done:

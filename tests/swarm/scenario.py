@@ -23,7 +23,7 @@ FAULTS_FROM_S, FAULTS_UNTIL_S = 0.5, 12.0
 
 #: Fault kinds and how often each is drawn. ``rogue`` (a host without the secret that
 #: connects to the leader's control port) only runs in clusters with a secret: without one,
-#: any host on the segment may join by design (README#security).
+#: any host on the segment may join by design (docs/security.md#without-a-secret).
 KINDS: dict[str, int] = {
     "crash": 8,  # SIGKILL of the agent: connections closed by its kernel, datagrams unanswered
     "power": 4,  # the host loses power: silence

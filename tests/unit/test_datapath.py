@@ -78,7 +78,7 @@ def test_the_message_names_the_pair_the_interface_and_the_fix():
     text = failure_message((1, "127.0.0.5"), "eth1", failed, 3, 1.0)
     assert "rank 1 (127.0.0.5 on interface eth1)" in text
     assert f"rank 2 at 127.0.0.1 port {port}" in text
-    assert "ip route get 127.0.0.1" in text and "interface=NAME" in text and "README.md#networks" in text
+    assert "ip route get 127.0.0.1" in text and "interface=NAME" in text and "docs/networks.md" in text
 
 
 @pytest.mark.parametrize("pports", [[], [1, 2]])

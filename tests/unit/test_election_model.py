@@ -91,8 +91,8 @@ class ElectionUnderForgeries(RuleBasedStateMachine):
 
 # Derandomized: CI runs the same 60 sequences every time. Random search still finds open
 # liveness gaps under forgery without a secret (a forged epoch far ahead, or the same
-# claim fenced on one node only, can leave two leaders of different epochs); see the README's
-# Security section. Run with derandomize=False to hunt for them.
+# claim fenced on one node only, can leave two leaders of different epochs); see
+# docs/security.md#without-a-secret. Run with derandomize=False to hunt for them.
 ElectionUnderForgeries.TestCase.settings = settings(
     max_examples=60,
     derandomize=True,

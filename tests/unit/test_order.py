@@ -98,7 +98,7 @@ def test_each_policy_gives_its_place():
 def test_a_node_without_what_its_policy_reads_fails_before_joining(policy, needle):
     with pytest.raises(MingleConfigError) as err:
         place_of(policy, {}, "n1")
-    assert needle in str(err.value) and "README#rank-order" in str(err.value)
+    assert needle in str(err.value) and "docs/usage.md#rank-order" in str(err.value)
 
 
 def test_a_place_too_long_to_send_is_refused():
