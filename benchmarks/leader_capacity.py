@@ -60,8 +60,9 @@ SIZES = (1024, 4096, 16384)
 PHASE_TIMEOUT_S = 120.0
 #: Connections in flight at once while the members connect (the leader's accept queue).
 CONNECTS_IN_FLIGHT = 256
-#: How often the generator looks at its members' timers (their heartbeats and bounds).
-SWEEP_S = 0.02
+#: How often the generator looks at its members' timers (their heartbeats and bounds), per
+#: 1,024 members: a pass over 16,384 sessions costs the generator about 10 ms.
+SWEEP_S_PER_1K = 0.005
 #: Frames larger than this are the round's (``round``, ``propose``): decoded once per content.
 BIG_FRAME_BYTES = 2048
 FRAME_HEADER = struct.Struct("!I")
@@ -229,7 +230,7 @@ class Generator:
                 self._readable(m)
         now = time.monotonic()
         if now >= self._next_sweep:
-            self._next_sweep = now + SWEEP_S
+            self._next_sweep = now + max(0.02, SWEEP_S_PER_1K * len(self.members) / 1024)
             for m in self.members:
                 if m.evicted:
                     continue

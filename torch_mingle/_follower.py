@@ -425,11 +425,13 @@ class FollowerSession:
             if status is not None:
                 self.status = status
                 self._events.append(StatusChanged(status))
+        elif kind == "members":
+            # A formed round this node did not get as a proposal: the answer that follows names it.
+            rnd = Round.from_json(msg["round"])
+            self._keep_proposal(rnd)
         elif kind == "propose":
             rnd = Round.from_json(msg["round"])
-            self.proposals[rnd.number] = rnd
-            while len(self.proposals) > MAX_PROPOSALS_KEPT:
-                del self.proposals[next(iter(self.proposals))]
+            self._keep_proposal(rnd)
             covers = frozenset((int(e), node_id(leader), int(r)) for e, leader, r in msg.get("covers") or ())
             self._events.append(Proposed(rnd, bounded_int(msg["base"], MAX_ROUND), covers))
         elif kind == "round":
@@ -466,6 +468,12 @@ class FollowerSession:
             self._end(f"the leader declared this node dead: {msg['why']}", Evidence.SILENT, evicted=True)
         else:
             self._end(f"protocol error: unexpected {kind} from the leader", Evidence.BROKEN)
+
+    def _keep_proposal(self, rnd: Round) -> None:
+        self.proposals.pop(rnd.number, None)  # the newest last
+        self.proposals[rnd.number] = rnd
+        while len(self.proposals) > MAX_PROPOSALS_KEPT:
+            del self.proposals[next(iter(self.proposals))]
 
     def _said_bye(self, msg: dict[str, Any]) -> None:
         """The leader closes our connection itself; the close that follows ends the session."""

@@ -258,6 +258,8 @@ class LeaderTerm:
     #: The rounds this term formed, by number: a member's join names its last one by number
     #: (``ref``) instead of sending N ids back, which made a re-rendezvous O(N**2) bytes.
     _formed: dict[int, History] = field(default_factory=dict)
+    #: The last formed round's ``members`` frame (``_send_members``), and its digest.
+    _members_frame: tuple[Round, bytes, bytes | None] | None = None
     #: The status key of the last pass over every member, and who said hello since.
     _status_key: tuple[object, ...] | None = None
     _hello_since_status: set[int] = field(default_factory=set)
@@ -733,6 +735,7 @@ class LeaderTerm:
             )
             self.book.revive(node)
             m.join_id = ticket
+            self._send_members(m, rnd)
             self._answer(m, "round", round=rnd)
             self._mark_status(now)
             return
@@ -904,9 +907,9 @@ class LeaderTerm:
             m = self._self if node == self.claim.leader else self._by_node.get(node)
             if m is not None and m.join_id is not None:
                 self._delivered[node] = (m.incarnation, m.join_id)
-                # Members that got the proposal on this connection hold the round: a reference does.
-                full = m.conn is None or m.conn not in proposal.sent
-                self._answer(m, "round", round=rnd, status=status_json, full=full)
+                if m.conn is not None and m.conn not in proposal.sent:
+                    self._send_members(m, rnd)
+                self._answer(m, "round", round=rnd, status=status_json)
                 m.told = key
         self._round_ports.append(port)
         old, self._round_ports = (
@@ -1160,18 +1163,21 @@ class LeaderTerm:
             text = str(fields.get("why") or fields.get("reason") or "")
             self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
             return
-        if kind == "round":
-            rnd = fields["round"]
-            full = fields.get("full", True)
-            encoded = {"round": rnd.encoded} if full else {}
-            if "status" in fields:
-                encoded["status"] = fields["status"]
-            if full:
-                self._send(m, kind, id=ticket, encoded=encoded)
-            else:
-                self._send(m, kind, id=ticket, number=rnd.number, encoded=encoded)
+        if kind == "round":  # by number: the member holds it (proposed, or ``members``)
+            encoded = {"status": fields["status"]} if "status" in fields else {}
+            self._send(m, kind, id=ticket, number=fields["round"].number, encoded=encoded)
             return
         self._send(m, kind, id=ticket, **fields)
+
+    def _send_members(self, m: _Member, rnd: Round) -> None:
+        """The formed round ``rnd`` to a member that did not get it as a proposal; the answer
+        that follows names it by number. Encoded once per round, the same bytes for every
+        member (one frame of N members built per member made a round O(N**2) in the leader)."""
+        cached = self._members_frame
+        if cached is None or cached[0] is not rnd:
+            frame = encode_frame("members", encoded={"round": rnd.encoded})
+            cached = self._members_frame = (rnd, frame, frame_digest(frame) if self.seal_key else None)
+        self._out(m, cached[1], cached[2])
 
     def _may_join_next(self, m: _Member) -> bool:
         """A node whose agent will likely be in the next round: its join waits, unparked, or it

@@ -42,8 +42,11 @@ from torch_mingle._record import record
 
 MAGIC = b"MNGL"
 #: 5: rounds are proposed, accepted, then formed (``_rounds``), which a node of version 4
-#: cannot do; nodes of different versions drop each other's datagrams (bad_version).
-VERSION = 5
+#: cannot do; 6: a join names a round its leader delivered by number (``ref``), which a
+#: leader of version 5 would read as no history, and a formed round comes once as ``members``
+#: and is named by number. Nodes of different versions drop each
+#: other's datagrams (bad_version).
+VERSION = 6
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -430,6 +433,7 @@ SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "reject": {"why": str},
     "round": {"id": int},  # and the round itself, or the number of the one proposed
     "propose": {"round": dict, "base": int},
+    "members": {"round": dict},  # a formed round, before the answers that name it by number
     "accept": {"round": int, "ok": bool},
     "wait": {"id": int, "reason": str, "parked": bool},
     "retry": {"id": int, "why": str},
@@ -592,6 +596,10 @@ def _verify(key: bytes, direction: bytes, seq: int, msg: Mapping[str, Any]) -> b
     return hmac.compare_digest(expected, tag)
 
 
+#: A heartbeat as ``encode_frame("hb")`` writes it (``FrameReader`` reads it without JSON).
+HB_BODY = b'{"t":"hb"}'
+
+
 class FrameReader:
     """Splits a byte stream into JSON objects; never raises: garbage gives ``Invalid``."""
 
@@ -618,6 +626,10 @@ class FrameReader:
                 break
             raw = bytes(self._buf[FRAME_HEADER.size : end])
             del self._buf[:end]
+            if raw == HB_BODY:  # most frames of a large job: no JSON decoder for them
+                out.append({"t": "hb", RAW: raw})
+                self._limit = self.max_bytes
+                continue
             try:
                 msg = json.loads(raw, parse_constant=_no_constant)
             except (ValueError, RecursionError):

@@ -80,11 +80,12 @@ def test_a_broken_copy_of_the_docs_fails_with_each_problem(tmp_path):
     # The configuration table: a key dropped, a key the code lacks, a stale default, a default
     # shown for a key that has none.
     defaults = docs_check.config_defaults()
+    port = int(str(defaults["port"]))
     _edit(readme, _row(readme, "ttl"), "")
     _edit(
         readme,
         _row(readme, "port"),
-        f"| `port` | `{defaults['port'] + 1}` | UDP |\n| `intrface` | none | a typo |\n",
+        f"| `port` | `{port + 1}` | UDP |\n| `intrface` | none | a typo |\n",
     )
     _edit(readme, _row(readme, "close_timeout"), "| `close_timeout` | `0.5` | seconds |\n")
     _edit(readme, _row(readme, "peers"), "| `peers` | `localhost` | hosts |\n")
@@ -108,7 +109,7 @@ def test_a_broken_copy_of_the_docs_fails_with_each_problem(tmp_path):
         "broken link ../benchmarks/results/scale-v2.png: no such file",
         "configuration table lacks `ttl`",
         "configuration key `intrface` is not a key of MingleConfig",
-        f"default of `port` shows `{defaults['port'] + 1}`, the code's default is `{defaults['port']}`",
+        f"default of `port` shows `{port + 1}`, the code's default is `{port}`",
         f"default of `close_timeout` shows `0.5`, the code's default is `{defaults['close_timeout']}`",
         "default of `peers` shows '`localhost`', but it has no default value in the code",
         "`make bench-orders`: the Makefile has no such target",

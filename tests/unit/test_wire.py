@@ -183,3 +183,15 @@ def test_random_stream_bytes_never_raise(data):
     if isinstance(out, list):
         for msg in out:
             check(msg)
+
+
+def test_a_heartbeat_read_without_the_json_decoder_is_the_frame_the_decoder_gives():
+    from torch_mingle._wire import RAW, encode_frame
+
+    hb, other = encode_frame("hb"), encode_frame("hb", x=1)  # only the exact heartbeat is short-cut
+    got = FrameReader().feed(hb + other + hb)
+    assert got == [
+        {"t": "hb", RAW: b'{"t":"hb"}'},
+        {"t": "hb", "x": 1, RAW: other[4:]},
+        {"t": "hb", RAW: hb[4:]},
+    ]
