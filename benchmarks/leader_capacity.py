@@ -183,8 +183,8 @@ class Generator:
         self.sel = selectors.DefaultSelector()
         self.members: list[Member] = []
         self.by_fd: dict[int, Member] = {}
-        self.parsed: dict[bytes, dict[str, Any]] = {}  # a round frame's body -> its fields, once
-        self.rounds: dict[int, Any] = {}  # round number -> Round, decoded once
+        self.parsed: dict[bytes, dict[str, Any]] = {}  # a big frame's body -> its fields, once
+        self.rounds: dict[int, Any] = {}  # round number -> Round, as the answers named it
         self.histories: dict[int, Any] = {}
         self.evictions: list[str] = []
         self.bytes_in = 0
@@ -277,44 +277,33 @@ class Generator:
             body = bytes(m.buf[FRAME_HEADER.size : end])
             del m.buf[:end]
             if size > BIG_FRAME_BYTES:
-                self._round_frame(m, self._decoded(body))
-                continue
-            msg = json.loads(body)
-            if msg.get("t") in ("round", "propose"):
-                self._round_frame(m, msg)
+                self._big_frame(m, body, now)
             else:
-                frames.append(msg)
+                frames.append(json.loads(body))
         if frames:
             m.session.received(frames, now)
             self._after(m, now)
 
-    def _decoded(self, body: bytes) -> dict[str, Any]:
-        """A big frame (a round, a proposal) is the same bytes for every member: decoded once."""
+    def _big_frame(self, m: Member, body: bytes, now: float) -> None:
+        """A round's members (``members``, ``propose``): the same bytes for every member, so
+        decoded once; then what the follower session does with it (it keeps the round, which
+        the ``round`` answer names by number; a proposal gets its vote)."""
         from torch_mingle._rounds import Round
 
         msg = self.parsed.get(body)
         if msg is None:
             self.parsed.clear()
             msg = self.parsed[body] = json.loads(body)
-            rnd = Round.from_json(msg["round"])
-            self.rounds[rnd.number] = rnd
-        return msg
-
-    def _round_frame(self, m: Member, msg: dict[str, Any]) -> None:
-        """``propose`` is accepted; ``round`` (whole, or by the number of a proposal) noted.
-        What the follower session would do, minus decoding the same round once per member."""
-        now = time.monotonic()
+            msg["decoded"] = Round.from_json(msg["round"])
+        rnd = msg["decoded"]
         m.session.last_heard = now
-        number = int(msg["round"]["round"]) if "round" in msg else int(msg["number"])
+        m.session.proposals[rnd.number] = rnd
         if msg["t"] == "propose":
-            m.session.accept(number)
+            m.session.accept(rnd.number)
             self._after(m, now)
-        else:
-            m.round_at, m.round_number = now, number
-            m.session.delivered[number] = self.rounds[number]  # its next join names it by number
 
     def _after(self, m: Member, now: float) -> None:
-        from torch_mingle._follower import SessionOver, Welcomed
+        from torch_mingle._follower import Answer, Proposed, SessionOver, Welcomed
 
         for ev in m.session.events():
             if isinstance(ev, Welcomed):
@@ -322,6 +311,11 @@ class Generator:
             elif isinstance(ev, SessionOver) and not m.evicted:
                 m.evicted = ev.reason
                 self.evictions.append(ev.reason)
+            elif isinstance(ev, Proposed):  # small enough to come the common way
+                m.session.accept(ev.round.number)
+            elif isinstance(ev, Answer) and ev.kind == "round" and ev.round is not None:
+                m.round_at, m.round_number = now, ev.round.number
+                self.rounds[ev.round.number] = ev.round
         out = m.session.frames()
         if out:
             m.out += b"".join(out)
@@ -432,16 +426,37 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             if "round_s" in out:
                 out.update(_heartbeats(leader, gen, n, args))
                 out.update(_rerendezvous(leader, gen, n))
+            _net_of_heartbeats(out, n)
             final = _ask(leader, "usage")
             out["leader_peak_rss_mib"] = final["usage"]["peak_rss_mib"]
             out["leader_fds"] = final["usage"]["fds"]
             out["control"] = final["control"]
             out["generator_mib_in"] = gen.bytes_in / 2**20
+            out["sessions_lost"] = len(gen.evictions)
+            out["sessions_lost_why"] = sorted(set(gen.evictions))[:3]
         finally:
             gen.close()
             leader.send({"cmd": "stop"})
             Hosts.expect([leader], 60)
     return out
+
+
+def _own_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _net_of_heartbeats(out: dict[str, Any], n: int) -> None:
+    """The leader's CPU per join, without the members' heartbeats of the same seconds (the
+    heartbeat phase measured their share of a core)."""
+    share = out.get("hb_core_share", 0.0)
+    for window, key, joins in (
+        ("round_window", "join_cpu_ms", n),
+        ("rerdzv_window", "rerdzv_cpu_ms_per_join", n - 1),
+    ):
+        if window in out:
+            seconds, cpu = out.pop(window)
+            out[key] = 1e3 * max(0.0, cpu - share * seconds) / joins
 
 
 def _ask(leader: Host, cmd: str, **fields: Any) -> dict[str, Any]:
@@ -457,7 +472,7 @@ def _first_round(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
     leader.send({"cmd": "join"})
     leader.expect(time.monotonic() + 30)
     gen.run_for(0.2)  # the leader's own join is in: the members' are the last ones
-    before = _ask(leader, "usage")
+    before, t = _ask(leader, "usage"), time.monotonic()
     last_join = gen.join_all(ticket=1, round_number=0)
     last_round = gen.wait_rounds(1, last_join + PHASE_TIMEOUT_S)
     joined = _ask(leader, "joined", timeout=30)
@@ -465,7 +480,7 @@ def _first_round(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
         return {"round_error": f"round 1 not delivered to every member in {PHASE_TIMEOUT_S:g} s"}
     return {
         "round_s": last_round - last_join,
-        "join_cpu_ms": 1e3 * _cpu(before, joined) / n,
+        "round_window": [time.monotonic() - t, _cpu(before, joined)],
         "leader_rank": joined["joined"].get("rank"),
         "leader_error": joined["joined"].get("error"),
     }
@@ -475,14 +490,16 @@ def _heartbeats(leader: Host, gen: Generator, n: int, args: argparse.Namespace) 
     gen.run_for(args.hb_interval * 2)  # the round's start settles
     evicted = len(gen.evictions)
     before = _ask(leader, "usage")
-    t = time.monotonic()
+    t, gen_before = time.monotonic(), _own_cpu_s()
     gen.run_for(args.hb_seconds)
     after = _ask(leader, "usage")
     took = time.monotonic() - t
+    gen_share = (_own_cpu_s() - gen_before) / took
     beats = 2 * (after["control"]["beats_out"] - before["control"]["beats_out"])  # in and out
     cpu = _cpu(before, after)
     per_member_beat = cpu / max(1, beats / 2)
     return {
+        "generator_core_share": gen_share,  # near 1.0: the generator, not the leader, sets the pace
         "hb_core_share": cpu / took,
         "hb_cpu_us": 1e6 * cpu / max(1, beats),
         "hb_capacity_member_hz": 0.5 / per_member_beat if per_member_beat else None,
@@ -508,7 +525,7 @@ def _rerendezvous(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
     return {
         "rerdzv_s": last_round - t,
         "rerdzv_after_last_join_s": last_round - last_join,
-        "rerdzv_cpu_ms_per_join": 1e3 * _cpu(before, joined) / (n - 1),
+        "rerdzv_window": [time.monotonic() - t, _cpu(before, joined)],
     }
 
 

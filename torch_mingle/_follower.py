@@ -48,6 +48,7 @@ from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (
     MAX_ROUND,
+    MAX_ROUNDS_DELIVERED,
     Gone,
     History,
     Round,
@@ -327,7 +328,8 @@ class FollowerSession:
         rnd = self.delivered.get(history.round)
         if rnd is None or history.members[0] != self.claim.leader:
             return None
-        return history.round if rnd.members == history.members else None
+        same = rnd.members is history.members or rnd.members == history.members
+        return history.round if same else None
 
     def accept(self, number: int) -> None:
         """This node recorded proposal ``number``: its vote for it."""
@@ -443,7 +445,7 @@ class FollowerSession:
                 self._events.append(StatusChanged(status))
             self.next_store_port = None  # used by this round, or not by any: named again if due
             self.delivered[rnd.number] = rnd
-            while len(self.delivered) > MAX_PROPOSALS_KEPT:
+            while len(self.delivered) > MAX_ROUNDS_DELIVERED:
                 del self.delivered[next(iter(self.delivered))]
             self._events.append(Answer("round", int(msg["id"]), round=rnd))
         elif kind in ("retry", "timeout"):

@@ -57,6 +57,7 @@ from torch_mingle._rounds import (
     MAX_EPOCH,
     MAX_MEMBERS,
     MAX_ROUND,
+    MAX_ROUNDS_DELIVERED,
     Form,
     Gone,
     History,
@@ -92,9 +93,6 @@ STORE_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: compete with the new round's own start (its agents and workers connecting to its store,
 #: the leader's accept queue). A round needed sooner opens it at once.
 NEXT_STORE_DELAY_S = 1.0
-#: Rounds of this term a join may name by number instead of carrying its member list
-#: (``_history_of``); an older one costs the node its connection, and it joins again in full.
-FORMED_KEPT = 1024
 
 ConnId = int
 #: The heartbeat, encoded once (a thousand members get the same bytes every interval).
@@ -179,6 +177,9 @@ class _Member:
     said_bye: bool = False  # it closes the connection itself, alive (it follows another leader)
     incarnation: int = 1  # which process of its node id (``_identity``)
     seal: Seal | None = None  # with a secret: its connection's authentication
+    #: The rounds answered on this connection, by number, kept as the follower keeps them
+    #: (``FollowerSession.delivered``): its join names one of them by number (``ref``).
+    delivered: dict[int, Round] = field(default_factory=dict)
 
 
 #: Frames after which the book decides nothing new: heartbeats (a thousand members' beats are
@@ -255,9 +256,6 @@ class LeaderTerm:
     _store_requested: bool = False
     _offer_after_decide: list[_Member] = field(default_factory=list)
     _round_ports: list[int] = field(default_factory=list)
-    #: The rounds this term formed, by number: a member's join names its last one by number
-    #: (``ref``) instead of sending N ids back, which made a re-rendezvous O(N**2) bytes.
-    _formed: dict[int, History] = field(default_factory=dict)
     #: The last formed round's ``members`` frame (``_send_members``), and its digest.
     _members_frame: tuple[Round, bytes, bytes | None] | None = None
     #: The status key of the last pass over every member, and who said hello since.
@@ -586,7 +584,7 @@ class LeaderTerm:
             self.counters.beats_in += 1
             return
         if kind == "join":
-            history = self._history_of(msg)
+            history = self._history_of(m, msg)
             timeout_s, remaining_s = _seconds(msg.get("timeout_s")), _seconds(msg.get("remaining_s"))
             accepted = History.from_json(msg["accepted"]) if msg.get("accepted") is not None else None
             req = JoinRequest(
@@ -632,18 +630,17 @@ class LeaderTerm:
         else:
             self._drop(m, f"protocol error: unexpected {kind}", now)
 
-    def _history_of(self, msg: dict[str, Any]) -> History | None:
-        """A join's last round: sent whole, or (``ref``) by the number of a round this term formed
-        and delivered to it. A number this term no longer holds costs the node its connection
-        (``ValueError``): on its next one it sends the round whole."""
+    def _history_of(self, m: _Member, msg: dict[str, Any]) -> History | None:
+        """A join's last round: sent whole, or (``ref``) by the number of a round answered on
+        this connection (``_Member.delivered``); any other number is a protocol error."""
         if msg.get("ref") is not None:
             number = bounded_int(msg["ref"], MAX_ROUND)
-            known = self._formed.get(number)
-            if known is None:
-                raise ValueError(f"its join names round {number}, which this term no longer holds")
+            rnd = m.delivered.get(number)
+            if rnd is None:  # the follower names only what it got here: a broken peer
+                raise ValueError(f"its join names round {number}, which was not answered on this connection")
             # A History of its own per join, as a parsed one is (the round book tells joins
-            # apart by identity), sharing the member tuple: no O(N) work per join.
-            return History(known.epoch, known.round, known.members)
+            # apart by identity), sharing the round's members and their set: O(1) a join.
+            return History.of(rnd)
         return History.from_json(msg["history"]) if msg.get("history") is not None else None
 
     def _hello(self, m: _Member, msg: dict[str, Any], now: float) -> None:
@@ -745,7 +742,7 @@ class LeaderTerm:
         m.parked = False
         self._joined_since_parking.append(m)
         history = req.history
-        if history is not None and node in history.members:
+        if history is not None and history.has(node):
             self._set_last(m, (history.epoch, history.round, len(history.members)))
         if self.book.closed:
             self._answer(m, "closed", why=self.closed_why)
@@ -895,9 +892,6 @@ class LeaderTerm:
         assert proposal is not None  # noqa: S101 - called with one
         rnd, port = proposal.round, proposal.port
         self.book.formed(rnd, now)
-        self._formed[rnd.number] = History.of(rnd)
-        if len(self._formed) > FORMED_KEPT:
-            del self._formed[next(iter(self._formed))]
         # Each member's round carries the status it runs under, so that no status frame
         # follows it (a second read and wake-up on every member as the round starts).
         status = self.book.status(now)
@@ -1164,6 +1158,10 @@ class LeaderTerm:
             self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
             return
         if kind == "round":  # by number: the member holds it (proposed, or ``members``)
+            rnd = fields["round"]
+            m.delivered[rnd.number] = rnd  # as the follower records it (``_delivered_number``)
+            while len(m.delivered) > MAX_ROUNDS_DELIVERED:
+                del m.delivered[next(iter(m.delivered))]
             encoded = {"status": fields["status"]} if "status" in fields else {}
             self._send(m, kind, id=ticket, number=fields["round"].number, encoded=encoded)
             return
@@ -1176,7 +1174,8 @@ class LeaderTerm:
         cached = self._members_frame
         if cached is None or cached[0] is not rnd:
             frame = encode_frame("members", encoded={"round": rnd.encoded})
-            cached = self._members_frame = (rnd, frame, frame_digest(frame) if self.seal_key else None)
+            digest = frame_digest(frame) if self.seal_key is not None else None
+            cached = self._members_frame = (rnd, frame, digest)
         self._out(m, cached[1], cached[2])
 
     def _may_join_next(self, m: _Member) -> bool:

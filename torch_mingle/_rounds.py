@@ -60,6 +60,10 @@ from torch_mingle._wire import dumps_compact, parse_ip
 MAX_HOLD_DOUBLINGS = 5
 #: Proposals of other terms a leader keeps account of (the newest ones win a place).
 MAX_REPORTED = 64
+#: Rounds both ends of a control connection remember as answered on it (the leader's
+#: ``_Member.delivered``, the follower's ``FollowerSession.delivered``): a join names one of
+#: them by number. Both keep them the same way, so they always agree.
+MAX_ROUNDS_DELIVERED = 4
 #: Bounds on what a peer may send: the fields of a history, round or status never exceed them.
 MAX_MEMBERS = 65536
 MAX_ROUND = 2**32 - 1
@@ -225,6 +229,12 @@ class History:
     epoch: int
     round: int
     members: tuple[int, ...]
+    #: ``members`` as a set, where one is at hand (``History.of`` a round): ``has`` is O(1).
+    known: frozenset[int] | None = field(default=None, compare=False, repr=False)
+
+    def has(self, node: int) -> bool:
+        """Whether ``node`` was a member (a pass over the members for a history parsed from a peer)."""
+        return node in self.known if self.known is not None else node in self.members
 
     @property
     def term(self) -> tuple[int, int]:
@@ -243,7 +253,7 @@ class History:
 
     @classmethod
     def of(cls, rnd: Round) -> History:
-        return cls(epoch=rnd.epoch, round=rnd.number, members=rnd.members)
+        return cls(epoch=rnd.epoch, round=rnd.number, members=rnd.members, known=rnd.member_set)
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "round": self.round, "members": list(_hex_ids(self.members))}
@@ -576,7 +586,7 @@ class RoundBook:
                 self._reported_epoch = max(self._reported_epoch, req.history.epoch)
         if req.accepted is not None:
             self.join_report(req.accepted)
-        was_member = req.history is not None and req.node in req.history.members
+        was_member = req.history is not None and req.history.has(req.node)
         if (
             self.current is not None
             and req.node not in self.current.member_set

@@ -11,7 +11,7 @@ from torch_mingle._follower import Answer, FollowerSession, Proposed, SessionOve
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, RoundBook, Status
-from torch_mingle._wire import FrameReader
+from torch_mingle._wire import FrameReader, Seal, derive_key
 
 LEADER = 0x1
 
@@ -250,3 +250,41 @@ def test_a_join_names_a_round_this_leader_delivered_by_its_number_and_others_in_
     other_term = Round(number=4, epoch=1, members=(0x3, LEADER, 0x2), store_ip="198.18.0.3", store_port=5001)
     msg = _join_sent(s, History.of(other_term))  # the same number, led by another node
     assert (msg["ref"], msg["history"]["round"]) == (None, 4)
+
+
+@pytest.mark.parametrize("secret", [None, b"s" * 16], ids=["plain", "sealed"])
+def test_a_round_formed_without_votes_goes_once_as_members_and_each_answer_names_it(secret):
+    """A round that needs no votes (here ``quorum=none``): the leader encodes its members once,
+    every member gets those same bytes (sealed per connection with a secret), then an answer
+    that names the round by number; a frame of N members built per member was O(N**2)."""
+    key = derive_key(secret) if secret else None
+    book = RoundBook(leader=LEADER, epoch=1, min_nodes=3, max_nodes=3, last_call_timeout=1.0, quorum=False)
+    term = LeaderTerm(
+        claim=Claim(1, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0,
+        label="", seal_key=key,
+    )  # fmt: skip
+    term.start(0.0)
+    term.job_done(OpenStore(), 5001, None, 0.0)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.0)
+    sessions = {}
+    for conn, node in ((10, 0x2), (11, 0x3)):
+        s = _session_to(Claim(1, LEADER))
+        s.node, s.conn, s.seal = node, conn, Seal(key, leader=False) if key else None
+        s.join(7, f"198.18.0.{node}", None, 60.0, 60.0)
+        term.accepted(conn, 0.1)
+        s.connected(0.1)
+        sessions[conn] = s
+    members_frames = []
+    for _ in range(4):  # challenge, hello and join, welcome and the round
+        for conn, frame in term.frames():
+            frames = _frames([frame])
+            members_frames += [frame for f in frames if f["t"] == "members"]
+            sessions[conn].received(frames, 0.2)
+        for conn, s in sessions.items():
+            term.received(conn, _frames(s.frames()), 0.2)
+    assert len(members_frames) == 2
+    if key is None:
+        assert members_frames[0] is members_frames[1]  # the same bytes, not built twice
+    for s in sessions.values():
+        (answer,) = [e for e in s.events() if isinstance(e, Answer)]
+        assert answer.kind == "round" and answer.round == term.book.current

@@ -507,13 +507,12 @@ def test_a_proposal_never_forms_with_a_member_whose_join_timed_out_while_the_vot
 
 
 def test_a_join_naming_its_round_by_number_gets_its_members_and_an_unknown_one_loses_its_connection():
-    """A member's join names the round this term delivered to it by number (``ref``): the leader
-    holds its members; a number it no longer holds costs the connection, and the node joins
-    again in full on its next one (the session that delivered the round is gone)."""
+    """A member's join names a round answered on its connection by number (``ref``): the
+    leader holds its members; another number is a broken peer, which loses its connection."""
     term = _round_of_two()
     rnd = term.book.current
     assert rnd is not None
     term.received(10, [{"t": "join", "id": 8, "ip": "x", "ref": rnd.number, "history": None}], 1.0)
     assert term.book.pending[2].history == History.of(rnd)
-    term.received(10, [{"t": "join", "id": 9, "ip": "x", "ref": 99, "history": None}], 1.1)
+    term.received(10, [{"t": "join", "id": 9, "ip": "x", "ref": rnd.number + 1, "history": None}], 1.1)
     assert [conn for conn, _ in term.closes()] == [10]
