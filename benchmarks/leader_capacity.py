@@ -362,7 +362,7 @@ class Generator:
         while time.monotonic() < deadline:
             live = [m for m in self.members if not m.evicted]
             if not live:
-                raise RuntimeError(f"every member lost its session, e.g.: {self.evictions[:1]}")
+                return None  # every member lost its session (``sessions_lost_why`` says why)
             if all(m.round_number >= number and m.round_at for m in live):
                 return max(m.round_at for m in live)
             self.pump(0.01)
@@ -441,6 +441,11 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _not_delivered(number: int, gen: Generator) -> str:
+    lost = f"; {len(gen.evictions)} sessions lost, e.g. {gen.evictions[0]!r}" if gen.evictions else ""
+    return f"round {number} not delivered to every member (waited up to {PHASE_TIMEOUT_S:g} s){lost}"
+
+
 def _own_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -477,7 +482,7 @@ def _first_round(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
     last_round = gen.wait_rounds(1, last_join + PHASE_TIMEOUT_S)
     joined = _ask(leader, "joined", timeout=30)
     if last_round is None:
-        return {"round_error": f"round 1 not delivered to every member in {PHASE_TIMEOUT_S:g} s"}
+        return {"round_error": _not_delivered(1, gen)}
     return {
         "round_s": last_round - last_join,
         "round_window": [time.monotonic() - t, _cpu(before, joined)],
@@ -521,7 +526,7 @@ def _rerendezvous(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
     last_round = gen.wait_rounds(2, t + PHASE_TIMEOUT_S)
     joined = _ask(leader, "joined", timeout=30)
     if last_round is None:
-        return {"rerdzv_error": f"round 2 not delivered to every member in {PHASE_TIMEOUT_S:g} s"}
+        return {"rerdzv_error": _not_delivered(2, gen)}
     return {
         "rerdzv_s": last_round - t,
         "rerdzv_after_last_join_s": last_round - last_join,

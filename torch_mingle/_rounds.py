@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 import struct
 from collections.abc import Collection, Iterable
@@ -1002,7 +1003,9 @@ class RoundBook:
         return {n for n in self._returning if n in self.pending and now < self._hold_end(n)}
 
     def _next_hold_end(self, now: float) -> float | None:
-        ends = [self._hold_end(n) for n in self._held(now)]
+        """When the next held-back node may restart the round (none: ``rejoin_delay=never``
+        holds them as spares until the round breaks anyway)."""
+        ends = [end for end in map(self._hold_end, self._held(now)) if math.isfinite(end)]
         return min(ends) if ends else None
 
     def _pend(self, req: JoinRequest) -> None:

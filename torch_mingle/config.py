@@ -255,6 +255,14 @@ def _parse_float(key: str, raw: Any, *, minimum: float, maximum: float, example:
     return value
 
 
+def _parse_rejoin_delay(key: str, raw: Any) -> float:
+    """Seconds, or ``never``: a node dropped from a round never restarts a healthy one to come
+    back; it waits as a spare and takes its place when the round restarts anyway."""
+    if isinstance(raw, str) and raw.strip().lower() == "never":
+        return math.inf
+    return _parse_float(key, raw, minimum=0.0, maximum=DAY_S, example="30 (or never)")
+
+
 def _num(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:g}"
 
@@ -338,7 +346,7 @@ _PARSERS: dict[str, Any] = {
     "fallback": _parse_str,
     "peers": _parse_str,
     "discovery_warning": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="10"),
-    "rejoin_delay": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
+    "rejoin_delay": _parse_rejoin_delay,
     "membership_refresh": lambda k, v: _parse_float(k, v, minimum=1.0, maximum=DAY_S, example="60"),
     "quorum": lambda k, v: _parse_choice(k, v, QUORUM_CHOICES),
     "data_path_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=3600.0, example="5"),

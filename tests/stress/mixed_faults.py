@@ -77,7 +77,9 @@ OUTAGE_S = 5.0
 REJOIN_DELAY_S = 10.0
 
 
-def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Random) -> dict[str, Any]:
+def trial(
+    index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Random, rejoin_delay: str = ""
+) -> dict[str, Any]:
     segment = Segment()
     agents: list[Agent] = []
     trace = workdir / "steps.log"
@@ -88,7 +90,7 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
         nodes = 4 if fault == "reset-partition" else 3
         hosts = [segment.add_host(f"198.18.0.{11 + i}", bridge=bridge) for i in range(nodes)]
         conf = {"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1,
-                "rejoin_delay": REJOIN_DELAY_S, "keep_alive_interval": KEEP_ALIVE_S,
+                "rejoin_delay": rejoin_delay or REJOIN_DELAY_S, "keep_alive_interval": KEEP_ALIVE_S,
                 "keep_alive_max_attempt": ATTEMPTS}  # fmt: skip
         cmd = torchrun_cmd(
             job=unique_job("stress"), nnodes=f"2:{nodes}", nproc=1, conf=conf, extra=["--max-restarts=5"],
@@ -151,6 +153,7 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
         overlap = rounds_training_at_once(trace)
         assert overlap is None, f"two rounds trained at once: {overlap}"
         result["recovery_s"] = resume_delay(workdir / "report", struck)
+        result.update(training_lost(trace, struck))
         joined = [logged_at(a, "joined round", after=struck) for a in running]
         result["rendezvous_s"] = min((j - struck for j in joined if j is not None), default=None)
         result["ok"] = True
@@ -162,6 +165,22 @@ def trial(index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Ra
             agent.kill()
         segment.destroy()
     return result
+
+
+def training_lost(trace: Path, struck: float) -> dict[str, Any]:
+    """What the fault cost the training, from rank 0's step log: the rounds that started after
+    it (each a restart of every worker), and the seconds lost: the time from the fault to the
+    last step, less what the steps left at the fault take at the pace before it."""
+    lines = [line.split() for line in trace.read_text().splitlines()] if trace.exists() else []
+    steps = [(float(at), (int(epoch), int(rnd)), int(step)) for at, epoch, rnd, step in lines]
+    before = [s for s in steps if s[0] <= struck]
+    if len(before) < 3 or not any(s[0] > struck for s in steps):
+        return {}
+    pace = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(before))
+    left = max(s[2] for s in steps) - before[-1][2]
+    rounds = {key for _, key, _ in before}
+    after = {key for at, key, _ in steps if at > struck} - rounds
+    return {"restarts": len(after), "lost_s": (steps[-1][0] - struck) - left * pace}
 
 
 def rounds_training_at_once(trace: Path) -> str | None:
@@ -185,6 +204,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {FAULTS + EXTRA_FAULTS}")
+    p.add_argument(
+        "--rejoin-delay",
+        default="",
+        help=f"rejoin_delay for every node (seconds or never; {REJOIN_DELAY_S:g} if unset)",
+    )
     args = p.parse_args()
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULTS + EXTRA_FAULTS]
@@ -202,7 +226,7 @@ def main() -> int:
         fault, at_leader = faults[i % len(faults)], (i // len(faults)) % 2 == 0
         at_leader = at_leader or fault == "mcast-off"
         with tempfile.TemporaryDirectory(prefix="mingle-stress-") as tmp:
-            result = trial(i + 1, fault, at_leader, Path(tmp), rng)
+            result = trial(i + 1, fault, at_leader, Path(tmp), rng, args.rejoin_delay)
             if not result["ok"]:  # the agents' logs outlive the trial: they say why
                 kept = Path(tempfile.mkdtemp(prefix=f"mingle-stress-failed-{i + 1}-"))
                 shutil.copytree(tmp, kept, dirs_exist_ok=True)
@@ -214,7 +238,8 @@ def main() -> int:
         status, world = "ok  " if result["ok"] else "FAIL", result.get("world", "-")
         print(
             f"trial {i + 1:2d}: {status} {fault:<6} at the {result['at']:<8} new round after {rdzv_text}, "
-            f"training again after {rec_text}, final world {world}",
+            f"training again after {rec_text}, final world {world}, {result.get('restarts', '-')} restarts, "
+            f"{result.get('lost_s', float('nan')):.1f}s of training lost",
             flush=True,
         )
         if not result["ok"]:
@@ -228,6 +253,13 @@ def main() -> int:
             print(
                 f"  {fault:<6} training again after: median {statistics.median(times):.2f}s, "
                 f"max {max(times):.2f}s ({len(times)} of {len(of_kind)} trials restarted)"
+            )
+        lost = [r["lost_s"] for r in of_kind if isinstance(r.get("lost_s"), float)]
+        if lost:
+            restarts = [r["restarts"] for r in of_kind if "restarts" in r]
+            print(
+                f"  {fault:<6} training lost: median {statistics.median(lost):.1f}s, max {max(lost):.1f}s; "
+                f"restarts per fault: {sorted(restarts)}"
             )
     late = [
         r

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
@@ -44,6 +46,14 @@ def test_values_arrive_as_strings_from_torchrun():
     assert cfg.keep_alive_interval == 0.5
     assert cfg.timeout == 900.0
     assert cfg.explicit == {"interface", "join_timeout", "port", "keep_alive_interval", "timeout"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("never", math.inf), (" Never ", math.inf), ("0", 0.0), ("45", 45.0)]
+)
+def test_rejoin_delay_is_seconds_or_never(raw, seconds):
+    params = RendezvousParameters("mingle", "", "job42", 2, 4, rejoin_delay=raw)
+    assert MingleConfig.from_params(params).rejoin_delay == seconds
 
 
 def test_every_known_key_is_a_field_of_the_same_name():

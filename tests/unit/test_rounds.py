@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import example, given, settings
@@ -202,6 +203,30 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
     join(b, 0x40)
     d = b.decide(4.0)
     assert isinstance(d, Form) and d.members == (LEADER, 0x40, 0x30)
+
+
+def test_with_rejoin_delay_never_a_returning_node_is_a_spare_until_the_round_breaks():
+    """``rejoin_delay=never``: the returning node costs no restart; it waits, parked, and
+    takes its place in the next round the job needs anyway (a member lost)."""
+    b = book(min_nodes=2, max_nodes=4, rejoin_delay=math.inf)
+    for node in (LEADER, 0x20, 0x40, 0x30):
+        join(b, node)
+    form(b, b.decide(0.0), 0.0)
+    b.died(0x30, "frozen")
+    for node in (LEADER, 0x20, 0x40):
+        join(b, node)
+    form(b, b.decide(3.0), 3.0)
+    join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30)))
+    for now in (4.0, 1e6):  # however long the round runs
+        assert b.parked(0x30) and b.status(now).waiting == 0
+        decision = b.decide(now)
+        assert isinstance(decision, Wait) and decision.until is None  # no timer for it either
+    b.died(0x40, "killed")
+    assert b.status(1e6).waiting >= 1
+    join(b, LEADER)
+    join(b, 0x20)
+    d = b.decide(1e6)
+    assert isinstance(d, Form) and d.members == (LEADER, 0x20, 0x30)
 
 
 def test_close_answers_every_waiting_join():
