@@ -18,6 +18,9 @@ heartbeats 1 s x 3), waits until it trains, injects one fault and lets the job f
   until the split heals. Rank 0 of every round logs each step with its (epoch, round): the
   trial fails if two rounds ever trained at once.
 
+``--keep-alive 0.25x6`` and ``--rejoin-delay never`` change those two knobs for every node;
+each trial also reports the restarts the fault caused and the training seconds it cost.
+
 A trial passes when every node that was not killed exits 0 and the last round trained to
 the end with identical parameters on every rank. Recovery is the time from the fault to the
 first training step of the round that replaced the broken one (none when the fault broke
@@ -61,12 +64,14 @@ FAULTS = ("kill", "freeze", "flap", "loss")
 EXTRA_FAULTS = ("partition", "mcast-off", "reset-partition")
 STEPS = 150
 KEEP_ALIVE_S, ATTEMPTS = 1.0, 3
-BOUND_S = KEEP_ALIVE_S * ATTEMPTS + 5.0
+#: What a recovery may take beyond the heartbeat timeout: the rendezvous and new workers' start.
+SLACK_S = 5.0
 
 
-def bound_of(fault: str) -> float:
+def bound_of(fault: str, keep_alive: tuple[float, int] = (KEEP_ALIVE_S, ATTEMPTS)) -> float:
     """The bound on recovery from ``fault``: a split that no half survives lasts its outage first."""
-    return BOUND_S + (OUTAGE_S if fault == "reset-partition" else 0.0)
+    bound = keep_alive[0] * keep_alive[1] + SLACK_S
+    return bound + (OUTAGE_S if fault == "reset-partition" else 0.0)
 
 
 OUTAGE_S = 5.0
@@ -78,7 +83,13 @@ REJOIN_DELAY_S = 10.0
 
 
 def trial(
-    index: int, fault: str, at_leader: bool, workdir: Path, rng: random.Random, rejoin_delay: str = ""
+    index: int,
+    fault: str,
+    at_leader: bool,
+    workdir: Path,
+    rng: random.Random,
+    rejoin_delay: str = "",
+    keep_alive: tuple[float, int] = (KEEP_ALIVE_S, ATTEMPTS),
 ) -> dict[str, Any]:
     segment = Segment()
     agents: list[Agent] = []
@@ -90,8 +101,8 @@ def trial(
         nodes = 4 if fault == "reset-partition" else 3
         hosts = [segment.add_host(f"198.18.0.{11 + i}", bridge=bridge) for i in range(nodes)]
         conf = {"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1,
-                "rejoin_delay": rejoin_delay or REJOIN_DELAY_S, "keep_alive_interval": KEEP_ALIVE_S,
-                "keep_alive_max_attempt": ATTEMPTS}  # fmt: skip
+                "rejoin_delay": rejoin_delay or REJOIN_DELAY_S, "keep_alive_interval": keep_alive[0],
+                "keep_alive_max_attempt": keep_alive[1]}  # fmt: skip
         cmd = torchrun_cmd(
             job=unique_job("stress"), nnodes=f"2:{nodes}", nproc=1, conf=conf, extra=["--max-restarts=5"],
             script_args=["--steps", str(STEPS), "--step-time", "0.1", "--quiet", "--trace", str(trace),
@@ -205,12 +216,17 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {FAULTS + EXTRA_FAULTS}")
     p.add_argument(
+        "--keep-alive", default=f"{KEEP_ALIVE_S:g}x{ATTEMPTS}", help="INTERVALxATTEMPTS, e.g. 0.25x6"
+    )
+    p.add_argument(
         "--rejoin-delay",
         default="",
         help=f"rejoin_delay for every node (seconds or never; {REJOIN_DELAY_S:g} if unset)",
     )
     args = p.parse_args()
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    interval, _, attempts = args.keep_alive.partition("x")
+    keep_alive = (float(interval), int(attempts))
     unknown = [f for f in faults if f not in FAULTS + EXTRA_FAULTS]
     if unknown or not faults:
         p.error(f"unknown faults {unknown}; pick from {', '.join(FAULTS + EXTRA_FAULTS)}")
@@ -220,13 +236,14 @@ def main() -> int:
         return 2
     rng = random.Random(args.seed)
     print(f"mixed-fault stress: {args.trials} trials, 3 nodes (one namespace each), heartbeats "
-          f"{KEEP_ALIVE_S:g}s x {ATTEMPTS}; bound on a single fault's recovery {BOUND_S:g}s")  # fmt: skip
+          f"{keep_alive[0]:g}s x {keep_alive[1]}; bound on a single fault's recovery "
+          f"{bound_of('kill', keep_alive):g}s")  # fmt: skip
     results = []
     for i in range(args.trials):
         fault, at_leader = faults[i % len(faults)], (i // len(faults)) % 2 == 0
         at_leader = at_leader or fault == "mcast-off"
         with tempfile.TemporaryDirectory(prefix="mingle-stress-") as tmp:
-            result = trial(i + 1, fault, at_leader, Path(tmp), rng, args.rejoin_delay)
+            result = trial(i + 1, fault, at_leader, Path(tmp), rng, args.rejoin_delay, keep_alive)
             if not result["ok"]:  # the agents' logs outlive the trial: they say why
                 kept = Path(tempfile.mkdtemp(prefix=f"mingle-stress-failed-{i + 1}-"))
                 shutil.copytree(tmp, kept, dirs_exist_ok=True)
@@ -264,11 +281,11 @@ def main() -> int:
     late = [
         r
         for r in results
-        if isinstance(r.get("recovery_s"), float) and r["recovery_s"] > bound_of(r["fault"])
+        if isinstance(r.get("recovery_s"), float) and r["recovery_s"] > bound_of(r["fault"], keep_alive)
     ]
     worst = max((r["recovery_s"] for r in results if isinstance(r.get("recovery_s"), float)), default=None)
     if worst is not None:
-        bounds = ", ".join(f"{f} {bound_of(f):g}s" for f in faults)
+        bounds = ", ".join(f"{f} {bound_of(f, keep_alive):g}s" for f in faults)
         verdict = "within" if not late else f"OVER in {len(late)} trial(s)"
         print(f"slowest recovery after a single fault: {worst:.2f}s, {verdict} the bounds ({bounds})")
     if args.json:
