@@ -252,11 +252,12 @@ def main() -> int:
         rec, rdzv = result.get("recovery_s"), result.get("rendezvous_s")
         rec_text = f"{rec:5.2f}s" if isinstance(rec, float) else "   - "
         rdzv_text = f"{rdzv:5.2f}s" if isinstance(rdzv, float) else "   - "
+        lost_text = f"{result['lost_s']:.1f}s" if isinstance(result.get("lost_s"), float) else "-"
         status, world = "ok  " if result["ok"] else "FAIL", result.get("world", "-")
         print(
             f"trial {i + 1:2d}: {status} {fault:<6} at the {result['at']:<8} new round after {rdzv_text}, "
             f"training again after {rec_text}, final world {world}, {result.get('restarts', '-')} restarts, "
-            f"{result.get('lost_s', float('nan')):.1f}s of training lost",
+            f"{lost_text} of training lost",
             flush=True,
         )
         if not result["ok"]:
