@@ -6,9 +6,9 @@ handlers: this process holds them all, each a TCP connection to the leader's con
 a ``FollowerSession`` (the follower's sans-I/O protocol, the code every real node runs), driven
 by one ``selectors`` loop. Nothing about the members is cheaper on the wire than in the field:
 they say hello, join, answer proposals, send and check heartbeats on the production frames.
-Two shortcuts keep one process able to drive 16,384 of them, neither of which touches what the
-leader sees: a round or proposal frame that is byte for byte the one a member before got is
-decoded once, and a join's history is encoded once per round.
+One shortcut keeps one process able to drive 16,384 of them without touching what the leader
+sees: a ``members`` or ``propose`` frame that is byte for byte the one a member before got is
+decoded once. (A join names its last round by number, as every node's does.)
 
 Measured, for each N (``--members``):
 
@@ -185,7 +185,6 @@ class Generator:
         self.by_fd: dict[int, Member] = {}
         self.parsed: dict[bytes, dict[str, Any]] = {}  # a big frame's body -> its fields, once
         self.rounds: dict[int, Any] = {}  # round number -> Round, as the answers named it
-        self.histories: dict[int, Any] = {}
         self.evictions: list[str] = []
         self.bytes_in = 0
         self._next_sweep = 0.0
@@ -340,12 +339,10 @@ class Generator:
 
     def join_all(self, ticket: int, round_number: int) -> float:
         """Every live member asks for a place at once; returns when the last join was sent."""
-        history = None
-        if round_number:
-            history = self.histories.get(round_number)
-            if history is None:
-                history = _CachedHistory.of(self.rounds[round_number])
-                self.histories[round_number] = history
+        from torch_mingle._rounds import History
+
+        # The round each member got on its connection: its join names it by number (``ref``).
+        history = History.of(self.rounds[round_number]) if round_number else None
         for m in self.members:
             if not m.evicted:
                 m.round_at = 0.0
@@ -377,25 +374,6 @@ class Generator:
         for m in self.members:
             m.sock.close()
         self.sel.close()
-
-
-def _cached_history_class() -> type:
-    from torch_mingle._rounds import History
-
-    class CachedHistory(History):
-        """A history encoded once for every member (the same round for all)."""
-
-        def to_json(self) -> dict[str, Any]:
-            cached: dict[str, Any] | None = getattr(self, "_json", None)
-            if cached is None:
-                cached = super().to_json()
-                object.__setattr__(self, "_json", cached)
-            return cached
-
-    return CachedHistory
-
-
-_CachedHistory: Any = None
 
 
 # ------------------------------------------------------------------------------ one size
@@ -473,21 +451,36 @@ def _cpu(before: dict[str, Any], after: dict[str, Any]) -> float:
     return float(after["usage"]["cpu_s"] - before["usage"]["cpu_s"])
 
 
-def _first_round(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
+def _round_phase(leader: Host, gen: Generator, number: int, since: float) -> dict[str, Any]:
+    """The leader's agent and every live member join round ``number`` (the leader's first);
+    when the last join went out and the last round arrived (None: never), and the leader's CPU
+    from ``since`` on, with the seconds it covers."""
+    before = _ask(leader, "usage")
     leader.send({"cmd": "join"})
     leader.expect(time.monotonic() + 30)
-    gen.run_for(0.2)  # the leader's own join is in: the members' are the last ones
-    before, t = _ask(leader, "usage"), time.monotonic()
-    last_join = gen.join_all(ticket=1, round_number=0)
-    last_round = gen.wait_rounds(1, last_join + PHASE_TIMEOUT_S)
+    if number == 1:
+        gen.run_for(0.2)  # the leader's own join is in: the members' are the last ones
+    last_join = gen.join_all(ticket=number, round_number=number - 1)
+    # A first round's bound counts from the last join; a re-rendezvous's from the failure.
+    last_round = gen.wait_rounds(number, (since if number > 1 else last_join) + PHASE_TIMEOUT_S)
     joined = _ask(leader, "joined", timeout=30)
-    if last_round is None:
+    return {
+        "last_join": last_join,
+        "last_round": last_round,
+        "window": [time.monotonic() - since, _cpu(before, joined)],
+        "joined": joined["joined"],
+    }
+
+
+def _first_round(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
+    p = _round_phase(leader, gen, 1, time.monotonic())
+    if p["last_round"] is None:
         return {"round_error": _not_delivered(1, gen)}
     return {
-        "round_s": last_round - last_join,
-        "round_window": [time.monotonic() - t, _cpu(before, joined)],
-        "leader_rank": joined["joined"].get("rank"),
-        "leader_error": joined["joined"].get("error"),
+        "round_s": p["last_round"] - p["last_join"],
+        "round_window": p["window"],
+        "leader_rank": p["joined"].get("rank"),
+        "leader_error": p["joined"].get("error"),
     }
 
 
@@ -514,23 +507,18 @@ def _heartbeats(leader: Host, gen: Generator, n: int, args: argparse.Namespace) 
 
 def _rerendezvous(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
     victim = gen.members[len(gen.members) // 2]
-    before = _ask(leader, "usage")
     t = time.monotonic()
     victim.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     victim.evicted = "killed by the benchmark"
     gen.sel.unregister(victim.sock)
     victim.sock.close()  # a reset: its process died
-    leader.send({"cmd": "join"})
-    leader.expect(time.monotonic() + 30)
-    last_join = gen.join_all(ticket=2, round_number=1)
-    last_round = gen.wait_rounds(2, t + PHASE_TIMEOUT_S)
-    joined = _ask(leader, "joined", timeout=30)
-    if last_round is None:
+    p = _round_phase(leader, gen, 2, t)
+    if p["last_round"] is None:
         return {"rerdzv_error": _not_delivered(2, gen)}
     return {
-        "rerdzv_s": last_round - t,
-        "rerdzv_after_last_join_s": last_round - last_join,
-        "rerdzv_window": [time.monotonic() - t, _cpu(before, joined)],
+        "rerdzv_s": p["last_round"] - t,
+        "rerdzv_after_last_join_s": p["last_round"] - p["last_join"],
+        "rerdzv_window": p["window"],
     }
 
 
@@ -607,7 +595,6 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> int:
-    global _CachedHistory  # noqa: PLW0603 - made once torch_mingle is importable
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", default=",".join(map(str, SIZES)))
     parser.add_argument("--hb-interval", type=float, default=1.0)
@@ -620,7 +607,6 @@ def main() -> int:
     if args.leader:
         return leader_main(json.loads(args.leader))
     compile_package()
-    _CachedHistory = _cached_history_class()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results = []

@@ -187,8 +187,10 @@ def test_a_returning_node_does_not_restart_a_fresh_round_until_it_ran_rejoin_del
     assert b.status(14.0 + 20.0).waiting == 1
 
 
-def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
-    b = book(min_nodes=2, max_nodes=4, rejoin_delay=10.0)
+def _returned_after_a_drop(rejoin_delay: float) -> RoundBook:
+    """Round 1 of four nodes; 0x30 froze and was dropped, round 2 formed at 3 s without it, and
+    0x30 came back (joined again) while round 2 runs."""
+    b: RoundBook = book(min_nodes=2, max_nodes=4, rejoin_delay=rejoin_delay)
     for node in (LEADER, 0x20, 0x40, 0x30):
         join(b, node)
     form(b, b.decide(0.0), 0.0)
@@ -197,6 +199,11 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
         join(b, node)
     form(b, b.decide(3.0), 3.0)
     join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30)))
+    return b
+
+
+def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
+    b = _returned_after_a_drop(rejoin_delay=10.0)
     b.died(0x20, "killed")  # the fresh round is stale anyway: no reason to hold anyone back
     assert b.status(4.0).waiting >= 1
     join(b, LEADER)
@@ -208,15 +215,7 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
 def test_with_rejoin_delay_never_a_returning_node_is_a_spare_until_the_round_breaks():
     """``rejoin_delay=never``: the returning node costs no restart; it waits, parked, and
     takes its place in the next round the job needs anyway (a member lost)."""
-    b = book(min_nodes=2, max_nodes=4, rejoin_delay=math.inf)
-    for node in (LEADER, 0x20, 0x40, 0x30):
-        join(b, node)
-    form(b, b.decide(0.0), 0.0)
-    b.died(0x30, "frozen")
-    for node in (LEADER, 0x20, 0x40):
-        join(b, node)
-    form(b, b.decide(3.0), 3.0)
-    join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30)))
+    b = _returned_after_a_drop(rejoin_delay=math.inf)
     for now in (4.0, 1e6):  # however long the round runs
         assert b.parked(0x30) and b.status(now).waiting == 0
         decision = b.decide(now)
