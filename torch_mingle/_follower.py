@@ -48,7 +48,6 @@ from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (
     MAX_ROUND,
-    MAX_ROUNDS_DELIVERED,
     Gone,
     History,
     Round,
@@ -57,6 +56,7 @@ from torch_mingle._rounds import (
     bounded_int,
     gone_of,
     gone_to_json,
+    keep_delivered,
     node_id,
     round_key_to_json,
 )
@@ -444,9 +444,7 @@ class FollowerSession:
                 self.status = status
                 self._events.append(StatusChanged(status))
             self.next_store_port = None  # used by this round, or not by any: named again if due
-            self.delivered[rnd.number] = rnd
-            while len(self.delivered) > MAX_ROUNDS_DELIVERED:
-                del self.delivered[next(iter(self.delivered))]
+            keep_delivered(self.delivered, rnd)
             self._events.append(Answer("round", int(msg["id"]), round=rnd))
         elif kind in ("retry", "timeout"):
             # The store named stays the next round's (the leader names each store once per node).

@@ -57,7 +57,6 @@ from torch_mingle._rounds import (
     MAX_EPOCH,
     MAX_MEMBERS,
     MAX_ROUND,
-    MAX_ROUNDS_DELIVERED,
     Form,
     Gone,
     History,
@@ -69,6 +68,7 @@ from torch_mingle._rounds import (
     bounded_int,
     gone_of,
     gone_to_json,
+    keep_delivered,
     newest_key,
     node_hex,
     node_id,
@@ -1159,11 +1159,9 @@ class LeaderTerm:
             return
         if kind == "round":  # by number: the member holds it (proposed, or ``members``)
             rnd = fields["round"]
-            m.delivered[rnd.number] = rnd  # as the follower records it (``_delivered_number``)
-            while len(m.delivered) > MAX_ROUNDS_DELIVERED:
-                del m.delivered[next(iter(m.delivered))]
+            keep_delivered(m.delivered, rnd)  # as the follower records it (``_delivered_number``)
             encoded = {"status": fields["status"]} if "status" in fields else {}
-            self._send(m, kind, id=ticket, number=fields["round"].number, encoded=encoded)
+            self._send(m, kind, id=ticket, number=rnd.number, encoded=encoded)
             return
         self._send(m, kind, id=ticket, **fields)
 

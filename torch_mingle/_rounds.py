@@ -65,6 +65,16 @@ MAX_REPORTED = 64
 #: ``_Member.delivered``, the follower's ``FollowerSession.delivered``): a join names one of
 #: them by number. Both keep them the same way, so they always agree.
 MAX_ROUNDS_DELIVERED = 4
+
+
+def keep_delivered(delivered: dict[int, Round], rnd: Round) -> None:
+    """``rnd`` was answered on a connection: both ends record it here, the same way, so that a
+    join's ``ref`` names a round the leader still holds."""
+    delivered[rnd.number] = rnd
+    while len(delivered) > MAX_ROUNDS_DELIVERED:
+        del delivered[next(iter(delivered))]
+
+
 #: Bounds on what a peer may send: the fields of a history, round or status never exceed them.
 MAX_MEMBERS = 65536
 MAX_ROUND = 2**32 - 1
