@@ -54,8 +54,12 @@ class MingleConfig:
     join_timeout: float = 600.0
     last_call_timeout: float = 30.0
     close_timeout: float = 30.0
-    keep_alive_interval: float = 5.0
-    keep_alive_max_attempt: int = 3
+    #: Seconds between heartbeats on each control connection, both ways. A node (the leader
+    #: included) that is silent for ``keep_alive_interval x keep_alive_max_attempt`` (1.4 s) is
+    #: gone: that bound is the detection time, and a stall of the agent shorter than the bound
+    #: less one interval (1.2 s) goes unnoticed (docs/faults.md#detection-and-the-knobs).
+    keep_alive_interval: float = 0.2
+    keep_alive_max_attempt: int = 7
     #: How long a starting node listens for an existing leader before it may claim leadership.
     election_window: float = 0.02
     #: Injected by torchrun (``--rdzv_timeout``, default 900). Accepted and not used: see README.

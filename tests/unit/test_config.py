@@ -17,11 +17,11 @@ def make(**conf):
     return MingleConfig.from_mapping(run_id="job42", min_nodes=2, max_nodes=4, conf=conf)
 
 
-def test_defaults_match_c10d_where_c10d_has_the_key():
+def test_defaults_match_c10d_where_c10d_has_the_key_and_detect_a_failure_within_1_4_s():
     cfg = make()
     assert (cfg.join_timeout, cfg.last_call_timeout, cfg.close_timeout) == (600.0, 30.0, 30.0)
-    assert (cfg.keep_alive_interval, cfg.keep_alive_max_attempt) == (5.0, 3)
-    assert cfg.keep_alive_timeout == 15.0
+    assert (cfg.keep_alive_interval, cfg.keep_alive_max_attempt) == (0.2, 7)  # c10d: 5 s x 3
+    assert cfg.keep_alive_timeout == pytest.approx(1.4)
     assert cfg.group == "239.255.77.77" and cfg.port == 29477 and cfg.ttl == 1
     assert cfg.interface is None
 
