@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order bench-leader stress clean
+.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order bench-leader stress soak clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,9 @@ bench-flood: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+soak: $(STAMP)
+	$(BIN)/python -m tests.stress.loaded_soak --minutes 30
 
 stress: $(STAMP)
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20

@@ -36,6 +36,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--step-time", type=float, default=0.0, help="seconds to sleep per step (simulated compute)"
     )
+    p.add_argument(
+        "--until",
+        type=float,
+        default=None,
+        help="stop after the first step that ends past this wall-clock time (seconds since the epoch); "
+        "every rank stops at the same step",
+    )
     p.add_argument("--checkpoint", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None)
     p.add_argument("--trace", type=Path, default=None, help="rank 0 appends 'time epoch round step' per step")
@@ -126,6 +133,15 @@ def maybe_fail(args: argparse.Namespace, rank: int, step: int) -> None:
         os._exit(1)
 
 
+def all_past(until: float | None, device: torch.device) -> bool:
+    """Whether any rank's clock passed ``until``: every rank gets the same answer (one all-reduce)."""
+    if until is None:
+        return False
+    flag = torch.tensor([float(time.time() >= until)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def main() -> int:
     args = parse_args()
     t_start = time.time()
@@ -165,6 +181,7 @@ def main() -> int:
     gen = torch.Generator().manual_seed(1234)
     true_w = torch.arange(IN_FEATURES, dtype=torch.float32).unsqueeze(1) / IN_FEATURES
     loss = torch.tensor(0.0)
+    steps = args.steps
     for step in range(start_step, args.steps):
         maybe_fail(args, rank, step)
         # Every rank draws its own slice of the same global batch, so the run is reproducible.
@@ -198,6 +215,9 @@ def main() -> int:
             log(f"rank {rank}/{world} step {step + 1}/{args.steps} loss {loss.item():.5f}")
         if args.step_time:
             time.sleep(args.step_time)
+        if all_past(args.until, device):
+            steps = step + 1
+            break
     dist.barrier()
     params = [p.detach().cpu().flatten().tolist() for p in model.parameters()]
     if args.report is not None:
@@ -205,7 +225,7 @@ def main() -> int:
         report = {
             "rank": rank,
             "world_size": world,
-            "steps": args.steps,
+            "steps": steps,
             "start_step": start_step,
             "params": params,
             "loss": float(loss.item()),

@@ -142,13 +142,18 @@ class Segment:
         for host in side:
             _ip("-n", self.bridge_ns, "link", "set", self.port_of(host), "master", bridge)
 
-    def loss(self, host: Host, percent: int) -> None:
-        """Drop ``percent`` % of the packets that reach ``host``, at random (nftables, in its namespace)."""
-        rules = (
-            "table inet mgl_loss {\n"
-            f" chain i {{ type filter hook input priority 0; numgen random mod 100 < {percent} drop; }}\n"
-            "}\n"
-        )
+    def loss(self, host: Host, percent: int, *, link: str | None = None) -> None:
+        """Drop ``percent`` % of the packets that reach ``host``, at random (nftables, in its
+        namespace); with ``link`` (a device, ``eth0``), of those it sends and receives on that link."""
+        drop = f"numgen random mod 100 < {percent} drop;"
+        if link is None:
+            chains = f" chain i {{ type filter hook input priority 0; {drop} }}\n"
+        else:
+            chains = (
+                f' chain i {{ type filter hook input priority 0; iifname "{link}" {drop} }}\n'
+                f' chain o {{ type filter hook output priority 0; oifname "{link}" {drop} }}\n'
+            )
+        rules = "table inet mgl_loss {\n" + chains + "}\n"
         self.no_loss(host)
         subprocess.run(["ip", "netns", "exec", host.name, "nft", "-f", "-"], input=rules, text=True,
                        check=True, timeout=30)  # fmt: skip

@@ -1,7 +1,7 @@
 """Stress: one fault per trial, of every kind the field produces, at any node (the leader included).
 
 Each trial starts a 3-node job (``--nnodes=2:3``, one torchrun agent per network namespace,
-heartbeats 1 s x 3), waits until it trains, injects one fault and lets the job finish:
+the default heartbeats), waits until it trains, injects one fault and lets the job finish:
 
 * ``kill``    SIGKILL of the node's whole process tree (it is gone for good);
 * ``freeze``  SIGSTOP of the whole tree for 5 s, then SIGCONT;
@@ -18,8 +18,10 @@ heartbeats 1 s x 3), waits until it trains, injects one fault and lets the job f
   until the split heals. Rank 0 of every round logs each step with its (epoch, round): the
   trial fails if two rounds ever trained at once.
 
-``--keep-alive 0.25x6`` and ``--rejoin-delay never`` change those two knobs for every node;
-each trial also reports the restarts the fault caused and the training seconds it cost.
+``--keep-alive 1x3`` and ``--rejoin-delay never`` change those two knobs for every node;
+each trial also reports when a survivor noticed the fault (its first "no heartbeat" line, for
+the faults that only silence shows), the restarts the fault caused and the training seconds
+it cost.
 
 A trial passes when every node that was not killed exits 0 and the last round trained to
 the end with identical parameters on every rank. Recovery is the time from the fault to the
@@ -59,11 +61,12 @@ from tests.helpers import (
     wait_until,
 )
 from tests.netns.segment import Segment, netns_available, nftables_available
+from torch_mingle.config import MingleConfig
 
 FAULTS = ("kill", "freeze", "flap", "loss")
 EXTRA_FAULTS = ("partition", "mcast-off", "reset-partition")
 STEPS = 150
-KEEP_ALIVE_S, ATTEMPTS = 1.0, 3
+KEEP_ALIVE_S, ATTEMPTS = MingleConfig.keep_alive_interval, MingleConfig.keep_alive_max_attempt
 #: What a recovery may take beyond the heartbeat timeout: the rendezvous and new workers' start.
 SLACK_S = 5.0
 
@@ -167,6 +170,8 @@ def trial(
         result.update(training_lost(trace, struck))
         joined = [logged_at(a, "joined round", after=struck) for a in running]
         result["rendezvous_s"] = min((j - struck for j in joined if j is not None), default=None)
+        noticed = [logged_at(a, "no heartbeat", after=struck) for a in running if a is not victim]
+        result["detected_s"] = min((n - struck for n in noticed if n is not None), default=None)
         result["ok"] = True
     except AssertionError as exc:
         result.update(ok=False, error=str(exc)[:400])
@@ -249,13 +254,15 @@ def main() -> int:
                 shutil.copytree(tmp, kept, dirs_exist_ok=True)
                 result["error"] += f" (logs: {kept})"
         results.append(result)
-        rec, rdzv = result.get("recovery_s"), result.get("rendezvous_s")
-        rec_text = f"{rec:5.2f}s" if isinstance(rec, float) else "   - "
-        rdzv_text = f"{rdzv:5.2f}s" if isinstance(rdzv, float) else "   - "
+        rec, rdzv, seen = result.get("recovery_s"), result.get("rendezvous_s"), result.get("detected_s")
+        rec_text, rdzv_text, seen_text = (
+            f"{t:5.2f}s" if isinstance(t, float) else "   - " for t in (rec, rdzv, seen)
+        )
         lost_text = f"{result['lost_s']:.1f}s" if isinstance(result.get("lost_s"), float) else "-"
         status, world = "ok  " if result["ok"] else "FAIL", result.get("world", "-")
         print(
-            f"trial {i + 1:2d}: {status} {fault:<6} at the {result['at']:<8} new round after {rdzv_text}, "
+            f"trial {i + 1:2d}: {status} {fault:<6} at the {result['at']:<8} noticed after {seen_text}, "
+            f"new round after {rdzv_text}, "
             f"training again after {rec_text}, final world {world}, {result.get('restarts', '-')} restarts, "
             f"{lost_text} of training lost",
             flush=True,
@@ -266,6 +273,9 @@ def main() -> int:
     print(f"\n{passed}/{len(results)} trials finished with identical parameters on every rank")
     for fault in faults:
         of_kind = [r for r in results if r["fault"] == fault]
+        seen = [r["detected_s"] for r in of_kind if isinstance(r.get("detected_s"), float)]
+        if seen:
+            print(f"  {fault:<6} noticed after: median {statistics.median(seen):.2f}s, max {max(seen):.2f}s")
         times = [r["recovery_s"] for r in of_kind if isinstance(r.get("recovery_s"), float)]
         if times:
             print(
