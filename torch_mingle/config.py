@@ -37,6 +37,20 @@ DEFAULT_PORT = 29477
 MAX_RUN_ID_BYTES = 200
 
 
+#: Heartbeats a second that the leader receives (and as many it sends) at most with the default
+#: interval: about 10 % of one core here (17-23 us per member and beat, docs/benchmarks.md#leader-capacity).
+LEADER_BEATS_PER_S = 5000
+
+
+def default_keep_alive_interval(max_nodes: int) -> float:
+    """The heartbeat interval when none is set: 0.2 s up to 1,000 nodes, then ``max_nodes /
+    LEADER_BEATS_PER_S`` (0.82 s at 4,096, 3.3 s at 16,384), so that the leader's heartbeats stay
+    within ``LEADER_BEATS_PER_S`` and a busy leader (a first round of thousands of members takes
+    it seconds) is not taken for a dead one. Every node of a job is started with the same
+    ``--nnodes``, so every node computes the same interval and timeout."""
+    return max(MingleConfig.keep_alive_interval, max_nodes / LEADER_BEATS_PER_S)
+
+
 @record
 class MingleConfig:
     """Settings of one ``mingle`` rendezvous; see the README's table for each key."""
@@ -57,7 +71,8 @@ class MingleConfig:
     #: Seconds between heartbeats on each control connection, both ways. A node (the leader
     #: included) that is silent for ``keep_alive_interval x keep_alive_max_attempt`` (1.4 s) is
     #: gone: that bound is the detection time, and a stall of the agent shorter than the bound
-    #: less one interval (1.2 s) goes unnoticed (docs/faults.md#detection-and-the-knobs).
+    #: less one interval (1.2 s) goes unnoticed (docs/faults.md#detection-and-the-knobs). Unset,
+    #: it grows with ``max_nodes`` past 1,000 nodes (``default_keep_alive_interval``).
     keep_alive_interval: float = 0.2
     keep_alive_max_attempt: int = 7
     #: How long a starting node listens for an existing leader before it may claim leadership.
@@ -144,13 +159,16 @@ class MingleConfig:
             if raw is None:
                 continue
             values[key] = _PARSERS[key](key, raw)
+        explicit = frozenset(values)
+        if "keep_alive_interval" not in values:
+            values["keep_alive_interval"] = default_keep_alive_interval(max_nodes)
         cfg = cls(
             run_id=_check_run_id(run_id),
             min_nodes=min_nodes,
             max_nodes=max_nodes,
             local_addr=local_addr or None,
             endpoint=endpoint or "",
-            explicit=frozenset(values),
+            explicit=explicit,
             **values,
         )
         cfg.validate()

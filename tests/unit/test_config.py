@@ -26,6 +26,18 @@ def test_defaults_match_c10d_where_c10d_has_the_key_and_detect_a_failure_within_
     assert cfg.interface is None
 
 
+@pytest.mark.parametrize(("max_nodes", "interval"), [(1, 0.2), (1000, 0.2), (4096, 0.8192), (16384, 3.2768)])
+def test_the_default_heartbeat_grows_with_the_job_past_a_thousand_nodes(max_nodes, interval):
+    cfg = MingleConfig.from_mapping(run_id="job42", min_nodes=1, max_nodes=max_nodes, conf={})
+    assert cfg.keep_alive_interval == pytest.approx(interval)
+    assert max_nodes / cfg.keep_alive_interval <= config_module.LEADER_BEATS_PER_S
+    assert "keep_alive_interval" not in cfg.explicit
+    chosen = MingleConfig.from_mapping(
+        run_id="job42", min_nodes=1, max_nodes=max_nodes, conf={"keep_alive_interval": "0.5"}
+    )
+    assert chosen.keep_alive_interval == 0.5  # a value the user set wins at any size
+
+
 def test_values_arrive_as_strings_from_torchrun():
     params = RendezvousParameters(
         "mingle",
