@@ -77,8 +77,10 @@ MAX_RECOVERIES = 5
 RECOVERY_WINDOW_S = 60.0
 PEERS_REFRESH_S = 5.0
 STOP_JOIN_S = 5.0
-#: Linux's option number (tcp(7)); Python's socket module does not name it.
-TCP_THIN_LINEAR_TIMEOUTS = getattr(socket, "TCP_THIN_LINEAR_TIMEOUTS", 16)
+#: Linux's option numbers (linux/tcp.h); Python's socket module does not name them.
+TCP_THIN_LINEAR_TIMEOUTS, TCP_RTO_MAX_MS, TCP_RTO_MIN_US = 16, 44, 45
+#: A control connection's retransmission timeout floor and ceiling (Linux: 200 ms and 120 s).
+CONTROL_RTO_MIN_US, CONTROL_RTO_MAX_MS = 20_000, 1_000
 
 
 @record(frozen=False)
@@ -764,16 +766,25 @@ class Loop:
 
 
 def tune_control_socket(sock: socket.socket) -> None:
-    """A control connection sends small frames that must not wait: no Nagle delay; and, on
-    Linux, linear retransmission timeouts. Heartbeats keep fewer than four segments in flight
-    (a thin stream, tcp(7)), so a segment lost again is resent every RTO (200 ms) instead of
-    after 0.2, 0.4, 0.8, 1.6 s: under 20 % packet loss, three losses of one segment in a row
-    would otherwise hold the whole stream for 1.4 s, the heartbeat timeout, and break a
-    healthy round (measured: docs/faults.md#detection-and-the-knobs)."""
+    """A control connection carries small frames that must not wait: no Nagle delay; and, on
+    Linux, quick retransmissions. Heartbeats keep fewer than four segments in flight (a thin
+    stream, tcp(7)): with linear timeouts a segment lost again is resent every RTO instead of
+    after 0.2, 0.4, 0.8, 1.6 s, and a lower RTO floor (20 ms against 200 ms; kernels from 6.11
+    on) and ceiling (1 s; from 6.15) shorten each try. Every later frame waits behind a lost
+    segment, so each stretch of retransmissions is a silence the heartbeat timeout must outlast:
+    on a link that loses 20 % of its packets both ways it reached 3.9 s with Linux's defaults
+    (measured: ``benchmarks/lossy_heartbeats.py``, docs/faults.md#detection-and-the-knobs).
+    Options the kernel does not know are skipped."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):  # a kernel without it: exponential backoff, as before
-            sock.setsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, 1)
+    if not sys.platform.startswith("linux"):
+        return
+    for option, value in (
+        (TCP_THIN_LINEAR_TIMEOUTS, 1),
+        (TCP_RTO_MIN_US, CONTROL_RTO_MIN_US),
+        (TCP_RTO_MAX_MS, CONTROL_RTO_MAX_MS),
+    ):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def wall_clock() -> float:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torch_mingle import _loop
 from torch_mingle._wire import (
     DUPLICATE_WINDOW_MS,
     EPOCH_MAX,
@@ -195,3 +199,21 @@ def test_a_heartbeat_read_without_the_json_decoder_is_the_frame_the_decoder_give
         {"t": "hb", "x": 1, RAW: other[4:]},
         {"t": "hb", RAW: hb[4:]},
     ]
+
+
+def test_a_control_socket_retransmits_quickly_where_the_kernel_can():
+    """Linear timeouts and a 20 ms RTO floor keep a lost heartbeat from holding the stream up
+    past the heartbeat timeout (benchmarks/lossy_heartbeats.py measures it); an option the
+    kernel does not know is skipped, not an error."""
+    with socket.socket() as sock:
+        _loop.tune_control_socket(sock)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        if not sys.platform.startswith("linux"):
+            return
+        assert sock.getsockopt(socket.IPPROTO_TCP, _loop.TCP_THIN_LINEAR_TIMEOUTS) == 1
+        for option, value in ((_loop.TCP_RTO_MIN_US, _loop.CONTROL_RTO_MIN_US), (_loop.TCP_RTO_MAX_MS, 1000)):
+            try:
+                current = sock.getsockopt(socket.IPPROTO_TCP, option)
+            except OSError:
+                continue  # an older kernel: Linux's own floor and ceiling
+            assert current == value
