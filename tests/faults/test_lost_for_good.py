@@ -79,7 +79,11 @@ def test_a_fixed_size_job_that_loses_a_node_fails_within_join_timeout_naming_it(
             or "closed the job (it shut down after: its rendezvous timed out" in out
         )
         assert f"waiting for {victim_id} (127.0.0.1: " in out, dump(agents)
-        assert "2 of min_nodes=3 nodes joined" in out, dump(agents)
+        # How many had joined depends on which survivor's agent re-joined first after its
+        # workers failed (1 or 2 of 3; a follower may still wait for the leader's own join).
+        assert re.search(r"[12] of min_nodes=3 nodes joined|waiting for the leader's own join", out), dump(
+            agents
+        )
     print(
         "fixed-size loss: survivors failed after", [round(exits[a.name][1] - lost_at, 1) for a in survivors]
     )
