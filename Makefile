@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order bench-leader stress soak clean
+.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order bench-leader bench-lossy stress soak clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,9 @@ bench-leader: $(STAMP)
 
 bench-order: $(STAMP)
 	$(BIN)/python benchmarks/rank_order.py
+
+bench-lossy: $(STAMP)
+	$(BIN)/python benchmarks/lossy_heartbeats.py --seconds 300 --json benchmarks/results/lossy_heartbeats.json
 
 bench-flood: $(STAMP)
 	$(BIN)/python benchmarks/flood_latency.py
