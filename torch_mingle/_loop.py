@@ -772,7 +772,7 @@ def tune_control_socket(sock: socket.socket) -> None:
     after 0.2, 0.4, 0.8, 1.6 s, and a lower RTO floor (20 ms against 200 ms; kernels from 6.11
     on) and ceiling (1 s; from 6.15) shorten each try. Every later frame waits behind a lost
     segment, so each stretch of retransmissions is a silence the heartbeat timeout must outlast:
-    on a link that loses 20 % of its packets both ways it reached 3.9 s with Linux's defaults
+    on a link that loses 20 % of its packets both ways it reached 4.5 s with Linux's defaults
     (measured: ``benchmarks/lossy_heartbeats.py``, docs/faults.md#detection-and-the-knobs).
     Options the kernel does not know are skipped."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
