@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torch_mingle.config import MingleConfig
+
 #: keep_alive_interval and keep_alive_max_attempt that scale_rendezvous.py runs with: torch's
 #: own defaults (c10d's too). A thousand nodes on two cores starve the leader's loop for
 #: seconds at a time, which shorter heartbeats take for a dead leader (see docs/benchmarks.md#scale).
@@ -74,8 +76,8 @@ LATENCY = {
     # Handler level, N <= 16: at least this many times c10d.
     "handler_vs_c10d": 20.0,
     "handler_max_nodes": 16,
-    # Leader loss with the default heartbeats (5 s x 3) + 2 s.
-    "leader_loss_s": 17.0,
+    # Leader loss: the default heartbeat timeout (0.2 s x 7) + 2 s.
+    "leader_loss_s": round(MingleConfig.keep_alive_interval * MingleConfig.keep_alive_max_attempt + 2, 2),
 }
 
 

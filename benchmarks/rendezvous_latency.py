@@ -657,7 +657,7 @@ def targets(points: list[Point]) -> list[str]:
         worst = max(p.samples)
         lines.append(
             f"{_verdict(worst <= lim['leader_loss_s'])} leader loss: worst {worst:.2f}s "
-            f"(<= {lim['leader_loss_s']:g} s: 15 s heartbeat timeout + 2 s)"
+            f"(<= {lim['leader_loss_s']:g} s: the default heartbeat timeout + 2 s)"
         )
     return lines
 
