@@ -581,8 +581,10 @@ def _tag(key: bytes, direction: bytes, seq: int, digest: bytes) -> str:
 
 
 def _sealed(frame: bytes, tag: str) -> bytes:
-    body = frame[FRAME_HEADER.size : -1] + f',"{SEAL_FIELD}":"{tag}"}}'.encode()
-    return FRAME_HEADER.pack(len(body)) + body
+    """``frame`` with the tag as its last field: one copy of it (a round's frame is large)."""
+    suffix = f',"{SEAL_FIELD}":"{tag}"}}'.encode()
+    size = len(frame) - FRAME_HEADER.size - 1 + len(suffix)
+    return b"".join((FRAME_HEADER.pack(size), memoryview(frame)[FRAME_HEADER.size : -1], suffix))
 
 
 def _verify(key: bytes, direction: bytes, seq: int, msg: Mapping[str, Any]) -> bool:
