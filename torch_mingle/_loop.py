@@ -136,21 +136,26 @@ class Outbox:
         self.queued -= sent
         chunks = self._chunks
         while sent:
-            first = chunks[0]
-            if sent < len(first):
-                chunks[0] = memoryview(first)[sent:]
+            size = len(chunks[0])
+            if sent < size:
+                chunks[0] = memoryview(chunks[0])[sent:]
                 return
-            sent -= len(first)
+            sent -= size
             chunks.popleft()
 
     def send_to(self, sock: Sender) -> int:
         """Send from the front until the queue is empty or the kernel takes no more (a short
         send, or none); the bytes that went. OS errors other than would-block raise."""
+        chunks = self._chunks
         total = 0
-        while self.queued:
-            chunks, offered = self.head()
+        while chunks:
             try:
-                sent = sock.send(chunks[0]) if len(chunks) == 1 else sock.sendmsg(chunks)
+                if len(chunks) == 1:  # the common case (a heartbeat, an answer): no list built
+                    offered = len(chunks[0])
+                    sent = sock.send(chunks[0])
+                else:
+                    batch, offered = self.head()
+                    sent = sock.sendmsg(batch)
             except (BlockingIOError, InterruptedError):
                 break
             self.advance(sent)
