@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +21,9 @@ from torch_mingle._wire import (
     Query,
     Resign,
     check,
+    deflated,
     encode_frame,
+    inflated,
     with_scope_of,
 )
 
@@ -195,3 +199,14 @@ def test_a_heartbeat_read_without_the_json_decoder_is_the_frame_the_decoder_give
         {"t": "hb", "x": 1, RAW: other[4:]},
         {"t": "hb", RAW: hb[4:]},
     ]
+
+
+@given(st.binary(max_size=4096))
+def test_deflated_bytes_come_back_and_garbage_is_a_value_error(data):
+    assert inflated(deflated(data), len(data)) == data
+    with pytest.raises(ValueError, match="inflated"):
+        inflated(deflated(data + b"x"), len(data))
+    with contextlib.suppress(ValueError):  # anything but deflated text is refused, nothing else raises
+        inflated(data.decode("latin-1"), 1 << 20)
+    with pytest.raises(TypeError):
+        inflated(data, 1 << 20)
