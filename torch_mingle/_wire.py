@@ -25,6 +25,8 @@ validates a frame's fields against ``SCHEMA``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import functools
 import hashlib
@@ -34,6 +36,7 @@ import json
 import os
 import socket
 import struct
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -44,9 +47,10 @@ MAGIC = b"MNGL"
 #: 5: rounds are proposed, accepted, then formed (``_rounds``), which a node of version 4
 #: cannot do; 6: a join names a round its leader delivered by number (``ref``), which a
 #: leader of version 5 would read as no history, and a formed round comes once as ``members``
-#: and is named by number. Nodes of different versions drop each
-#: other's datagrams (bad_version).
-VERSION = 6
+#: and is named by number; 7: a round's per-member lists travel as one compressed string
+#: (``_rounds.Round.to_json``: ``columns``), which a node of version 6 cannot read. Nodes of
+#: different versions drop each other's datagrams (bad_version).
+VERSION = 7
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -464,6 +468,34 @@ def dumps_compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def deflated(data: bytes) -> str:
+    """``data`` compressed (zlib) as base64 text, for a JSON field: a round's member list is
+    sent once per member, so its size, not the leader's CPU, is what a large round costs."""
+    return base64.b64encode(zlib.compress(data)).decode("ascii")
+
+
+def inflated(raw: Any, max_bytes: int) -> bytes:
+    """``deflated``'s bytes back; ``ValueError`` for other text, and for more than
+    ``max_bytes`` once inflated (a small frame must not unpack into gigabytes); ``TypeError``
+    for anything but text."""
+    if not isinstance(raw, str):
+        raise TypeError("not deflated text")
+    try:
+        packed = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(packed, max_bytes + 1)
+    except zlib.error as exc:
+        raise ValueError(f"not zlib data: {exc}") from None
+    if len(data) > max_bytes or inflater.unconsumed_tail:
+        raise ValueError(f"more than {max_bytes} bytes once inflated")
+    if not inflater.eof or inflater.unused_data:
+        raise ValueError("truncated or trailing zlib data")
+    return data
+
+
 def check(msg: dict[str, Any]) -> str | None:
     """The message's type if it carries every field its type needs, else None."""
     kind = msg.get("t")
@@ -581,8 +613,10 @@ def _tag(key: bytes, direction: bytes, seq: int, digest: bytes) -> str:
 
 
 def _sealed(frame: bytes, tag: str) -> bytes:
-    body = frame[FRAME_HEADER.size : -1] + f',"{SEAL_FIELD}":"{tag}"}}'.encode()
-    return FRAME_HEADER.pack(len(body)) + body
+    """``frame`` with the tag as its last field: one copy of it (a round's frame is large)."""
+    suffix = f',"{SEAL_FIELD}":"{tag}"}}'.encode()
+    size = len(frame) - FRAME_HEADER.size - 1 + len(suffix)
+    return b"".join((FRAME_HEADER.pack(size), memoryview(frame)[FRAME_HEADER.size : -1], suffix))
 
 
 def _verify(key: bytes, direction: bytes, seq: int, msg: Mapping[str, Any]) -> bool:

@@ -1,14 +1,17 @@
-"""The loop on real sockets, driven by a stand-in node: what still leaves when it stops."""
+"""The loop on real sockets, driven by a stand-in node: what still leaves when it stops, how a
+frame sent to many connections is queued, and the cap on what a connection may have waiting."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import types
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from torch_mingle._loop import Loop
+from torch_mingle._loop import MAX_OUTPUT_BYTES, Loop
 from torch_mingle._node import Board, Diagnostics
 from torch_mingle._store import StoreKeeper
 
@@ -24,6 +27,10 @@ class _StandIn:
         self.board = Board(Diagnostics(node_id="1", job="job", role="idle"))
         self.core = types.SimpleNamespace(wall_offset_s=0.0)  # the loop follows clock steps there
         self.connected = threading.Event()
+        self.up: set[int] = set()  # connections whose connect completed
+        self.changed = threading.Condition()
+        self.closed: list[tuple[int, str]] = []
+        self.closed_any = threading.Event()
 
     def start(self, now: float) -> None: ...
     def next_timer(self) -> float | None:
@@ -31,11 +38,17 @@ class _StandIn:
 
     def end_batch(self, now: float) -> None: ...
     def on_connected(self, conn: int, now: float) -> None:
+        with self.changed:
+            self.up.add(conn)
+            self.changed.notify_all()
         self.connected.set()
 
     def on_accepted(self, conn: int, now: float) -> None: ...
     def on_frames(self, conn: int, frames: object, now: float) -> None: ...
-    def on_closed(self, conn: int, reason: str, evidence: object, now: float) -> None: ...
+    def on_closed(self, conn: int, reason: str, evidence: object, now: float) -> None:
+        self.closed.append((conn, reason))
+        self.closed_any.set()
+
     def on_timer(self, now: float) -> None: ...
     def recover(self, exc: BaseException, now: float) -> None:
         raise exc
@@ -78,4 +91,99 @@ def test_what_a_closing_connection_still_has_to_send_goes_out_when_the_loop_stop
         loop.stop()
         listener.close()
         if peer is not None:
+            peer.close()
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[Loop, _StandIn, socket.socket]]:
+    """A started loop with a stand-in node, and a listener whose connections take little at
+    once and are never read (the peers of the loop's connections stop reading)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.settimeout(10)
+    loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), label="[test]")
+    node = _StandIn()
+    loop.start(node)  # type: ignore[arg-type]
+    try:
+        yield loop, node, listener
+    finally:
+        loop.stop()
+        listener.close()
+
+
+def _on_loop(loop: Loop, fn: Callable[[float], Any]) -> Any:
+    """``fn(now)`` run on the loop's thread; its result (within 10 s)."""
+    done = threading.Event()
+    result: list[Any] = []
+
+    def run(now: float) -> None:
+        result.append(fn(now))
+        done.set()
+
+    loop.call(run)
+    assert done.wait(10), "the loop did not run the call"
+    return result[0]
+
+
+def _connected(
+    loop: Loop, node: _StandIn, listener: socket.socket, count: int
+) -> tuple[list[int], list[socket.socket]]:
+    """``count`` connections of the loop to ``listener``, established; and the peers' ends."""
+    port = listener.getsockname()[1]
+    conns = [_on_loop(loop, lambda now: loop.connect("127.0.0.1", port)) for _ in range(count)]
+    peers = [listener.accept()[0] for _ in conns]
+    with node.changed:  # every connect seen by the loop: frames go out at once, not held
+        assert node.changed.wait_for(lambda: node.up >= set(conns), 10), "the loop did not connect"
+    return conns, peers
+
+
+def test_a_frame_sent_on_many_connections_is_queued_as_that_one_object_on_each(running):
+    """A round's ``members`` frame goes to every member: each connection's queue holds the
+    frame itself (or a view of what is left of it), never a copy of its own."""
+    loop, node, listener = running
+    conns, peers = _connected(loop, node, listener, 8)
+    try:
+        frame = bytes(range(256)) * (24 * 1024)  # 6 MiB: more than the kernel takes while unread
+
+        def send_all(now: float) -> list[tuple[object, int]]:
+            for conn in conns:
+                loop.send(conn, frame)
+            heads = []
+            for conn in conns:
+                out = loop._streams[conn].out
+                (head,) = out.chunks()
+                heads.append((head.obj if isinstance(head, memoryview) else head, out.queued))
+            return heads
+
+        heads = _on_loop(loop, send_all)
+        assert all(obj is frame for obj, _ in heads)
+        assert all(0 < queued < len(frame) for _, queued in heads)  # partly sent, the rest waits
+        assert not node.closed
+    finally:
+        for peer in peers:
+            peer.close()
+
+
+def test_a_connection_whose_peer_stops_reading_is_closed_once_more_than_the_cap_waits(running):
+    """The cap counts the bytes queued, shared or not: the same frame sent again and again to a
+    peer that reads nothing closes the connection once more than MAX_OUTPUT_BYTES wait."""
+    loop, node, listener = running
+    (conn,), peers = _connected(loop, node, listener, 1)
+    try:
+        frame = b"x" * (MAX_OUTPUT_BYTES // 4)
+
+        def send_until_closed(now: float) -> int:
+            for sent in range(1, 20):
+                loop.send(conn, frame)
+                if conn not in loop._streams:
+                    return sent
+            return 0
+
+        sent = _on_loop(loop, send_until_closed)
+        assert 4 <= sent < 20, f"closed after {sent} frames of {len(frame)} bytes"
+        assert node.closed_any.wait(10)
+        ((closed, why),) = node.closed
+        assert closed == conn and "the peer stopped reading" in why and "bytes waiting" in why
+    finally:
+        for peer in peers:
             peer.close()

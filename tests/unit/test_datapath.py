@@ -7,6 +7,7 @@ import errno
 import os
 import selectors
 import socket
+import struct
 
 import pytest
 from hypothesis import given
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from torch_mingle._datapath import MAX_PROBES, ProbeListener, _address, failure_message, peers_to_probe, probe
 from torch_mingle._rounds import Round, Status
+from torch_mingle._wire import deflated
 
 
 def test_small_rounds_probe_every_peer():
@@ -85,8 +87,9 @@ def test_the_message_names_the_pair_the_interface_and_the_fix():
 def test_rounds_carry_probe_ports_and_statuses_carry_a_failure(pports):
     rnd = Round(1, 1, (5, 6), "10.0.0.1", 29400, ("10.0.0.1", "10.0.0.2"), (0, 0), tuple(pports))
     assert Round.from_json(rnd.to_json()) == rnd
-    with pytest.raises(ValueError, match="ports"):
-        Round.from_json({**rnd.to_json(), "pports": [1, 70000]})
+    said_more = deflated(struct.pack(">III2Q2H", 2, 2, 3, 5, 6, 0, 0))  # 3 probe ports said, none there
+    with pytest.raises(ValueError, match="columns"):
+        Round.from_json({**rnd.to_json(), "columns": said_more})
     status = Status(epoch=1, round=1, closed=True, failed="node 5 closed the job (data path ...)")
     assert Status.from_json(status.to_json()) == status
     legacy = status.to_json()

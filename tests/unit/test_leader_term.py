@@ -516,3 +516,20 @@ def test_a_join_naming_its_round_by_number_gets_its_members_and_an_unknown_one_l
     assert term.book.pending[2].history == History.of(rnd)
     term.received(10, [{"t": "join", "id": 9, "ip": "x", "ref": rnd.number + 1, "history": None}], 1.1)
     assert [conn for conn, _ in term.closes()] == [10]
+
+
+def test_a_rounds_frame_for_every_member_is_one_object_that_the_term_hands_out_to_each():
+    """A round's ``propose`` (and, without a quorum, its ``members``) frame holds every member:
+    encoded once, and the same ``bytes`` object handed out for each connection (the loop
+    queues it as it is: ``_loop.Outbox``), never a copy per member."""
+    for quorum, kind in ((True, "propose"), (False, "members")):
+        term = _term(4, 4)
+        term.book.quorum = quorum
+        _store_opened(term, 5001, 0.1)
+        term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+        for node, conn in enumerate((10, 11, 12), start=2):
+            _connect(term, conn, node, 0.2)
+            _join(term, conn, 7, 0.3)
+        big = [(conn, f) for conn, f in term.frames() if FrameReader().feed(f)[0]["t"] == kind]  # type: ignore[index]
+        assert [conn for conn, _ in big] == [10, 11, 12], kind
+        assert all(f is big[0][1] for _, f in big), kind

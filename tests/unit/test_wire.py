@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 
@@ -23,7 +24,9 @@ from torch_mingle._wire import (
     Query,
     Resign,
     check,
+    deflated,
     encode_frame,
+    inflated,
     with_scope_of,
 )
 
@@ -217,3 +220,14 @@ def test_a_control_socket_retransmits_quickly_where_the_kernel_can():
             except OSError:
                 continue  # an older kernel: Linux's own floor and ceiling
             assert current == value
+
+
+@given(st.binary(max_size=4096))
+def test_deflated_bytes_come_back_and_garbage_is_a_value_error(data):
+    assert inflated(deflated(data), len(data)) == data
+    with pytest.raises(ValueError, match="inflated"):
+        inflated(deflated(data + b"x"), len(data))
+    with contextlib.suppress(ValueError):  # anything but deflated text is refused, nothing else raises
+        inflated(data.decode("latin-1"), 1 << 20)
+    with pytest.raises(TypeError):
+        inflated(data, 1 << 20)
