@@ -59,6 +59,20 @@ def scale_targets(keep_alive_s: float) -> tuple[Target, ...]:
     )
 
 
+#: Issue 34 (leader capacity), checked by ``make bench-leader``.
+LEADER_TARGETS = (
+    Target("first round of 16,384 members, from the last join", "round_s", 16384, at_most=2.0),
+    Target(
+        "heartbeats of 16,384 members at 1 Hz: the leader's share of a core",
+        "hb_core_share",
+        16384,
+        at_most=0.25,
+        unit="",
+    ),
+    Target("leader CPU per join, largest N against smallest", "join_cpu_ms", flat=1.2, unit=" ms"),
+)
+
+
 #: ``make bench`` (rendezvous_latency.py): the limits its ``targets()`` checks, by name.
 LATENCY = {
     # The faults issue: no worse than before it, at N <= 8.

@@ -53,6 +53,19 @@ def test_a_node_that_gives_up_on_its_leader_still_says_bye_before_it_closes():
     assert s.bye() is None  # the other end closed it: nothing left to say
 
 
+def test_part_of_a_frame_from_the_leader_keeps_it_alive_and_silence_still_loses_it():
+    """A heartbeat queued behind a large job's member list arrives late; the bytes of that list
+    coming in show the leader alive. Nothing at all for the timeout still loses it."""
+    s = _ready_session()
+    for t in (2.0, 4.0, 6.0):  # bytes, never a whole frame, every 2 s (timeout 3 s)
+        s.received([], t)
+        s.handle_timer(t + 2.9)
+        assert s.ready, s.events()
+    s.handle_timer(9.0)  # 3 s since the last byte
+    (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
+    assert over.evidence is Evidence.SILENT
+
+
 def test_a_leaving_leaders_bye_makes_it_and_the_members_it_knew_gone():
     s = _ready_session()
     gone = ["00000000000000aa", ["00000000000000bb", 2, "0000000000000001", 7]]
