@@ -302,6 +302,9 @@ class Loop:
         self._calls_lock = threading.RLock()
         self._deferred: deque[Callable[[float], None]] = deque()
         self._streams: dict[int, _Stream] = {}
+        #: The streams with a deadline (closing, or output that stopped moving): the only ones a
+        #: wake-up looks at, so a leader of 16,384 members does not scan them all each time.
+        self._timed: dict[int, _Stream] = {}
         self._next_id = 0
         self._listener: socket.socket | None = None
         self._accept_paused_until: float | None = None
@@ -447,6 +450,7 @@ class Loop:
             self._drop(stream)
             return
         stream.closing_by = self.clock() + CLOSE_FLUSH_S
+        self._timed[stream.id] = stream
         self._write(stream, self.clock())
 
     def submit(self, job: Job, tag: int) -> None:
@@ -543,10 +547,10 @@ class Loop:
             self._renew_at,
             self._standby_at,
         ]
-        times.extend(s.closing_by for s in self._streams.values() if s.closing_by is not None)
+        times.extend(s.closing_by for s in self._timed.values() if s.closing_by is not None)
         times.extend(
             s.stalled_since + self.write_timeout_s
-            for s in self._streams.values()
+            for s in self._timed.values()
             if s.stalled_since is not None
         )
         present = [t for t in times if t is not None]
@@ -638,7 +642,7 @@ class Loop:
             self._resolve_peers_now()
         if self._standby_at is not None and now >= self._standby_at:
             self._use_standby_peers(now)
-        for stream in list(self._streams.values()):
+        for stream in list(self._timed.values()):
             if stream.closing_by is not None and now >= stream.closing_by:
                 self._drop(stream)
             elif stream.stalled_since is not None and now - stream.stalled_since > self.write_timeout_s:
@@ -800,7 +804,7 @@ class Loop:
     def _write(self, stream: _Stream, now: float) -> None:
         out = stream.out
         if not out:
-            stream.stalled_since = None
+            self._stalled(stream, None)
         else:
             try:
                 sent = out.send_to(stream.sock)
@@ -808,9 +812,9 @@ class Loop:
                 self._defer_close(stream, f"connection error: {exc.strerror or exc}", of_errno(exc.errno))
                 return
             if sent:
-                stream.stalled_since = None if not out else now
+                self._stalled(stream, None if not out else now)
             elif stream.stalled_since is None:
-                stream.stalled_since = now
+                self._stalled(stream, now)
             if out.queued > MAX_OUTPUT_BYTES:
                 why = f"the peer stopped reading ({out.queued} bytes waiting)"
                 self._defer_close(stream, why, Evidence.UNREACHABLE)
@@ -829,7 +833,16 @@ class Loop:
         if notify and node is not None:
             self._deferred.append(lambda now: node.on_closed(stream.id, reason, evidence, now))
 
+    def _stalled(self, stream: _Stream, since: float | None) -> None:
+        """Set when ``stream``'s output stopped moving (None: it moves, or nothing waits)."""
+        stream.stalled_since = since
+        if since is not None:
+            self._timed[stream.id] = stream
+        elif stream.closing_by is None:
+            self._timed.pop(stream.id, None)
+
     def _drop(self, stream: _Stream) -> None:
+        self._timed.pop(stream.id, None)
         if self._streams.pop(stream.id, None) is None:
             return
         if stream.events:

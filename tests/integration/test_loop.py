@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -185,5 +186,60 @@ def test_a_connection_whose_peer_stops_reading_is_closed_once_more_than_the_cap_
         ((closed, why),) = node.closed
         assert closed == conn and "the peer stopped reading" in why and "bytes waiting" in why
     finally:
+        for peer in peers:
+            peer.close()
+
+
+def test_only_the_connection_whose_output_stopped_moving_is_closed_at_the_write_timeout():
+    """A peer that stops reading is closed once its output has not moved for write_timeout_s;
+    peers that read are left alone, however much they were sent (the loop keeps the streams
+    with a deadline apart, so a wake-up does not look at every connection)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.settimeout(10)
+    loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), label="[test]", write_timeout_s=1.0)
+    node = _StandIn()
+    loop.start(node)  # type: ignore[arg-type]
+    conns, peers = _connected(loop, node, listener, 4)
+    stop_reading = threading.Event()
+    received = [0] * len(peers)
+
+    def drain(i: int) -> None:
+        peers[i].settimeout(0.2)
+        while not stop_reading.is_set():
+            try:
+                chunk = peers[i].recv(1 << 20)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            received[i] += len(chunk)
+
+    readers = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(1, len(peers))]
+    try:
+        for t in readers:
+            t.start()
+        frame = bytes(range(256)) * (24 * 1024)  # 6 MiB: more than the kernel takes while unread
+
+        def send_all(now: float) -> None:
+            for conn in conns:
+                loop.send(conn, frame)
+
+        _on_loop(loop, send_all)
+        assert node.closed_any.wait(10), "the unread connection was not closed"
+        ((closed, why),) = node.closed
+        assert closed == conns[0] and "stopped reading for 1s" in why, why
+        deadline = time.monotonic() + 10
+        while min(received[1:]) < len(frame) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert received[1:] == [len(frame)] * (len(peers) - 1)
+        assert len(node.closed) == 1
+        assert _on_loop(loop, lambda now: set(loop._timed)) == set()
+    finally:
+        stop_reading.set()
+        loop.stop()
+        listener.close()
         for peer in peers:
             peer.close()
