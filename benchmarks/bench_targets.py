@@ -63,8 +63,8 @@ def scale_targets(keep_alive_s: float) -> tuple[Target, ...]:
 LEADER_TARGETS = (
     Target("first round of 16,384 members, from the last join", "round_s", 16384, at_most=2.0),
     Target(
-        "heartbeats of 16,384 members at 1 Hz: the leader's share of a core",
-        "hb_core_share",
+        "heartbeats of 16,384 members at 1 Hz: the leader's share of a core (from its CPU per beat)",
+        "hb_core_share_at_1hz",
         16384,
         at_most=0.25,
         unit="",
