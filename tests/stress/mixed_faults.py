@@ -24,10 +24,13 @@ the faults that only silence shows), the restarts the fault caused and the train
 it cost.
 
 A trial passes when every node that was not killed exits 0 and the last round trained to
-the end with identical parameters on every rank. Recovery is the time from the fault to the
-first training step of the round that replaced the broken one (none when the fault broke
-nothing). Not part of CI: ``make stress`` runs 20 mixed trials, 20 partitions and 20
-multicast-off failovers (about 45 minutes here).
+the end with identical parameters on every rank. The new round is the time from the fault to
+the first survivor's "joined round" (bounded by ``bound_of``: the heartbeat timeout and 2 s,
+and the outage of a reset partition); recovery is the time to the first training step of the
+round that replaced the broken one (none when the fault broke nothing), stated, not bounded:
+it adds the workers' start, which is torch's and the script's. The run exits 1 if a trial
+failed or a new round came late. Not part of CI: ``make stress`` runs 20 mixed trials, 20
+partitions, 20 multicast-off failovers and 20 reset partitions (about 50 minutes here).
 
     .venv/bin/python -m tests.stress.mixed_faults --trials 20 [--faults partition]
 """
@@ -67,12 +70,14 @@ FAULTS = ("kill", "freeze", "flap", "loss")
 EXTRA_FAULTS = ("partition", "mcast-off", "reset-partition")
 STEPS = 150
 KEEP_ALIVE_S, ATTEMPTS = MingleConfig.keep_alive_interval, MingleConfig.keep_alive_max_attempt
-#: What a recovery may take beyond the heartbeat timeout: the rendezvous and new workers' start.
-SLACK_S = 5.0
+#: What the rendezvous may take beyond the heartbeat timeout (the election, the round's votes).
+SLACK_S = 2.0
 
 
 def bound_of(fault: str, keep_alive: tuple[float, int] = (KEEP_ALIVE_S, ATTEMPTS)) -> float:
-    """The bound on recovery from ``fault``: a split that no half survives lasts its outage first."""
+    """The bound on the new round after ``fault`` (what mingle controls): the heartbeat timeout
+    and the rendezvous; a split that no half survives lasts its outage first. The workers'
+    start after it (torch, the script, here on two shared cores) is measured, not bounded."""
     bound = keep_alive[0] * keep_alive[1] + SLACK_S
     return bound + (OUTAGE_S if fault == "reset-partition" else 0.0)
 
@@ -241,7 +246,7 @@ def main() -> int:
         return 2
     rng = random.Random(args.seed)
     print(f"mixed-fault stress: {args.trials} trials, 3 nodes (one namespace each), heartbeats "
-          f"{keep_alive[0]:g}s x {keep_alive[1]}; bound on a single fault's recovery "
+          f"{keep_alive[0]:g}s x {keep_alive[1]}; bound on the new round after a single fault "
           f"{bound_of('kill', keep_alive):g}s")  # fmt: skip
     results = []
     for i in range(args.trials):
@@ -292,13 +297,18 @@ def main() -> int:
     late = [
         r
         for r in results
-        if isinstance(r.get("recovery_s"), float) and r["recovery_s"] > bound_of(r["fault"], keep_alive)
+        if isinstance(r.get("rendezvous_s"), float) and r["rendezvous_s"] > bound_of(r["fault"], keep_alive)
     ]
-    worst = max((r["recovery_s"] for r in results if isinstance(r.get("recovery_s"), float)), default=None)
-    if worst is not None:
+    newest = max(
+        (r["rendezvous_s"] for r in results if isinstance(r.get("rendezvous_s"), float)), default=None
+    )
+    if newest is not None:
         bounds = ", ".join(f"{f} {bound_of(f, keep_alive):g}s" for f in faults)
         verdict = "within" if not late else f"OVER in {len(late)} trial(s)"
-        print(f"slowest recovery after a single fault: {worst:.2f}s, {verdict} the bounds ({bounds})")
+        print(f"slowest new round after a single fault: {newest:.2f}s, {verdict} the bounds ({bounds})")
+    worst = max((r["recovery_s"] for r in results if isinstance(r.get("recovery_s"), float)), default=None)
+    if worst is not None:
+        print(f"slowest recovery (training again, the workers' start included): {worst:.2f}s")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0 if passed == len(results) and not late else 1
