@@ -472,8 +472,10 @@ def _round_phase(leader: Host, gen: Generator, number: int, since: float) -> dic
     # A first round's bound counts from the last join; a re-rendezvous's from the failure.
     last_round = gen.wait_rounds(number, (since if number > 1 else last_join) + PHASE_TIMEOUT_S)
     joined = _ask(leader, "joined", timeout=30)
+    got = [m.round_at for m in gen.members if not m.evicted and m.round_number >= number and m.round_at]
     return {
         "last_join": last_join,
+        "first_round": min(got, default=None),  # the first member to get it: the leader decided
         "last_round": last_round,
         "window": [time.monotonic() - since, _cpu(before, joined)],
         "joined": joined["joined"],
@@ -486,6 +488,7 @@ def _first_round(leader: Host, gen: Generator, n: int) -> dict[str, Any]:
         return {"round_error": _not_delivered(1, gen)}
     return {
         "round_s": p["last_round"] - p["last_join"],
+        "round_first_member_s": p["first_round"] - p["last_join"],
         "round_window": p["window"],
         "leader_rank": p["joined"].get("rank"),
         "leader_error": p["joined"].get("error"),
@@ -497,7 +500,7 @@ def _heartbeats(leader: Host, gen: Generator, n: int, args: argparse.Namespace) 
     evicted = len(gen.evictions)
     before = _ask(leader, "usage")
     t, gen_before = time.monotonic(), _own_cpu_s()
-    gen.run_for(args.hb_seconds)
+    gen.run_for(max(args.hb_seconds, 3 * gen.interval_s))  # a few beats of every member at least
     after = _ask(leader, "usage")
     took = time.monotonic() - t
     gen_share = (_own_cpu_s() - gen_before) / took
