@@ -45,6 +45,7 @@ import selectors
 import socket
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,6 @@ FRAME_HEADER = struct.Struct("!I")
 def leader_main(spec: dict[str, Any]) -> int:
     """The leader's process: one handler, which wins the election alone and leads the job."""
     import logging
-    import threading
 
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
@@ -85,9 +85,14 @@ def leader_main(spec: dict[str, Any]) -> int:
     from torch_mingle.handler import MingleRendezvousHandler
 
     logging.getLogger("torch_mingle").setLevel(logging.ERROR)
-    profile_to = os.environ.get("LEADER_PROFILE")  # a path: the loop thread's cProfile, at stop
-    if profile_to:
-        _profile_loop_thread(profile_to)
+    # LEADER_PROFILE=PATH: the loop thread's cProfile, written at stop; only while the leader's
+    # agent waits for a round (join to joined) with LEADER_PROFILE_ROUNDS=1.
+    profile_to = os.environ.get("LEADER_PROFILE")
+    profiling = (
+        _profile_loop_thread(profile_to, os.environ.get("LEADER_PROFILE_ROUNDS") == "1")
+        if profile_to
+        else None
+    )
     params = RendezvousParameters(
         "mingle", "", spec["job"], spec["min"], spec["max"], interface="127.0.0.1",
         port=str(spec["port"]), join_timeout=str(PHASE_TIMEOUT_S * 2),
@@ -118,12 +123,16 @@ def leader_main(spec: dict[str, Any]) -> int:
                 raise RuntimeError(f"not the leader after 60 s: {handler.diagnostics()}")
             return {"ip": d.leader_ip, "port": d.leader_port, "epoch": d.epoch, "node": d.node_id}
         if cmd["cmd"] == "join":
+            if profiling is not None:
+                profiling.set()
             joined.clear()
             done.clear()
             threading.Thread(target=join, name="bench-join", daemon=True).start()
             return {"started": time.time()}
         if cmd["cmd"] == "joined":
             done.wait(cmd["timeout"])
+            if profiling is not None:
+                profiling.clear()
             return {"joined": dict(joined), "usage": usage(), "control": counters()}
         if cmd["cmd"] == "usage":
             return {"usage": usage(), "control": counters()}
@@ -136,22 +145,37 @@ def leader_main(spec: dict[str, Any]) -> int:
     return serve(handle)
 
 
-def _profile_loop_thread(path: str) -> None:
-    """Run every node loop of this process under cProfile; the stats go to ``path`` when it ends."""
+def _profile_loop_thread(path: str, rounds_only: bool) -> threading.Event:
+    """Profile every node loop of this process (cProfile), each wake-up while the returned event
+    is set (always, unless ``rounds_only``); the stats go to ``path`` when the loop ends."""
     import cProfile
 
     from torch_mingle import _loop
 
-    run = _loop.Loop._run
+    prof, on = cProfile.Profile(), threading.Event()
+    if not rounds_only:
+        on.set()
+    run, iterate = _loop.Loop._run, _loop.Loop._iterate
 
-    def profiled(self: Any) -> None:
-        prof = cProfile.Profile()
+    def profiled_iterate(self: Any) -> None:
+        if not on.is_set():
+            iterate(self)
+            return
+        prof.enable()
         try:
-            prof.runcall(run, self)
+            iterate(self)
+        finally:
+            prof.disable()
+
+    def profiled_run(self: Any) -> None:
+        try:
+            run(self)
         finally:
             prof.dump_stats(path)
 
-    _loop.Loop._run = profiled  # type: ignore[method-assign]
+    _loop.Loop._iterate = profiled_iterate  # type: ignore[method-assign]
+    _loop.Loop._run = profiled_run  # type: ignore[method-assign]
+    return on
 
 
 # ---------------------------------------------------------------------- the load generator
