@@ -305,8 +305,8 @@ class Generator:
                 self._big_frame(m, body, now)
             else:
                 frames.append(json.loads(body))
-        m.session.received(frames, now)  # as a node's loop does: bytes without a whole frame count
         if frames:
+            m.session.received(frames, now)
             self._after(m, now)
 
     def _big_frame(self, m: Member, body: bytes, now: float) -> None:

@@ -11,10 +11,8 @@ keeps it for the leader's whole term (``_leader.py`` is the other end):
   ``timeout_s`` of the accept, loses the leader by silence: a leader that accepted is alive
   enough to be given the heartbeat timeout, which a new leader welcoming a thousand nodes
   at once may need.
-* Heartbeats both ways every ``interval_s``; nothing from the leader for ``timeout_s``
-  means it is lost by silence (frozen, powered off, cut off). Part of a frame counts: a
-  heartbeat queued behind a round's member list (a large job's, on a slow link) is late, but
-  the leader sending it is alive. A connection
+* Heartbeats both ways every ``interval_s``; no complete frame from the leader for
+  ``timeout_s`` means it is lost by silence (frozen, powered off, cut off). A connection
   refused, reset or closed ends the session too, and proves no more than silence (a partition
   produces all three); only the leader's own ``bye`` or ``reject`` says that its claim is over
   (``_evidence.judge`` decides what each one proves).
@@ -226,8 +224,6 @@ class FollowerSession:
         if isinstance(frames, Invalid):
             self._end(f"protocol error from the leader: {frames.reason}", Evidence.BROKEN)
             return
-        if self.phase == "ready":
-            self.last_heard = now  # bytes came, whole frames or not (see the module doc)
         for msg in frames:
             if self.phase == "over":
                 return

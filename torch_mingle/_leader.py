@@ -385,9 +385,6 @@ class LeaderTerm:
             self._drop(member, f"protocol error from the node: {frames.reason}", now)
             return
         self.counters.frames_in += len(frames)
-        if member.node is not None:
-            member.last_heard = now  # bytes came, whole frames or not: a heartbeat queued behind
-            # a large frame (a join with a whole round, after a failover) is late, its node alive
         for msg in frames:
             if self.conns.get(conn) is not member:
                 return  # dropped by an earlier frame
