@@ -166,6 +166,8 @@ def _profile_loop_thread(path: str, rounds_only: bool) -> threading.Event:
             iterate(self)
         finally:
             prof.disable()
+        if not on.is_set():  # a phase ended: its stats, so far (a leader stopped hard writes none)
+            prof.dump_stats(path)
 
     def profiled_run(self: Any) -> None:
         try:
