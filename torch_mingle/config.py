@@ -38,7 +38,8 @@ MAX_RUN_ID_BYTES = 200
 
 
 #: Heartbeats a second that the leader receives (and as many it sends) at most with the default
-#: interval: about 17 % of one core here (17-18 us per heartbeat in or out, docs/benchmarks.md#leader-capacity).
+#: interval: about 17 % of one core here (17-18 us per heartbeat in or out, see
+#: docs/benchmarks.md#leader-capacity).
 LEADER_BEATS_PER_S = 5000
 
 
