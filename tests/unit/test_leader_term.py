@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
+
+import pytest
 
 from torch_mingle._leader import NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
@@ -543,3 +546,28 @@ def test_a_rounds_frame_for_every_member_is_one_object_that_the_term_hands_out_t
         big = [(conn, f) for conn, f in term.frames() if FrameReader().feed(f)[0]["t"] == kind]  # type: ignore[index]
         assert [conn for conn, _ in big] == [10, 11, 12], kind
         assert all(f is big[0][1] for _, f in big), kind
+
+
+@pytest.mark.parametrize("batches", [1, 8])
+def test_the_frames_a_first_round_costs_per_member_do_not_grow_with_the_round(batches):
+    """Control frames per join are a constant of the protocol (bench-scale's frames/join
+    target): welcome, next, propose and round out, whatever N and however the joins batch."""
+    per_member = {}
+    for n in (16, 256):
+        term = _term(n, n)
+        _store_opened(term, 5001, 0.1)
+        term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+        for node in range(2, n + 1):
+            _connect(term, 100 + node, node, 0.2)
+        kinds: Counter[str] = Counter()
+        nodes = list(range(2, n + 1))
+        for b in range(batches):
+            for node in nodes[b::batches]:
+                _join(term, 100 + node, node, 0.3 + b * 0.01)
+            for frames in _sent(term).values():
+                kinds.update(f["t"] for f in frames)
+        for frames in _sent(term).values():
+            kinds.update(f["t"] for f in frames)
+        assert kinds["round"] == n - 1, kinds
+        per_member[n] = {kind: count / (n - 1) for kind, count in kinds.items()}
+    assert per_member[16] == per_member[256] == {"welcome": 1, "next": 1, "propose": 1, "round": 1}
