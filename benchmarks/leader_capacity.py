@@ -603,11 +603,11 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         for key in ("round_error", "rerdzv_error", "leader_error"):
             if r.get(key):
                 lines.append(f"  {r['members']}: {key}: {r[key]}")
-    lines += ["", projection(results), "", "targets:", *targets(results, args)]
+    lines += ["", projection(results), "", "targets:", *targets(results)]
     return "\n".join(lines)
 
 
-def targets(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+def targets(results: list[dict[str, Any]]) -> list[str]:
     """The issue's targets (``bench_targets.LEADER_TARGETS``), checked against this run."""
     values = {
         t.metric: {r["members"]: r[t.metric] for r in results if r.get(t.metric) is not None}
@@ -680,7 +680,7 @@ def main() -> int:
         "machine": bench_report.machine(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "results": results,
-        "targets": targets(results, args),
+        "targets": targets(results),
     }
     (args.out / "leader.json").write_text(json.dumps(payload, indent=1))
     plot(results, args.out / "leader.png")
