@@ -3,6 +3,7 @@ frame sent to many connections is queued, and the cap on what a connection may h
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -95,14 +96,14 @@ def test_what_a_closing_connection_still_has_to_send_goes_out_when_the_loop_stop
             peer.close()
 
 
-@pytest.fixture
-def running() -> Iterator[tuple[Loop, _StandIn, socket.socket]]:
+@contextlib.contextmanager
+def _started(**loop_options: Any) -> Iterator[tuple[Loop, _StandIn, socket.socket]]:
     """A started loop with a stand-in node, and a listener whose connections take little at
     once and are never read (the peers of the loop's connections stop reading)."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     listener.settimeout(10)
-    loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), label="[test]")
+    loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), label="[test]", **loop_options)
     node = _StandIn()
     loop.start(node)  # type: ignore[arg-type]
     try:
@@ -110,6 +111,12 @@ def running() -> Iterator[tuple[Loop, _StandIn, socket.socket]]:
     finally:
         loop.stop()
         listener.close()
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[Loop, _StandIn, socket.socket]]:
+    with _started() as started:
+        yield started
 
 
 def _on_loop(loop: Loop, fn: Callable[[float], Any]) -> Any:
@@ -194,52 +201,45 @@ def test_only_the_connection_whose_output_stopped_moving_is_closed_at_the_write_
     """A peer that stops reading is closed once its output has not moved for write_timeout_s;
     peers that read are left alone, however much they were sent (the loop keeps the streams
     with a deadline apart, so a wake-up does not look at every connection)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    listener.settimeout(10)
-    loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), label="[test]", write_timeout_s=1.0)
-    node = _StandIn()
-    loop.start(node)  # type: ignore[arg-type]
-    conns, peers = _connected(loop, node, listener, 4)
-    stop_reading = threading.Event()
-    received = [0] * len(peers)
+    with _started(write_timeout_s=1.0) as (loop, node, listener):
+        conns, peers = _connected(loop, node, listener, 4)
+        stop_reading = threading.Event()
+        received = [0] * len(peers)
 
-    def drain(i: int) -> None:
-        peers[i].settimeout(0.2)
-        while not stop_reading.is_set():
-            try:
-                chunk = peers[i].recv(1 << 20)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if not chunk:
-                return
-            received[i] += len(chunk)
+        def drain(i: int) -> None:
+            peers[i].settimeout(0.2)
+            while not stop_reading.is_set():
+                try:
+                    chunk = peers[i].recv(1 << 20)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                received[i] += len(chunk)
 
-    readers = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(1, len(peers))]
-    try:
-        for t in readers:
-            t.start()
-        frame = bytes(range(256)) * (24 * 1024)  # 6 MiB: more than the kernel takes while unread
+        readers = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(1, len(peers))]
+        try:
+            for t in readers:
+                t.start()
+            frame = bytes(range(256)) * (24 * 1024)  # 6 MiB: more than the kernel takes while unread
 
-        def send_all(now: float) -> None:
-            for conn in conns:
-                loop.send(conn, frame)
+            def send_all(now: float) -> None:
+                for conn in conns:
+                    loop.send(conn, frame)
 
-        _on_loop(loop, send_all)
-        assert node.closed_any.wait(10), "the unread connection was not closed"
-        ((closed, why),) = node.closed
-        assert closed == conns[0] and "stopped reading for 1s" in why, why
-        deadline = time.monotonic() + 10
-        while min(received[1:]) < len(frame) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert received[1:] == [len(frame)] * (len(peers) - 1)
-        assert len(node.closed) == 1
-        assert _on_loop(loop, lambda now: set(loop._timed)) == set()
-    finally:
-        stop_reading.set()
-        loop.stop()
-        listener.close()
-        for peer in peers:
-            peer.close()
+            _on_loop(loop, send_all)
+            assert node.closed_any.wait(10), "the unread connection was not closed"
+            ((closed, why),) = node.closed
+            assert closed == conns[0] and "stopped reading for 1s" in why, why
+            deadline = time.monotonic() + 10
+            while min(received[1:]) < len(frame) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert received[1:] == [len(frame)] * (len(peers) - 1)
+            assert len(node.closed) == 1
+            assert _on_loop(loop, lambda now: set(loop._timed)) == set()
+        finally:
+            stop_reading.set()
+            for peer in peers:
+                peer.close()

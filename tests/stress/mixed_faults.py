@@ -299,13 +299,15 @@ def main() -> int:
         for r in results
         if isinstance(r.get("rendezvous_s"), float) and r["rendezvous_s"] > bound_of(r["fault"], keep_alive)
     ]
-    newest = max(
+    slowest_round = max(
         (r["rendezvous_s"] for r in results if isinstance(r.get("rendezvous_s"), float)), default=None
     )
-    if newest is not None:
+    if slowest_round is not None:
         bounds = ", ".join(f"{f} {bound_of(f, keep_alive):g}s" for f in faults)
         verdict = "within" if not late else f"OVER in {len(late)} trial(s)"
-        print(f"slowest new round after a single fault: {newest:.2f}s, {verdict} the bounds ({bounds})")
+        print(
+            f"slowest new round after a single fault: {slowest_round:.2f}s, {verdict} the bounds ({bounds})"
+        )
     worst = max((r["recovery_s"] for r in results if isinstance(r.get("recovery_s"), float)), default=None)
     if worst is not None:
         print(f"slowest recovery (training again, the workers' start included): {worst:.2f}s")
