@@ -274,6 +274,9 @@ class LeaderTerm:
     #: of (its epoch): the node gives this term up for a newer one (``Node._flush_term``).
     outdated_by: int | None = None
     _wait_until: float | None = None
+    #: Frames that may change the decision came in at this time: one decision for the whole
+    #: batch, made before any output is read (``_settle``), not one per connection that spoke.
+    _decide_due: float | None = None
     _next_beat: float = 0.0
     #: A sweep for silent members before the next beat: the first one's bound ends sooner.
     _sweep_at: float | None = None
@@ -403,7 +406,7 @@ class LeaderTerm:
                 )
                 return
         if any(msg.get("t") not in _NO_DECISION for msg in frames):
-            self._decide(now)
+            self._decide_due = now
 
     def job_done(self, job: Job, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenStore):
@@ -423,6 +426,7 @@ class LeaderTerm:
             log.warning("%s could not open the exit barrier of round %d: %s", self.label, job.round, error)
 
     def handle_timer(self, now: float) -> None:
+        self._settle()
         if self._store_retry_at is not None and now >= self._store_retry_at:
             self._store_retry_at = None
             self._request_store()
@@ -440,6 +444,7 @@ class LeaderTerm:
             self._decide(now)
 
     def next_timer(self) -> float | None:
+        self._settle()
         if self._stopped:
             return None
         times = [self._next_beat]
@@ -534,26 +539,36 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ outputs
 
+    def _settle(self) -> None:
+        """Make the decision the frames received since the last one call for (``_decide_due``)."""
+        if self._decide_due is not None:
+            self._decide(self._decide_due)
+
     def frames(self) -> list[tuple[ConnId, bytes]]:
+        self._settle()
         self._flush_status()
         out, self._frames = self._frames, []
         self.counters.frames_out += len(out)
         return out
 
     def closes(self) -> list[tuple[ConnId, str]]:
+        self._settle()
         out, self._closes = self._closes, []
         return out
 
     def jobs(self) -> list[Job]:
+        self._settle()
         out, self._jobs = self._jobs, []
         self.counters.jobs += len(out)
         return out
 
     def local(self) -> list[LocalAnswer]:
+        self._settle()
         out, self._local = self._local, []
         return out
 
     def status(self, now: float) -> Status:
+        self._settle()
         return self.book.status(now)
 
     def connected_nodes(self) -> int:
@@ -758,6 +773,7 @@ class LeaderTerm:
     # ------------------------------------------------------------ decisions
 
     def _decide(self, now: float) -> None:
+        self._decide_due = None
         if self._stopped:
             return
         _faults.hit("leader.decide")
