@@ -29,6 +29,12 @@ def _store_opened(term: LeaderTerm, port: int, now: float) -> None:
     term.job_done(OpenStore(), port, None, now)
 
 
+def _leader_joined(term: LeaderTerm) -> None:
+    """The next round's store is open (5001) and the leader's own agent joined (ticket 1)."""
+    _store_opened(term, 5001, 0.1)
+    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+
+
 def _connect(term: LeaderTerm, conn: int, node: int, now: float, *, ahead: bool = True) -> None:
     term.accepted(conn, now)
     hello: dict[str, Any] = {"t": "hello", "node": f"{node:016x}", "epoch": 1, "leader": f"{LEADER:016x}"}
@@ -45,8 +51,7 @@ def _join(term: LeaderTerm, conn: int, ticket: int, now: float) -> None:
 def _round_of_two() -> LeaderTerm:
     """Round 1 of the leader and node 2 (connection 10, join 7), on store 5001, its votes in."""
     term = _term(2, 2)
-    _store_opened(term, 5001, 0.1)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _leader_joined(term)
     _connect(term, 10, 2, 0.2)
     _join(term, 10, 7, 0.3)
     _vote(term, 0.3)
@@ -126,8 +131,7 @@ def test_a_node_welcomed_when_the_store_is_open_is_told_before_it_joins():
 
 def test_the_join_that_completes_a_round_is_not_told_a_store_it_will_not_wait_for():
     term = _term(2, 2)
-    _store_opened(term, 5001, 0.1)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _leader_joined(term)
     _connect(term, 10, 2, 0.2, ahead=True)
     _sent(term)
     _join(term, 10, 7, 0.3)  # round 1 forms on 5001 at once; the next spare is not open yet
@@ -176,8 +180,7 @@ def test_joins_received_in_one_batch_make_one_decision_before_any_output():
     # 16,384 members that was 2.6 s of the leader's CPU); and nothing the term says goes out
     # before that decision is made.
     term = _term(3, 3)
-    _store_opened(term, 5001, 0.1)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _leader_joined(term)
     for conn, node in ((10, 2), (11, 3)):
         _connect(term, conn, node, 0.2)
     term.frames()
@@ -199,8 +202,7 @@ def test_joins_received_in_one_batch_make_one_decision_before_any_output():
 
 def test_running_members_hear_when_nodes_start_waiting_not_of_every_join():
     term = _term(2, 5)
-    _store_opened(term, 5001, 0.1)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    _leader_joined(term)
     for conn, node in ((10, 2), (11, 3)):
         _connect(term, conn, node, 0.2)
         _join(term, conn, node, 0.3)
@@ -564,8 +566,7 @@ def test_a_rounds_frame_for_every_member_is_one_object_that_the_term_hands_out_t
     for quorum, kind in ((True, "propose"), (False, "members")):
         term = _term(4, 4)
         term.book.quorum = quorum
-        _store_opened(term, 5001, 0.1)
-        term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+        _leader_joined(term)
         for node, conn in enumerate((10, 11, 12), start=2):
             _connect(term, conn, node, 0.2)
             _join(term, conn, 7, 0.3)
@@ -581,8 +582,7 @@ def test_the_frames_a_first_round_costs_per_member_do_not_grow_with_the_round(ba
     per_member = {}
     for n in (16, 256):
         term = _term(n, n)
-        _store_opened(term, 5001, 0.1)
-        term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+        _leader_joined(term)
         for node in range(2, n + 1):
             _connect(term, 100 + node, node, 0.2)
         kinds: Counter[str] = Counter()
