@@ -15,7 +15,9 @@ of the round store times out, as behind a stalled resolver), ``store.connect_ahe
 same for the client a waiting node opens ahead of the round), ``loop.iterate`` (the loop
 itself, outside the node's code: the node cannot recover, it must fail loudly),
 ``agent.lost_before_role_info`` (the agent process kills itself with SIGKILL right after its
-``next_rendezvous()`` returned, before torch writes its role info: a member lost in that window).
+``next_rendezvous()`` returned, before torch writes its role info: a member lost in that window),
+``node.publish`` (the node's snapshot for the agent's thread is held back, as if the thread
+read it just before the loop published: what the agent does must not depend on its timing).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 ENV = "TORCH_MINGLE_FAILPOINTS"
 POINTS = (
     "loop.callback", "leader.decide", "follower.frame", "worker.open_store", "store.connect",
-    "store.connect_ahead", "loop.iterate", "agent.lost_before_role_info",
+    "store.connect_ahead", "loop.iterate", "agent.lost_before_role_info", "node.publish",
 )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from torch_mingle import _faults
 from torch_mingle._events import MAX_PENDING_NOTES, Note, Sink, ignore
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._follower import (
@@ -61,7 +62,7 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import field, record, replace
-from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, may_accept, newest_key
+from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, age, may_accept, newest_key
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -189,9 +190,13 @@ class Diagnostics:
     established: bool = False
     is_leader: bool = False
     round: int = 0
+    #: The round this node is in, (epoch, leader, number): which one, across terms.
+    round_key: RoundKey | None = None
     rank: int | None = None
     world_size: int = 0
     status: Status | None = None
+    #: The round it is in broke: not every member will take its rank (``Node._round_state``).
+    round_broken: bool = False
     nodes_waiting: int = 0
     closed: bool = False
     trouble: str | None = None
@@ -213,6 +218,36 @@ class Diagnostics:
     def failure(self) -> str:
         """Why the job failed, as its leader said ("" while it did not)."""
         return self.status.failure if self.status is not None else ""
+
+    def waiting_in(self, key: RoundKey) -> int:
+        """What ``num_nodes_waiting()`` tells an agent running round ``key``: > 0 only on positive
+        knowledge that the round cannot go on, never because this snapshot is older than the
+        round (docs/faults.md#the-world-of-a-round).
+
+        The loop died, or the job failed: 1. A newer round than ``key`` came: at least 1. An
+        older one (a snapshot from before the round was handed over): 0, nothing is known of
+        ``key`` yet. The same round: what the node says of it (a loss, a departure, a newcomer).
+        """
+        if not self.loop_alive or self.failure:
+            return 1
+        mine = self.round_key
+        if mine == key:
+            return self.nodes_waiting
+        if mine is not None and age(mine) > age(key):
+            return max(1, self.nodes_waiting)
+        return 0
+
+    def round_broke(self, key: RoundKey) -> bool:
+        """Whether round ``key`` is known to have broken: a member will not take its rank (it
+        is lost or left, or the leader is), a newer round formed, the job failed or the loop
+        died. A snapshot older than ``key`` knows nothing of it: False. A newcomer waiting
+        does not break a round (``waiting_in`` restarts it once its workers started)."""
+        if not self.loop_alive or self.failure:
+            return True
+        mine = self.round_key
+        if mine == key:
+            return self.round_broken
+        return mine is not None and age(mine) > age(key)
 
 
 class Board:
@@ -376,6 +411,10 @@ class Node:
         self.recoveries = 0
         self.last_error: str | None = None
         self._join: Ticket | None = None
+        #: The answer to ``_join``, handed over at the end of the flush, after the snapshot
+        #: that shows it (``_hand_over_answer``): whatever the agent's thread reads once it
+        #: has the answer is at least as new as the answer.
+        self._answered: object = None
         self._arrivals: dict[int, Ticket] = {}
         self._shutdown: Ticket | None = None
         self._leaving: Ticket | None = None
@@ -522,7 +561,7 @@ class Node:
             self.term.next_timer() if self.term is not None else None,
             self.session.next_timer() if self.session is not None else None,
             self._quiet_at,
-            self._join.deadline if self._join is not None and not self._join.done else None,
+            join.deadline if (join := self._open_join()) is not None else None,
             self._shutdown_deadline if self._shutdown is not None and not self._shutdown.done else None,
             self._leaving.deadline if self._leaving is not None and not self._leaving.done else None,
             *(t.deadline for t in self._arrivals.values()),
@@ -551,9 +590,10 @@ class Node:
 
     def request_join(self, ticket: Ticket, now: float) -> None:
         """The agent asks for a place in the next round (``next_rendezvous``)."""
-        if self._join is not None and not self._join.done:
-            self.board.resolve(self._join, error=MingleStateError("superseded by a newer join"))
-        self._join = ticket
+        superseded = self._open_join()
+        if superseded is not None:
+            self.board.resolve(superseded, error=MingleStateError("superseded by a newer join"))
+        self._join, self._answered = ticket, None
         self.parked = False
         self._set_deadline(ticket, now + ticket.timeout_s)
         if self.job_closed:
@@ -756,8 +796,28 @@ class Node:
             if not busy:
                 break
         self._connect_ahead()
-        self._publish(now)
+        self._publish(now, force=self._answered is not None)
+        self._hand_over_answer()
         self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
+
+    def _open_join(self) -> Ticket | None:
+        """The agent's join, while it waits for an answer the node has not decided yet."""
+        join = self._join
+        return join if join is not None and not join.done and self._answered is None else None
+
+    def _answer_join(self, result: object) -> None:
+        """The join's answer, handed over by ``_hand_over_answer`` once the snapshot shows it."""
+        if self._open_join() is not None:
+            self._answered = result
+
+    def _hand_over_answer(self) -> None:
+        """Give the agent's thread the join's answer, after the snapshot of the state it
+        comes from: the thread then never reads a snapshot older than its round (the round
+        would look over, and its rank keys would be stood in for: ``AgentStore``)."""
+        join, answer = self._join, self._answered
+        if join is not None and answer is not None:
+            self._answered = None
+            self.board.resolve(join, result=answer)
 
     def _stop_failed_round(self, now: float) -> None:
         """The job failed while this node runs a round (a member's data path check): its
@@ -938,7 +998,7 @@ class Node:
         self.term = None
         if self.in_round_claim == term.claim:
             self.trouble = why
-        if self._join is not None and not self._join.done:
+        if self._open_join() is not None:
             self._send_join(now)  # to the next leader, once known
 
     def _give_way(self, epoch: int, now: float) -> None:
@@ -966,7 +1026,7 @@ class Node:
             if not view.closed:
                 self.saw_open = True
             self._deliver_close(now)
-            if self._join is not None and not self._join.done:
+            if self._open_join() is not None:
                 self._send_join(now)
             return
         old = self.session.claim if self.session is not None else None
@@ -1033,8 +1093,9 @@ class Node:
             # A connect ahead to the lost leader; not ended: if the same leader speaks again
             # (it was only silent), its next round may use that store.
             self.net.abort_connections_to(ip, [port])
-        if self._join is not None and not self._join.done and self._join.deadline is None:
-            self._set_deadline(self._join, now + self._join.timeout_s)  # no longer parked
+        join = self._open_join()
+        if join is not None and join.deadline is None:
+            self._set_deadline(join, now + join.timeout_s)  # no longer parked
 
     # ------------------------------------------------------------ session events
 
@@ -1130,8 +1191,8 @@ class Node:
             if ticket is not None:
                 self.board.resolve(ticket, result=True)
             return
-        join = self._join
-        if join is None or join.done or (kind != "closed" and join.id != ticket_id):
+        join = self._open_join()
+        if join is None or (kind != "closed" and join.id != ticket_id):
             return  # an answer to an older request
         if kind == "round" and rnd is not None:
             claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
@@ -1153,7 +1214,7 @@ class Node:
                 self._remember_store(claim, rnd.store_port)
             leader_ip = session.ip if session is not None else None
             client = self._take_client_ahead(claim, rnd.store_port)
-            self.board.resolve(join, result=Joined(rnd, claim, leader_ip, client))
+            self._answer_join(Joined(rnd, claim, leader_ip, client))
         elif kind == "retry":
             log.info("%s asked to join again: %s", self.label, text)
             self._send_join(now)
@@ -1162,7 +1223,7 @@ class Node:
                 who = f"the leader is {session.ip} ({session.claim})"
             else:
                 who = f"this node leads ({self.term.claim})" if self.term is not None else "this node led"
-            self.board.resolve(join, result=TimedOut(f"{who}; {text}"))
+            self._answer_join(TimedOut(f"{who}; {text}"))
         elif kind == "closed":
             self._job_closed_seen(text or "the job was closed while this node waited")
         elif kind == "wait":
@@ -1175,8 +1236,8 @@ class Node:
     # ------------------------------------------------------------ helpers
 
     def _send_join(self, now: float) -> None:
-        join = self._join
-        if join is None or join.done:
+        join = self._open_join()
+        if join is None:
             return
         remaining = (
             join.timeout_s if join.deadline is None else max(0.001, join.deadline - now - JOIN_GRACE_S)
@@ -1216,9 +1277,9 @@ class Node:
         self.board.extend(ticket, None if expires is None else expires + JOIN_GRACE_S)
 
     def _check_tickets(self, now: float) -> None:
-        join = self._join
-        if join is not None and not join.done and join.deadline is not None and now >= join.deadline:
-            self.board.resolve(join, result=TimedOut(self._why_no_round()))
+        join = self._open_join()
+        if join is not None and join.deadline is not None and now >= join.deadline:
+            self._answer_join(TimedOut(self._why_no_round()))
         for key, ticket in list(self._arrivals.items()):
             if ticket.deadline is not None and now >= ticket.deadline:
                 del self._arrivals[key]
@@ -1271,12 +1332,10 @@ class Node:
             self._leave_for_good(self._now)
 
     def _closed_answer(self, why: str) -> None:
-        if self._join is not None and not self._join.done:
+        if self._open_join() is not None:
             waited = self.parked or (self.saw_open and self.in_round is None)
             failed = self._failure(self._now)
-            self.board.resolve(
-                self._join, result=JobClosed(was_waiting=waited, why=failed or why, failed=bool(failed))
-            )
+            self._answer_join(JobClosed(was_waiting=waited, why=failed or why, failed=bool(failed)))
 
     def _failure(self, now: float) -> str:
         """Why the job failed, if its leader says so (closed because a round could not start)."""
@@ -1313,25 +1372,29 @@ class Node:
 
     def nodes_waiting(self, now: float) -> int:
         """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""
-        return self._nodes_waiting(self._status(now))
+        return self._round_state(self._status(now))[1]
 
-    def _nodes_waiting(self, status: Status | None) -> int:
+    def _round_state(self, status: Status | None) -> tuple[bool, int]:
+        """The round this node is in: whether it broke (a member or the leader is lost or left,
+        a newer round formed, the job failed: not every member will take its rank), and what
+        ``num_nodes_waiting()`` answers (a newcomer waiting too, though the round is whole)."""
         rnd = self.in_round
         if rnd is None:
-            return 0
+            return False, 0
         if status is not None and status.failure and status.epoch == rnd.epoch:
-            return 1  # its round cannot start: stop the workers (the next join fails with why)
+            return True, 1  # its round cannot start: stop the workers (the next join fails with why)
         if self.job_closed:
-            return 0
+            return False, 0
         if self.trouble is not None:
-            return 1
+            return True, 1
         if status is None:
-            return 0 if (self.term is not None or self.session is not None) else 1
+            alone = self.term is None and self.session is None
+            return alone, int(alone)
         if status.epoch != rnd.epoch or status.round < rnd.number or status.closed:
-            return 0  # the status of our round is still on its way, or the job is over
+            return False, 0  # the status of our round is still on its way, or the job is over
         if status.round > rnd.number or status.stale:
-            return max(1, status.waiting)
-        return status.waiting
+            return True, max(1, status.waiting)
+        return False, status.waiting
 
     def _status(self, now: float) -> Status | None:
         if self.term is not None:
@@ -1340,12 +1403,13 @@ class Node:
             return self.session.status
         return None
 
-    def _publish(self, now: float) -> None:
-        """Refresh the board: at once when something the agent acts on changed, else at most every 0.1 s."""
+    def _publish(self, now: float, *, force: bool = False) -> None:
+        """Refresh the board: at once when something the agent acts on changed, else at most every
+        0.1 s; ``force``: now (an answer to the agent follows)."""
         view = self.core.leader
         status = self._status(now)
         rnd = self.in_round
-        waiting = self._nodes_waiting(status)
+        broken, waiting = self._round_state(status)
         # What the snapshot shows of the leader; not when it was last heard, which every
         # announcement changes (a thousand followers would publish at every one).
         shown = (
@@ -1358,6 +1422,7 @@ class Node:
             shown,
             rnd,
             status,
+            broken,
             waiting,
             self.job_closed,
             self.trouble,
@@ -1365,8 +1430,12 @@ class Node:
             self.recoveries,
             self._ahead_client is not None,
         )
-        if key == self._published and now - self._published_at < DIAG_REFRESH_S:
+        if not force and key == self._published and now - self._published_at < DIAG_REFRESH_S:
             return
+        try:
+            _faults.hit("node.publish")
+        except _faults.FailpointError:
+            return  # a test holds this snapshot back (the agent's thread must not depend on it)
         self._published, self._published_at = key, now
         self.board.publish(
             Diagnostics(
@@ -1382,9 +1451,11 @@ class Node:
                 established=bool(view and view.established),
                 is_leader=self.term is not None and self.core.role is Role.LEADING,
                 round=rnd.number if rnd else 0,
+                round_key=History.of(rnd).key if rnd else None,
                 rank=rnd.rank_of(self.settings.node_id) if rnd else None,
                 world_size=rnd.world_size if rnd else 0,
                 status=status,
+                round_broken=broken,
                 nodes_waiting=waiting,
                 closed=self.job_closed or bool(status and status.closed),
                 trouble=self.trouble,

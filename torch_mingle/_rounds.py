@@ -151,10 +151,10 @@ def newest_key(*keys: RoundKey | None) -> RoundKey | None:
     """The newest of round keys, in ``History.newer_than``'s order (round, then epoch); None if
     none is known."""
     known = [k for k in keys if k is not None]
-    return max(known, key=_age) if known else None
+    return max(known, key=age) if known else None
 
 
-def _age(key: RoundKey) -> tuple[int, int, int]:
+def age(key: RoundKey) -> tuple[int, int, int]:
     """A round key's place in the job's order (``History.newer_than``): round, epoch, then leader."""
     return (key[2], key[0], -key[1])
 
@@ -259,7 +259,7 @@ class History:
     def newer_than(self, other: History | None) -> bool:
         """Later in the job: a higher round number (the numbers grow along formed rounds); two
         rounds of one number (only a split at the job's start makes them) in a fixed order."""
-        return other is None or _age(self.key) > _age(other.key)
+        return other is None or age(self.key) > age(other.key)
 
     @classmethod
     def of(cls, rnd: Round) -> History:

@@ -41,7 +41,7 @@ from torch.distributed import DistError, DistNetworkError, DistStoreError, Prefi
 from torch_mingle import _faults
 from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
 from torch_mingle._wire import parse_ip
-from torch_mingle.errors import MingleClosedError
+from torch_mingle.errors import MingleClosedError, MingleStateError
 
 try:  # torch's exit-barrier keys in an agent store: the counter and "the last one arrived"
     from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
@@ -192,11 +192,15 @@ class AgentStore(Store):
     and reads every member's (rank 0), then the ranks rank 0 assigned (every agent), each read
     bounded only by the store's timeout (300 s). A member lost in that window (it died, or its
     own ``next_rendezvous`` joined again) never writes. So those reads wait in slices of
-    ``RANKS_WAIT_SLICE_S``, and once the round is over (``round_over``: the node says so, or
-    the store was cut with its lost leader) they answer with this agent's own role info: the
-    agent starts workers that never train (they wait in the broken round's store), and its
-    next poll of ``num_nodes_waiting()`` restarts them for the next round. A failure there
-    would instead end the agent, out of ``_restart_workers``.
+    ``RANKS_WAIT_SLICE_S`` and, only once the node knows that the round broke (``round_broke``:
+    a member or the leader lost or gone, a newer round, a failed job; never because a snapshot
+    is late), answer with stand-ins: this agent's own role info, and ranks in a world of the
+    round's size (``world_size`` nodes of this agent's worker count). torch's agent cannot
+    re-join from there (an exception in its rank exchange ends it), so it starts workers in the
+    broken round's world, which they cannot complete without the lost member; they never train,
+    and the agent's next poll of ``num_nodes_waiting()`` (> 0 already) restarts them for the
+    next round. Whatever torch computes, ``_checked`` refuses ranks whose world is smaller than
+    the round's: a worker never starts at a world size other than its round's.
 
     When the job failed (a member's data path check), the node cuts the agent loose from
     the store, where torch's agent may wait for keys that the failed members never write;
@@ -208,13 +212,15 @@ class AgentStore(Store):
         client: Store,
         on_barrier: Callable[[], None],
         failed: Callable[[], str] = lambda: "",
-        round_over: Callable[[], bool] = lambda: False,
+        round_broke: Callable[[], bool] = lambda: False,
+        world_size: int = 1,
     ) -> None:
         super().__init__()
         self._inner = PrefixStore(AGENT_PREFIX, client)
         self._on_barrier = on_barrier
         self._failed = failed
-        self._round_over = round_over
+        self._round_broke = round_broke
+        self._world_size = world_size
         self._counter = EXIT_BARRIER_KEYS[0] if EXIT_BARRIER_KEYS is not None else None
         self._own_role: bytes | None = None
 
@@ -272,44 +278,68 @@ class AgentStore(Store):
     # ------------------------------------------------------------ ranks
 
     def _ranks_read(self, keys: list[str], read: Callable[[], list[bytes]]) -> list[bytes]:
-        """Read torch's rank keys once they are all there, or stand in for them once the round is
-        over (see the class doc): never a wait that only the store's 300 s timeout ends."""
+        """Read torch's rank keys once they are all there, or stand in for them once the round
+        broke (see the class doc): never a wait that only the store's 300 s timeout ends."""
         while True:
-            if self._round_over():
+            if self._round_broke():
                 log.warning(
-                    "the round broke before every member took its rank (%s): its workers start only "
-                    "to be restarted for the next round",
+                    "the round broke before every member took its rank (%s): its workers start in "
+                    "the round's world of %d nodes, which they cannot complete, only to be restarted "
+                    "for the next round",
                     keys[0],
+                    self._world_size,
                 )
-                return [self._stand_in(k) for k in keys]
+                return [self._checked(k, self._stand_in(k)) for k in keys]
             try:
                 self._inner.wait(keys, timedelta(seconds=RANKS_WAIT_SLICE_S))
             except DistStoreError:
                 continue  # not there yet: look at the round again
             except (DistError, RuntimeError):
-                if self._round_over():
+                if self._round_broke():
                     continue  # cut with the round's lost leader
                 raise
-            return list(self._guard(read))
+            return [self._checked(k, v) for k, v in zip(keys, self._guard(read), strict=True)]
 
     def _unless_round_over(self, key: str, call: Callable[[], None], instead: Callable[[], None]) -> None:
-        """``call``; for a rank key whose store failed because the round is over: ``instead``."""
+        """``call``; for a rank key whose store failed because the round broke: ``instead``."""
         try:
             call()
         except (DistError, RuntimeError):
-            if not (key.startswith(RANK_KEYS) and self._round_over()):
+            if not (key.startswith(RANK_KEYS) and self._round_broke()):
                 raise
             instead()
 
     def _stand_in(self, key: str) -> bytes:
         """What this agent reads for a rank key of a round that broke: its own role info, and
-        ranks as if every member ran as many workers as it does."""
+        ranks in the round's world, as if every member ran as many workers as it does."""
         own = self._own_role or b'{"role": "default", "rank": 0, "local_world_size": 1}'
         if key.startswith(ROLE_INFO_PREFIX):
             return own
         info = json.loads(own)
         size, rank = int(info.get("local_world_size", 1)), int(key.rpartition("/")[2] or 0)
-        return json.dumps([rank * size, size, rank * size, size]).encode()
+        world = self._world_size * size
+        return json.dumps([rank * size, world, rank * size, world]).encode()
+
+    def _checked(self, key: str, value: bytes) -> bytes:
+        """``value`` of a rank key, unless the ranks it assigns put this agent's workers in a
+        world smaller than the round's (each of its ``world_size`` nodes runs one worker at
+        least), or outside it: then the attempt fails loudly instead of starting the workers."""
+        if not key.startswith(ASSIGNED_RANKS_PREFIX):
+            return value
+        try:
+            base, world, _role_base, _role_world = json.loads(value)
+            base, world = int(base), int(world)
+        except (ValueError, TypeError) as exc:
+            raise MingleStateError(f"{key} holds {value!r}, not torch's assigned ranks") from exc
+        own = json.loads(self._own_role) if self._own_role else {}
+        local = int(own.get("local_world_size", 1))
+        if world < self._world_size or not 0 <= base <= world - local:
+            raise MingleStateError(
+                f"{key} puts this agent's {local} worker(s) at rank {base} of a world of {world}, but "
+                f"its round has {self._world_size} nodes: its workers would train in a world of their "
+                "own. This is a bug in torch_mingle; please report it with the agents' logs"
+            )
+        return value
 
     def delete_key(self, key: str) -> bool:
         return bool(self._guard(lambda: self._inner.delete_key(key)))

@@ -43,7 +43,7 @@ from torch_mingle._loop import Loop
 from torch_mingle._node import Board, Diagnostics, JobClosed, Joined, Node, NodeSettings, Ticket, TimedOut
 from torch_mingle._order import place_of
 from torch_mingle._protocol import Discovery, Timing
-from torch_mingle._rounds import Round
+from torch_mingle._rounds import History, Round
 from torch_mingle._slurm import JOB_ID_ENV
 from torch_mingle._store import AgentStore, StoreKeeper, open_client
 from torch_mingle._transport import McastTransport
@@ -499,7 +499,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         if self._closed and not self._job_failure():
             return 0  # a job that failed stops its workers (the next join fails with why)
         self._hook_preemption()
-        return 1 if not diag.loop_alive else diag.nodes_waiting
+        return diag.waiting_in(History.of(self._round).key)
 
     def shutdown(self) -> bool:
         if self._shut:
@@ -653,11 +653,13 @@ class MingleRendezvousHandler(RendezvousHandler):
             client = self._connect_round_store(joined, connect_ip)
         else:
             log.debug("%s round %d: the store client was connected ahead", self._label, rnd.number)
+        key = History.of(rnd).key
         store = AgentStore(
             client,
             on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number),
             failed=self._job_failure,
-            round_over=functools.partial(self._round_over, rnd.number),
+            round_broke=lambda: self._board.diagnostics().round_broke(key),
+            world_size=rnd.world_size,
         )
         self._round = rnd
         self._export_worker_env(rnd)
@@ -667,12 +669,6 @@ class MingleRendezvousHandler(RendezvousHandler):
             rnd.world_size,
             RendezvousStoreInfo(master_addr=master_addr, master_port=rnd.store_port),
         )
-
-    def _round_over(self, number: int) -> bool:
-        """Whether round ``number`` can no longer train (what ``num_nodes_waiting()`` tells the
-        agent: it restarts its workers), read from the node's last snapshot."""
-        diag = self._board.diagnostics()
-        return not diag.loop_alive or diag.round != number or diag.nodes_waiting > 0 or bool(diag.failure)
 
     def _job_failure(self) -> str:
         """Why the job failed ("" while it did not): a member's round could not start."""
@@ -704,15 +700,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             if failed:
                 # A peer that died or left just as the round formed refuses too: that round
                 # breaks (and the node joins again), where a broken path changes nothing.
-                seen = self._board.wait_for(
-                    lambda d: (
-                        bool(d.failure)
-                        or d.nodes_waiting > 0
-                        or d.trouble is not None
-                        or d.round != rnd.number
-                    ),
-                    DATA_PATH_GRACE_S,
-                )
+                key = History.of(rnd).key
+                seen = self._board.wait_for(lambda d: d.round_broke(key), DATA_PATH_GRACE_S)
                 if seen is not None and not seen.failure:
                     log.warning(
                         "%s data path check: %d peer(s) did not answer, but round %d broke meanwhile; "
@@ -747,14 +736,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             try:
                 return connect(base * attempt)
             except DistError as exc:
-                diag = self._board.diagnostics()
-                same_round = (
-                    diag.loop_alive
-                    and diag.trouble is None
-                    and diag.epoch == joined.claim.epoch
-                    and diag.round == joined.round.number
-                )
-                if not same_round:
+                if self._board.diagnostics().round_broke(History.of(joined.round).key):
                     raise
                 log.warning(
                     "%s the round's store at %s:%d did not answer (attempt %d of %d: %s); "
