@@ -81,6 +81,8 @@ class Answer:
     round: Round | None = None
     text: str = ""
     parked: bool = False
+    #: ``closed``: the job failed (a node still waiting for a place fails too).
+    failed: bool = False
 
 
 @record
@@ -369,8 +371,8 @@ class FollowerSession:
         else:
             self._request(encode_frame("leave", left=round_key_to_json(own_key)))
 
-    def close_job(self, why: str = "", *, failed: bool = False) -> None:
-        self._request(encode_frame("close", why=why, failed=failed))
+    def close_job(self, why: str = "", *, failed: bool = False, job_failed: bool = False) -> None:
+        self._request(encode_frame("close", why=why, failed=failed, job_failed=job_failed))
 
     # ------------------------------------------------------------ outputs
 
@@ -456,7 +458,12 @@ class FollowerSession:
         elif kind == "closed":
             why = msg.get("why")
             self._events.append(
-                Answer("closed", int(msg.get("id", 0)), text=why if isinstance(why, str) else "")
+                Answer(
+                    "closed",
+                    int(msg.get("id", 0)),
+                    text=why if isinstance(why, str) else "",
+                    failed=msg.get("failed") is True,
+                )
             )
         elif kind == "ack":
             self._events.append(Answer("ack", int(msg["id"])))

@@ -141,6 +141,8 @@ class LocalAnswer:
     round: Round | None = None
     text: str = ""
     parked: bool = False
+    #: ``closed``: the job failed (those still waiting for a place fail too, they do not exit 0).
+    failed: bool = False
     #: A proposal's base round and the proposals it accounts for (``propose``).
     base: int = 0
     covers: frozenset[tuple[int, int, int]] = frozenset()
@@ -239,6 +241,8 @@ class LeaderTerm:
     conns: dict[ConnId, _Member] = field(default_factory=dict)
     established: bool = False
     closed_why: str = ""
+    #: The job was closed as failed (``close_job``): its "closed" answers say so.
+    closed_failed: bool = False
     _self: _Member | None = None
     _by_node: dict[int, _Member] = field(default_factory=dict)
     #: How many identified members report each last round (``_Member.last``), kept as members
@@ -523,16 +527,21 @@ class LeaderTerm:
         others = rnd.member_set - {self.claim.leader} - self.book.dead - self.book.left
         return others <= self.book.pending.keys()
 
-    def close_job(self, by: int, why: str, now: float, *, failed: bool = False) -> None:
+    def close_job(
+        self, by: int, why: str, now: float, *, failed: bool = False, job_failed: bool = False
+    ) -> None:
         """No further rounds: the job is over (``why``: who closed it, and why, for the waiters;
-        ``failed``: its round cannot start, so the members running it stop too)."""
+        ``failed``: its round cannot start, so the members running it stop too; ``job_failed``:
+        the closing agent failed, so the nodes still waiting for a place fail too, while the
+        members running a round finish as their own workers do)."""
         if self.book.closed:
             return
         self.closed_why = f"node {node_hex(by)} closed the job" + (f" ({why})" if why else "")
+        self.closed_failed = failed or job_failed
         for node in self.book.close(failed=self.closed_why if failed else ""):
             m = self._by_node.get(node) if node != self.claim.leader else self._self
             if m is not None:
-                self._answer(m, "closed", why=self.closed_why)
+                self._answer(m, "closed", why=self.closed_why, failed=self.closed_failed)
         log.info("%s rendezvous closed: %s", self.label, self.closed_why)
         self.on_event(Note("closed", f"marked the rendezvous as closed: {self.closed_why}", "SUCCEEDED"))
         self._decide(now)
@@ -640,8 +649,9 @@ class LeaderTerm:
             self._after_departure(now)
         elif kind == "close":
             why = msg.get("why")
-            failed = msg.get("failed") is True
-            self.close_job(m.node, why[:2000] if isinstance(why, str) else "", now, failed=failed)
+            failed, job_failed = msg.get("failed") is True, msg.get("job_failed") is True
+            text = why[:2000] if isinstance(why, str) else ""
+            self.close_job(m.node, text, now, failed=failed, job_failed=job_failed)
         else:
             self._drop(m, f"protocol error: unexpected {kind}", now)
 
@@ -760,7 +770,7 @@ class LeaderTerm:
         if history is not None and history.has(node):
             self._set_last(m, (history.epoch, history.round, len(history.members)))
         if self.book.closed:
-            self._answer(m, "closed", why=self.closed_why)
+            self._answer(m, "closed", why=self.closed_why, failed=self.closed_failed)
             return
         self.book.join(req)
         self._offer_after_decide.append(m)
@@ -1171,7 +1181,9 @@ class LeaderTerm:
         if m.conn is None:
             rnd = fields.get("round")
             text = str(fields.get("why") or fields.get("reason") or "")
-            self._local.append(LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked"))))
+            self._local.append(
+                LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked")), bool(fields.get("failed")))
+            )
             return
         if kind == "round":  # by number: the member holds it (proposed, or ``members``)
             rnd = fields["round"]

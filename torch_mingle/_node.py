@@ -44,6 +44,7 @@ from torch_mingle._leader import (
     ControlCounters,
     Job,
     LeaderTerm,
+    LocalAnswer,
     OpenClient,
     ReleaseStores,
 )
@@ -158,8 +159,12 @@ class JobClosed:
 
     was_waiting: bool
     why: str
-    #: The job failed (a round could not start): a waiting node fails too, it does not exit 0.
+    #: The job failed (a round could not start, or the closing agent failed): a waiting node
+    #: fails too, it does not exit 0.
     failed: bool = False
+    #: A round of the job formed (this node was a spare of it, or heard of it): a spare that
+    #: waited for a job that never ran did no work either.
+    ran: bool = False
 
 
 @record(frozen=False)
@@ -442,6 +447,7 @@ class Node:
         core.max_epoch_seen = max(core.max_epoch_seen, self._led)
         self._pending_close: str | None = None
         self._close_failed = False
+        self._close_job_failed = False
         self._failure_cut = 0
         self._term_tag = 0
         self._quiet_at: float | None = None
@@ -622,7 +628,7 @@ class Node:
         that round stop their workers too, and every agent fails with ``why``.
         """
         self._pending_close = why
-        self._close_failed = failed
+        self._close_failed = self._close_job_failed = failed
         self._deliver_close(now)
         self._flush(now)
 
@@ -631,28 +637,33 @@ class Node:
         if why is None:
             return
         if self.term is not None and self.core.role is Role.LEADING:
-            self.term.close_job(self.settings.node_id, why, now, failed=self._close_failed)
+            self.term.close_job(
+                self.settings.node_id, why, now, failed=self._close_failed, job_failed=self._close_job_failed
+            )
             self._pending_close = None
         elif self.session is not None and self.session.ready:
-            self.session.close_job(why, failed=self._close_failed)
+            self.session.close_job(why, failed=self._close_failed, job_failed=self._close_job_failed)
             self._pending_close = None
             if self._shutdown is not None and not self._shutdown.done:
                 self._leave_for_good(now)  # the close of a shutdown waited for this leader
 
-    def request_shutdown(self, ticket: Ticket, close_timeout_s: float, why: str, now: float) -> None:
-        """``shutdown()``: close the job and leave; a leader first waits for the others to leave."""
+    def request_shutdown(
+        self, ticket: Ticket, close_timeout_s: float, why: str, now: float, *, failed: bool = False
+    ) -> None:
+        """``shutdown()``: close the job and leave; a leader first waits for the others to leave.
+        ``failed``: this agent failed, and so did the job for the nodes still waiting for a place."""
         self._shutdown = ticket
         self._shutdown_deadline = now + close_timeout_s
         if self._join is not None:
             self.board.resolve(self._join, error=MingleStateError("the handler was shut down"))
         if self.term is not None:
-            self.term.close_job(self.settings.node_id, why, now)
+            self.term.close_job(self.settings.node_id, why, now, job_failed=failed)
             self.term.leave_local(now, self._own_key())
         else:
             if self.job_closed:
                 self._pending_close = None
             elif self._pending_close is None:  # a close still pending (a failed job's) stands
-                self._pending_close, self._close_failed = why, False
+                self._pending_close, self._close_failed, self._close_job_failed = why, False, failed
             if (self.session is not None and self.session.ready) or self.job_closed:
                 self._deliver_close(now)  # and leaves, once its close (if any) is out
                 if not ticket.done:
@@ -885,7 +896,7 @@ class Node:
                 if self._accept(answer.round, answer.base, answer.covers):
                     term.accept_local(answer.round.number, now)
                 continue
-            self._answer(answer.kind, answer.ticket, answer.round, answer.text, answer.parked, None, now)
+            self._answer(answer, None, now)
         if term is self.term and term.outdated_by is not None:
             epoch, term.outdated_by = term.outdated_by, None
             self._give_way(epoch, now)
@@ -1115,7 +1126,7 @@ class Node:
             if ev.status.closed:
                 self.job_closed = True
         elif isinstance(ev, Answer):
-            self._answer(ev.kind, ev.ticket, ev.round, ev.text, ev.parked, session, now)
+            self._answer(ev, session, now)
         elif isinstance(ev, Proposed):
             if self._accept(ev.round, ev.base, ev.covers):
                 session.accept(ev.round.number)
@@ -1176,16 +1187,15 @@ class Node:
     def _persist(self) -> bool:
         return self.net.persist(NodeState(self.history, self.accepted, self._led))
 
-    def _answer(
-        self,
-        kind: str,
-        ticket_id: int,
-        rnd: Round | None,
-        text: str,
-        parked: bool,
-        session: FollowerSession | None,
-        now: float,
-    ) -> None:
+    def _answer(self, answer: Answer | LocalAnswer, session: FollowerSession | None, now: float) -> None:
+        """The leader's answer to the agent's join or arrive (its own term's, or by ``session``)."""
+        kind, ticket_id, rnd, text, parked = (
+            answer.kind,
+            answer.ticket,
+            answer.round,
+            answer.text,
+            answer.parked,
+        )
         if kind == "ack":
             ticket = self._arrivals.pop(ticket_id, None)
             if ticket is not None:
@@ -1225,7 +1235,7 @@ class Node:
                 who = f"this node leads ({self.term.claim})" if self.term is not None else "this node led"
             self._answer_join(TimedOut(f"{who}; {text}"))
         elif kind == "closed":
-            self._job_closed_seen(text or "the job was closed while this node waited")
+            self._job_closed_seen(text or "the job was closed while this node waited", failed=answer.failed)
         elif kind == "wait":
             self.parks += parked and not self.parked
             self.parked = parked
@@ -1324,18 +1334,21 @@ class Node:
             return f"the leader {view.store_ip} ({view.claim}) did not welcome this node"
         return f"the leader {view.store_ip} ({view.claim}) did not answer the join in time"
 
-    def _job_closed_seen(self, why: str) -> None:
+    def _job_closed_seen(self, why: str, *, failed: bool = False) -> None:
         self.job_closed = True
-        self._closed_answer(why)
+        self._closed_answer(why, failed=failed)
         if self._shutdown is not None and not self._shutdown.done and self.term is None:
             self._pending_close = None  # closed already: nothing left to tell
             self._leave_for_good(self._now)
 
-    def _closed_answer(self, why: str) -> None:
+    def _closed_answer(self, why: str, *, failed: bool = False) -> None:
+        """The job closed while the agent's join waits. ``failed``: the closing agent said the
+        job failed (its rendezvous or its workers did)."""
         if self._open_join() is not None:
             waited = self.parked or (self.saw_open and self.in_round is None)
-            failed = self._failure(self._now)
-            self._answer_join(JobClosed(was_waiting=waited, why=failed or why, failed=bool(failed)))
+            failure = self._failure(self._now) or (why if failed else "")
+            ran = self.parked or self._round_seen > 0 or self.history is not None
+            self._answer_join(JobClosed(waited, failure or why, failed=bool(failure), ran=ran))
 
     def _failure(self, now: float) -> str:
         """Why the job failed, if its leader says so (closed because a round could not start)."""

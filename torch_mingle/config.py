@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch_mingle._order import DEFAULT_POLICY, parse_policy
 from torch_mingle._record import field, record
+from torch_mingle._slurm import TORCHRUN_DEFAULT_ID, standby_hosts
 from torch_mingle._slurm import run_id as slurm_run_id
-from torch_mingle._slurm import standby_hosts
 from torch_mingle.errors import README_SECURITY, MingleConfigError
 
 if TYPE_CHECKING:
@@ -329,6 +329,15 @@ def _check_group(group: str) -> None:
 def _check_run_id(run_id: str) -> str:
     if not run_id:
         raise MingleConfigError("the rendezvous id is empty; fix: torchrun --rdzv_id=<job name>")
+    if run_id == TORCHRUN_DEFAULT_ID:
+        # Refused, not warned: every job on the network started without an id would be this
+        # one job, and a second one would wait as the first's spare, its script never run.
+        raise MingleConfigError(
+            f"no --rdzv_id was given (torchrun's default is {TORCHRUN_DEFAULT_ID!r}): the mingle "
+            "backend finds a job's nodes by its id, so unrelated jobs without one would join each "
+            "other. Fix: pass the same --rdzv_id=<job name> to every node of the job (PET_RDZV_ID=... "
+            "for launchers without the flag); under Slurm the job's id stands in by itself"
+        )
     if len(run_id.encode("utf-8")) > MAX_RUN_ID_BYTES:
         raise MingleConfigError(
             f"--rdzv_id {run_id[:40]!r}... is {len(run_id.encode())} bytes long; "

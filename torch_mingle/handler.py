@@ -18,6 +18,7 @@ import os
 import resource
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +27,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from torch.distributed import DistError, TCPStore
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,
@@ -509,7 +511,8 @@ class MingleRendezvousHandler(RendezvousHandler):
         # torch's contract: shutting down closes the rendezvous for every node (as c10d does).
         # A leader keeps its stores up until every other node has left (their exit barriers).
         close_timeout = self._config.close_timeout
-        why = f"it shut down after: {self._failure}" if self._failure else "it finished"
+        failure = self._failure or _failure_on_the_way_out()
+        why = f"it shut down after: {failure}" if failure else "it finished"
         if self._unhealthy:
             # Its health check never passed: this node leaves, and the job goes on without it
             # (closing the rendezvous would end it for every node).
@@ -519,7 +522,9 @@ class MingleRendezvousHandler(RendezvousHandler):
                 self._ask(
                     "shutdown",
                     close_timeout,
-                    lambda t, now: self._node.request_shutdown(t, close_timeout, why, now),
+                    lambda t, now: self._node.request_shutdown(
+                        t, close_timeout, why, now, failed=bool(failure)
+                    ),
                 )
         self._note(Note("shutdown", "closed the rendezvous", "SUCCEEDED"))
         self._loop.stop()
@@ -611,14 +616,21 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._ask("arrive", timeout, lambda t, now: self._node.request_arrive(t, round_number, now))
 
     def _job_closed(self, outcome: JobClosed) -> NoReturn:
-        """The job is over. A node that waited while it ran without it has nothing to do: it exits 0."""
+        """The job is over. Only a spare of a job that ran and finished exits 0 (its workers were
+        never needed); a node whose job failed, or never formed, fails with the leader's reason."""
         self._closed = True
         job = self._config.run_id
         if outcome.failed:
             raise MingleClosedError(f"{self._label} the job failed: {outcome.why}")
+        if outcome.was_waiting and not outcome.ran:
+            raise MingleClosedError(
+                f"{self._label} job {job!r} closed before any round formed ({outcome.why}): no node "
+                "trained; this node's script never ran"
+            )
         if outcome.was_waiting:
             log.warning(
-                "%s job %r finished before this node was admitted (%s); nothing to do, exiting",
+                "%s job %r finished before this node was admitted (%s): it was a spare the job never "
+                "needed, and its script never ran; exiting 0 (docs/usage.md#exit-codes)",
                 self._label,
                 job,
                 outcome.why,
@@ -829,6 +841,20 @@ class MingleRendezvousHandler(RendezvousHandler):
             f"rendezvous of job {cfg.run_id!r} timed out after {waited:.1f}s "
             f"(join_timeout={cfg.join_timeout:g}s) on {where}: {why}; {heard}. What to try: {advice}"
         )
+
+
+def _failure_on_the_way_out() -> str:
+    """Why this agent fails, when torch's launcher calls ``shutdown()`` on the way out of a
+    failure ("" otherwise): it calls it from a ``finally`` clause (torch 2.5-2.13
+    ``launch_agent``), so the exception that ends the agent is still being raised: the workers'
+    failure (``ChildFailedError``) or the rendezvous'. A clean finish has none."""
+    exc = sys.exc_info()[1]
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        return ""
+    if isinstance(exc, ChildFailedError):
+        return "its workers failed"
+    first = str(exc).strip().splitlines()
+    return f"its agent failed: {type(exc).__name__}" + (f": {first[0][:300]}" if first else "")
 
 
 def _auth_advice(invalid: Mapping[str, int]) -> str:

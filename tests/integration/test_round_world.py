@@ -24,7 +24,7 @@ def _assign_ranks(handler: Any, info: Any) -> list[Worker]:
     """What torch's agent does with a rendezvous' result before it starts the workers."""
     spec = WorkerSpec(role="trainer", local_world_size=WORKERS_PER_NODE, rdzv_handler=handler, entrypoint="x")
     assign = SimpleElasticAgent._assign_worker_ranks  # torch's own rank exchange
-    return list(assign(None, info.store, info.rank, info.world_size, spec))  # type: ignore[arg-type]
+    return list(assign(None, info.store, info.rank, info.world_size, spec))
 
 
 def _assign_on_every_node(handlers: list[Any], infos: list[Any]) -> list[list[Worker]]:

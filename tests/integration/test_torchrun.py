@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests.helpers import (
+    agent_env,
     assert_trained_together,
     dump,
     final_reports,
@@ -15,6 +16,7 @@ from tests.helpers import (
     start_agent,
     torchrun_cmd,
     unique_job,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -71,3 +73,32 @@ def test_a_bad_rdzv_conf_key_is_named_with_its_fix(tmp_path):
     assert codes != [0], out
     assert "unknown --rdzv_conf key 'prot'" in out
     assert "Did you mean 'port'?" in out
+
+
+def test_a_follower_of_a_job_that_never_formed_fails_with_the_leaders_reason(tmp_path):
+    """Two of three nodes start: the leader times out, and so does the job for the follower it
+    counted, with the leader's reason (it exited 0, "finished", as if it had trained)."""
+    conf = {"interface": "127.0.0.1", "port": random_port(), "join_timeout": 8}
+    cmd = torchrun_cmd(job=unique_job("never"), nnodes="3", nproc=1, conf=conf)
+    first = start_agent("first", cmd, tmp_path)
+    wait_until(lambda: "leader: this node" in first.output(), 60, "the first node to lead", agents=[first])
+    second = start_agent("second", cmd, tmp_path)
+    codes = finish_all([first, second], timeout=120)
+    out = second.output()
+    assert codes[0] != 0 and "2 of min_nodes=3 nodes joined" in first.output(), dump([first, second])
+    assert codes[1] != 0, dump([first, second])
+    assert "the job failed" in out and "2 of min_nodes=3 nodes joined" in out, out
+    assert "nothing to do" not in out and "worker group successfully finished" not in out, out
+
+
+def test_an_agent_without_a_rdzv_id_is_refused_with_the_fix(tmp_path):
+    """torchrun's default id ("none") would make every job started without one the same job."""
+    conf = {"interface": "127.0.0.1", "port": random_port()}
+    cmd = torchrun_cmd(job="none", nnodes="1", nproc=1, conf=conf)
+    env = {k: v for k, v in agent_env().items() if not k.startswith("SLURM_")}
+    (agent,) = [start_agent("no-id", cmd, tmp_path, env=env)]
+    codes = finish_all([agent], timeout=90)
+    out = agent.output()
+    assert codes != [0], out
+    assert "no --rdzv_id was given" in out and "--rdzv_id=<job name>" in out, out
+    assert "Traceback" not in out.split("MingleConfigError")[-1], out

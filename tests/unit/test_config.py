@@ -122,6 +122,8 @@ def test_dubious_but_valid_settings_are_warned_about():
 def test_run_id_limits():
     with pytest.raises(MingleConfigError, match="--rdzv_id"):
         MingleConfig.from_mapping(run_id="", min_nodes=1, max_nodes=1, conf={})
+    with pytest.raises(MingleConfigError, match=r"no --rdzv_id was given .* same --rdzv_id=<job name>"):
+        MingleConfig.from_mapping(run_id="none", min_nodes=1, max_nodes=1, conf={})
     with pytest.raises(MingleConfigError, match="at most 200"):
         MingleConfig.from_mapping(run_id="x" * 201, min_nodes=1, max_nodes=1, conf={})
 
