@@ -294,12 +294,14 @@ class FollowerSession:
         gone: Gone = (),
         accepted: History | None = None,
         place: str = "",
+        restarted: bool = False,
     ) -> None:
         """Ask for a place in the next round (before the connection is up: sent with the hello,
         replacing an older ask).
 
         ``timeout_s`` is the agent's ``join_timeout`` (each new wait for a round gets all of it),
-        ``remaining_s`` what is left of the current one.
+        ``remaining_s`` what is left of the current one. ``restarted``: this process took over
+        a dead predecessor's node id and was in no round yet (``RoundBook._returns_held``).
         """
         self.history = history
         ref = self._delivered_number(history)
@@ -314,6 +316,7 @@ class FollowerSession:
             ref=ref,
             accepted=accepted.to_json() if accepted else None,
             place=place or None,
+            restarted=restarted or None,
             timeout_s=timeout_s,
             remaining_s=remaining_s,
         )

@@ -483,6 +483,7 @@ class LeaderTerm:
         gone: Gone = (),
         accepted: History | None = None,
         place: str = "",
+        restarted: bool = False,
     ) -> None:
         if self._self is None:
             self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
@@ -495,6 +496,7 @@ class LeaderTerm:
             gone=gone,
             accepted=accepted,
             place=place,
+            restarted=restarted,
         )
         self._join(self._self, ticket, req, timeout_s, remaining_s, now)
         self._decide(now)
@@ -620,6 +622,7 @@ class LeaderTerm:
                 gone=gone_of(msg.get("gone")),
                 accepted=accepted,
                 place=_place(msg.get("place")),
+                restarted=msg.get("restarted") is True,
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
         elif kind == "accept":
@@ -772,7 +775,7 @@ class LeaderTerm:
         if self.book.closed:
             self._answer(m, "closed", why=self.closed_why, failed=self.closed_failed)
             return
-        self.book.join(req)
+        self.book.join(req, now)
         self._offer_after_decide.append(m)
         self._update_established()
 

@@ -1267,6 +1267,7 @@ class Node:
                 gone=tuple(self._gone.items()),
                 accepted=self.accepted,
                 place=self.settings.place,
+                restarted=self._restarted(),
             )
         elif self.session is not None:
             dport = self.net.discovery_port_towards(self.session.ip)
@@ -1281,7 +1282,13 @@ class Node:
                 gone=tuple(self._gone.items()),
                 accepted=self.accepted,
                 place=self.settings.place,
+                restarted=self._restarted(),
             )
+
+    def _restarted(self) -> bool:
+        """This process took over a dead predecessor's node id (``_identity``) and was handed no
+        round yet: it comes back as a restart, not as a node that flapped (``_rounds``)."""
+        return self.settings.incarnation > 1 and self.in_round is None
 
     def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:
         self.board.extend(ticket, None if expires is None else expires + JOIN_GRACE_S)

@@ -31,7 +31,12 @@ A node *returning* to a job that runs without it (it was dropped: frozen, cut of
 an older term) does not restart a healthy round at once: it is counted in
 ``num_nodes_waiting`` only once that round has run for ``rejoin_delay_s``, doubled for each
 time the node was dropped in this term. A node that flaps therefore never keeps a fresh
-round from training. A genuine newcomer is counted at once, as with c10d.
+round from training. A genuine newcomer is counted at once, as with c10d, and so is a
+*restarted* node: a new process that took over its dead predecessor's node id (``_identity``)
+and has not been in a round yet (its join says ``restarted``). Its predecessor is gone, not
+flapping; what it costs is the restart that takes it in, as a newcomer's. Only a node that
+restarts again within ``rejoin_delay_s`` of its last restart keeps dying: it is held back as
+a returning node (``_returns_held``, the one place for this rule).
 
 Ranks (``rank_order``): the leader is 0, as its node hosts the store. Each joiner may carry a
 *place* (its host name, a number from its environment, a topology label: ``_order``). With
@@ -295,6 +300,8 @@ class JoinRequest:
     accepted: History | None = None
     #: Where the node sorts in rank order (``_order``): "" sorts first, then by natural order.
     place: str = ""
+    #: A new process of the node (a restarted agent: ``_identity``) that was in no round yet.
+    restarted: bool = False
 
 
 @record
@@ -564,6 +571,8 @@ class RoundBook:
     drops: dict[int, int] = field(default_factory=dict)
     lost_why: dict[int, str] = field(default_factory=dict)
     ips: dict[int, str] = field(default_factory=dict)
+    #: When each node last joined as a restarted process in this term (``_returns_held``).
+    restarted_at: dict[int, float] = field(default_factory=dict)
     _returning: set[int] = field(default_factory=set)
     #: The members whose death or departure broke the current round (``stale``).
     _broken_by: set[int] = field(default_factory=set)
@@ -593,7 +602,7 @@ class RoundBook:
 
     # ----------------------------------------------------------------- inputs
 
-    def join(self, req: JoinRequest) -> None:
+    def join(self, req: JoinRequest, now: float) -> None:
         self._pend(req)
         self.ips[req.node] = req.ip
         if len(self.ips) > 2 * MAX_MEMBERS:
@@ -613,12 +622,25 @@ class RoundBook:
         if req.accepted is not None:
             self.join_report(req.accepted)
         was_member = req.history is not None and req.history.has(req.node)
-        if (
+        returning = (
             self.current is not None
             and req.node not in self.current.member_set
             and (was_member or req.node in self.drops)
-        ):
+        )
+        if self._returns_held(req, returning, now):
             self._returning.add(req.node)
+        else:
+            self._returning.discard(req.node)
+
+    def _returns_held(self, req: JoinRequest, returning: bool, now: float) -> bool:
+        """Whether a joiner is held back by ``rejoin_delay_s`` (see the module doc): it returns to
+        a round that runs without it, and it is not a restarted process whose last restart in
+        this term was at least ``rejoin_delay_s`` ago. Every restart is recorded."""
+        if not req.restarted:
+            return returning
+        last = self.restarted_at.get(req.node)
+        self.restarted_at[req.node] = now
+        return returning and last is not None and now - last < self.rejoin_delay_s
 
     def join_report(self, accepted: History) -> None:
         """A proposal of another term that a node accepted: the next round must account for it."""
@@ -966,7 +988,7 @@ class RoundBook:
     def _forget_strangers(self) -> None:
         """Bound what the book remembers per node id: keep the round's members and the joiners."""
         keep = set(self.pending) | set(self.current.members if self.current else ()) | {self.leader}
-        for table in (self.ips, self.drops, self.lost_why):
+        for table in (self.ips, self.drops, self.lost_why, self.restarted_at):
             for node in [n for n in table if n not in keep]:
                 del table[node]
         self.dead &= keep

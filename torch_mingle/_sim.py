@@ -190,9 +190,11 @@ class Simulation:
         node_id: int | None = None,
         addr: tuple[str, int] | None = None,
         place: str = "",
+        incarnation: int = 1,
     ) -> SimNode:
         """A node starting at ``start_at``; ``addr``: a host's address that an earlier process had
-        (a restart on the same host); ``place``: where it sorts in rank order."""
+        (a restart on the same host); ``place``: where it sorts in rank order; ``incarnation``:
+        which process of its node id it is (``_identity``)."""
         index = len(self.nodes)
         node_id = node_id or self.rng.getrandbits(64) or 1
         addr = addr or (f"10.{index // 65536}.{index // 256 % 256}.{index % 256}", 29477)
@@ -213,6 +215,7 @@ class Simulation:
             interval_s=t.beacon_interval_s, timeout_s=t.leader_timeout_s,
             connect_timeout_s=min(5.0, t.leader_timeout_s), discovery_warning_s=0.0,
             bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]", quorum=self.quorum, place=place,
+            incarnation=incarnation,
         )  # fmt: skip
         sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
         sim_node.net = SimNet(self, sim_node)
@@ -237,8 +240,11 @@ class Simulation:
 
     def restart(self, old: SimNode, at: float, *, node_id: int | None = None) -> SimNode:
         """A new process of the agent on ``old``'s host, starting at ``at`` (``old`` is dead by
-        then); under ``old``'s node id it reads what ``old`` saved (``_identity``)."""
-        return self.add_node(at, node_id=node_id, addr=old.addr, place=old.node.settings.place)
+        then); under ``old``'s node id it reads what ``old`` saved (``_identity``), one
+        incarnation later."""
+        was = old.node.settings
+        incarnation = was.incarnation + 1 if node_id == was.node_id else 1
+        return self.add_node(at, node_id=node_id, addr=old.addr, place=was.place, incarnation=incarnation)
 
     def step_clock(self, node: SimNode, seconds: float) -> None:
         """The node's wall clock steps (NTP, a VM resumed): what signed datagrams carry."""

@@ -42,7 +42,7 @@ def join(
     # (``left_from``, else the joiner's ``history``).
     left_from = left_from or history
     left = tuple((n, left_from.key if left_from else None) for n in sorted(gone))
-    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, gone=left))
+    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, gone=left), 0.0)
 
 
 def test_a_half_of_the_previous_round_never_forms_a_round():
@@ -250,7 +250,7 @@ def test_a_departure_counts_for_the_newest_round_its_node_voted_for_not_the_lead
     b.current = Round(number=3, epoch=1, members=(1, 2, 3, 4), store_ip="198.18.0.1", store_port=1)
     assert b.current_key() == PREVIOUS.key
     other = History(epoch=3, round=4, members=(5, 2, 3))
-    b.join(JoinRequest(node=2, ip="198.18.0.2", history=PREVIOUS, accepted=other))
+    b.join(JoinRequest(node=2, ip="198.18.0.2", history=PREVIOUS, accepted=other), 0.0)
     b.leave(2)
     assert b.left_in(2) == other.key
     assert 2 in b.voters_of(PREVIOUS.members, PREVIOUS.key)
@@ -265,7 +265,7 @@ def test_a_departure_by_its_own_word_counts_for_its_round_and_an_unknown_one_for
     assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
     b.leave(3)  # nothing known of node 3's rounds: it keeps its vote everywhere
     assert b.left_in(3) is None
-    b.join(JoinRequest(node=4, ip="198.18.0.4", history=PREVIOUS, gone=((3, None),)))
+    b.join(JoinRequest(node=4, ip="198.18.0.4", history=PREVIOUS, gone=((3, None),)), 0.0)
     assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
 
 

@@ -31,7 +31,7 @@ def book(min_nodes=2, max_nodes=4, last_call=30.0, epoch=1, rejoin_delay=30.0):
 
 
 def join(b: RoundBook, node: int, history: History | None = None) -> None:
-    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history))
+    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history), 0.0)
 
 
 def form(b: RoundBook, decision: Form | Wait, now: float = 0.0) -> Round:
@@ -215,6 +215,50 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
     join(b, 0x40)
     d = b.decide(4.0)
     assert isinstance(d, Form) and d.members == (LEADER, 0x40, 0x30)
+
+
+def _restarted_join(b: RoundBook, node: int, history: History, now: float) -> None:
+    """A new process of ``node`` (a restarted agent) that was in no round yet asks to join."""
+    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, restarted=True), now)
+
+
+@pytest.mark.parametrize("rejoin_delay", [10.0, math.inf], ids=["10s", "never"])
+def test_a_restarted_node_is_admitted_at_once_but_one_that_keeps_restarting_is_held(rejoin_delay):
+    """Its predecessor's process is gone (killed, its container restarted): it comes back as a
+    newcomer does, at the next restart, not after ``rejoin_delay`` as a node that flapped.
+    Restarted again within ``rejoin_delay`` of its last restart, it keeps dying: held back."""
+    hist = History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30))
+    b = book(min_nodes=2, max_nodes=4, rejoin_delay=rejoin_delay)
+    for node in (LEADER, 0x20, 0x40, 0x30):
+        join(b, node)
+    form(b, b.decide(0.0), 0.0)
+    b.died(0x30, "its process was killed")
+    for node in (LEADER, 0x20, 0x40):
+        join(b, node)
+    form(b, b.decide(0.1), 0.1)
+    _restarted_join(b, 0x30, hist, 2.0)  # its agent restarted on its host, 2 s after the kill
+    assert b.status(2.0).waiting == 1  # the agents restart their workers for it now
+    for node in (LEADER, 0x20, 0x40):
+        join(b, node)
+    d = b.decide(2.1)
+    assert isinstance(d, Form) and set(d.members) == {LEADER, 0x20, 0x40, 0x30}
+    form(b, d, 2.1)
+    # Killed and restarted again, 5 s after its last restart: a node that keeps dying.
+    b.died(0x30, "its process was killed again")
+    for node in (LEADER, 0x20, 0x40):
+        join(b, node)
+    form(b, b.decide(7.0), 7.0)
+    _restarted_join(b, 0x30, hist, 7.0)
+    assert b.parked(0x30) and b.status(7.0).waiting == 0
+    if math.isfinite(rejoin_delay):
+        assert b.status(7.0 + 2 * rejoin_delay).waiting == 1  # held as a node dropped twice
+
+
+def test_a_node_that_comes_back_in_the_same_process_is_held_however_it_says_it_restarted():
+    """Only a new process (``restarted``) is taken back at once; the same process returning
+    (it froze, its link went down) is a node that flapped."""
+    b = _returned_after_a_drop(rejoin_delay=10.0)
+    assert b.parked(0x30) and b.status(4.0).waiting == 0
 
 
 def test_with_rejoin_delay_never_a_returning_node_is_a_spare_until_the_round_breaks():
@@ -434,7 +478,7 @@ def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
     for op, node, hist in ops:
         now += 1.0
         if op == "join":
-            b.join(JoinRequest(node=node, ip="198.18.0.1", history=hist))
+            b.join(JoinRequest(node=node, ip="198.18.0.1", history=hist), 0.0)
         elif op == "decide" or node == LEADER:  # the leader never withdraws, dies or leaves here
             decision = b.decide(now)
             if isinstance(decision, Form):
