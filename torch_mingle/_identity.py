@@ -25,6 +25,11 @@ once: it then gets its vote back only when the others form a round without it.
 
 Each vote is written to a temporary file, flushed to the disk (``fsync``, the directory
 too) and renamed over the slot's state before it goes out: a host that loses power keeps it.
+
+The directory holds votes, so another local user must not be able to write into it (plant a
+slot with another host's node id, or a link where a state file goes): as ssh and tmux do, it
+is refused unless it is this user's and nobody else may write to it (``_check_private``), it
+is created with mode 0700, and its files are opened without following symbolic links.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import tempfile
 import threading
 import time
@@ -46,11 +52,14 @@ from typing import Any
 
 from torch_mingle._node import NodeState
 from torch_mingle._rounds import History
+from torch_mingle.errors import MingleConfigError
 
 log = logging.getLogger(__name__)
 
 ENV = "TORCH_MINGLE_STATE_DIR"
 MAX_SLOTS = 256
+#: A slot's state file is a few hundred bytes; more is not ours.
+MAX_STATE_BYTES = 1 << 20
 #: How long a slot outlives its process by default (torch's ``join_timeout``).
 KEEP_S = 600.0
 #: At most this many slots of other jobs are swept per claim.
@@ -114,6 +123,7 @@ class Identity:
                 label, state_dir, exc, ENV,
             )  # fmt: skip
             return cls.fresh()
+        _check_private(state_dir)
         prefix = hashlib.sha256(job.encode()).hexdigest()[:16]
         with _claiming(state_dir, prefix):
             return cls._claim(state_dir, prefix, label, keep_s)
@@ -171,7 +181,10 @@ class Identity:
             }
             tmp = _tmp_path(path)
             try:
-                with open(tmp, "w") as f:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()  # a new file of ours, never one a link points to
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
                     f.write(json.dumps(data, separators=(",", ":")))
                     f.flush()
                     os.fsync(f.fileno())
@@ -232,6 +245,30 @@ class Identity:
                 self._lock_fd = None
 
 
+def _check_private(state_dir: Path) -> None:
+    """Refuse ``state_dir`` unless it is a directory of this user's that nobody else may write
+    to: there, another local user could plant a slot (a node id of another host: one vote on
+    two hosts) or a link where a state file is written."""
+    info = os.lstat(state_dir)
+    uid = os.geteuid()
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != uid:
+        problem = f"belongs to uid {info.st_uid}, not to this user (uid {uid})"
+    elif info.st_mode & 0o022:
+        problem = f"may be written by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    else:
+        return
+    raise MingleConfigError(
+        f"the state directory {state_dir} {problem}: another local user could plant this node's "
+        "identity or vote there, so it is not used. Fix: remove it (a new one is created with "
+        f"mode 0700), or set state_dir= (or ${ENV}) to a directory of this user's with mode 0700 "
+        "(docs/security.md#local-users)"
+    )
+
+
 def _lock_path(state: Path) -> Path:
     return state.with_name(state.name + ".lock")
 
@@ -255,7 +292,7 @@ def _claiming(state_dir: Path, prefix: str) -> Iterator[None]:
     keep that safe; only that race comes back). A claim that finds other claims under way
     does not sweep: the next claim will."""
     try:
-        fd = os.open(state_dir / CLAIM_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(state_dir / CLAIM_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         _sweep(state_dir, skip=prefix)
         yield
@@ -324,7 +361,7 @@ def _try_lock(path: Path) -> int | None:
     A lock file unlinked by the slot's holder as we opened it is no lock: the path may name a
     new file, locked by another process."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
     try:
@@ -341,7 +378,8 @@ def _try_lock(path: Path) -> int | None:
 def _read(path: Path) -> tuple[int, int, NodeState, float]:
     """A slot's node id, incarnation, state and ``keep_s`` (zeros for none or garbage)."""
     try:
-        data: Any = json.loads(path.read_text())
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
+            data: Any = json.loads(f.read(MAX_STATE_BYTES))
         node_id = int(data["node"], 16)
         incarnation = int(data["incarnation"])
         keep_s = float(data.get("keep_s", KEEP_S))

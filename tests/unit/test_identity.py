@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from torch_mingle import _identity
 from torch_mingle._identity import Identity
 from torch_mingle._node import NodeState
 from torch_mingle._rounds import History
+from torch_mingle.errors import MingleConfigError
 
 HOLDER = """
 import sys, time
@@ -245,3 +247,35 @@ def test_the_highest_epoch_a_node_led_goes_to_its_next_process(tmp_path):
     after = Identity.claim(tmp_path, "job42")
     assert after.node_id == ident.node_id and after.state.led == 7
     after.release(forget=True)
+
+
+@pytest.mark.parametrize("plant", ["others_may_write", "another_users", "a_link"])
+def test_a_state_directory_another_local_user_could_write_is_refused_with_the_fix(tmp_path, plant):
+    """Another user who created the directory first (``/tmp/torch_mingle-<uid>`` without
+    ``$XDG_RUNTIME_DIR``) could plant a slot with another host's node id: one vote on two hosts."""
+    planted = tmp_path / "torch_mingle-0"
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    if plant == "a_link":
+        planted.symlink_to(real)
+    else:
+        planted.mkdir()
+        os.chmod(planted, 0o777 if plant == "others_may_write" else 0o700)
+        if plant == "another_users":
+            os.chown(planted, 65534, 65534)
+    (real / "planted").write_text("a stranger's slot")
+    with pytest.raises(MingleConfigError, match=r"state directory .*torch_mingle-0 .* Fix: remove it"):
+        Identity.claim(planted, "job42")
+
+
+def test_a_new_state_directory_is_private_and_a_planted_link_is_not_written_through(tmp_path):
+    state = tmp_path / "new" / "state"
+    ident = Identity.claim(state, "job42")
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    target = tmp_path / "victim"
+    target.write_text("precious")
+    tmp = next(state.glob("*.0")).with_name(next(state.glob("*.0")).name + ".tmp")
+    tmp.symlink_to(target)  # (only this user could: the directory is private)
+    assert ident.save(ident.state)
+    assert target.read_text() == "precious"
+    ident.release(forget=True)
