@@ -83,7 +83,9 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0
 ROUND_STORES_KEPT = 2
 MAX_CONNECTIONS = 65536
-#: Connections that have not said hello yet: beyond this many, new ones are closed at once.
+#: Connections that have not said hello yet. Beyond this many, one of them gives way to each new
+#: one: the oldest of the address that holds the most (``_make_room``), so a host that opens
+#: connections and never says hello (it lacks the secret) only ever pushes out its own.
 MAX_UNIDENTIFIED = 1024
 #: A join waits at least this long (a peer's tiny or absent timeout must not spin the timers).
 MIN_JOIN_WAIT_S = 0.5
@@ -178,6 +180,7 @@ class _Member:
     connects_ahead: bool = False  # its hello said it reads ``next`` frames (older nodes do not)
     said_bye: bool = False  # it closes the connection itself, alive (it follows another leader)
     incarnation: int = 1  # which process of its node id (``_identity``)
+    source: str = ""  # the address it connected from
     seal: Seal | None = None  # with a secret: its connection's authentication
     #: The rounds answered on this connection, by number, kept as the follower keeps them
     #: (``FollowerSession.delivered``): its join names one of them by number (``ref``).
@@ -245,6 +248,8 @@ class LeaderTerm:
     closed_failed: bool = False
     _self: _Member | None = None
     _by_node: dict[int, _Member] = field(default_factory=dict)
+    #: Connections that said no hello yet, by the address they came from, oldest first.
+    _unidentified: dict[str, dict[ConnId, _Member]] = field(default_factory=dict)
     #: How many identified members report each last round (``_Member.last``), kept as members
     #: come, go and join: whether the term is established is then a look at a few keys, not a
     #: pass over every member at every hello (a new leader of a thousand nodes).
@@ -360,12 +365,15 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ inputs
 
-    def accepted(self, conn: ConnId, now: float) -> None:
-        unidentified = len(self.conns) - len(self._by_node)
-        if len(self.conns) >= MAX_CONNECTIONS or unidentified >= MAX_UNIDENTIFIED:
+    def accepted(self, conn: ConnId, now: float, source: str = "") -> None:
+        """A connection from ``source`` (an address): a node's, once it says hello."""
+        if len(self.conns) >= MAX_CONNECTIONS:
             self._closes.append((conn, "too many connections"))
             return
-        member = self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now)
+        if sum(map(len, self._unidentified.values())) >= MAX_UNIDENTIFIED:
+            self._make_room()
+        member = self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now, source=source)
+        self._unidentified.setdefault(source, {})[conn] = member
         if self.seal_key is not None:
             member.seal = Seal(self.seal_key, leader=True)
             self._frames.append((conn, member.seal.challenge()))
@@ -376,6 +384,8 @@ class LeaderTerm:
         the node is lost for the running round, and keeps its vote; only its own ``leave`` takes it."""
         member = self.conns.pop(conn, None)
         if member is None or member.node is None:
+            if member is not None:
+                self._identified(member)
             return
         if self._forget(member):
             rnd = self.book.current
@@ -708,6 +718,7 @@ class LeaderTerm:
                 # and its workers are gone, and its round with them.
                 self.book.died(node, f"a new process of the node started (incarnation {inc})")
         m.node = node
+        self._identified(m)
         m.connects_ahead = msg.get("ahead") is True
         if old is not None:
             self._forget(old, node)
@@ -1250,6 +1261,23 @@ class LeaderTerm:
     def _close(self, m: _Member, why: str) -> None:
         if m.conn is not None and self.conns.pop(m.conn, None) is not None:
             self._closes.append((m.conn, why))
+        self._identified(m)
+
+    def _identified(self, m: _Member) -> None:
+        """``m`` said hello, or is gone: no longer among the unidentified connections."""
+        waiting = self._unidentified.get(m.source)
+        if waiting is None or m.conn is None or waiting.pop(m.conn, None) is None:
+            return
+        if not waiting:
+            del self._unidentified[m.source]
+
+    def _make_room(self) -> None:
+        """The unidentified connections are at their cap: the oldest of the address holding the
+        most gives way. A node's hello takes milliseconds, so a flood from one host (or many)
+        closes its own connections, and a node connecting from elsewhere always gets its turn."""
+        busiest = max(self._unidentified.values(), key=len)
+        oldest = next(iter(busiest.values()))
+        self._close(oldest, f"gave way: {len(busiest)} connections from {oldest.source or '?'} said no hello")
 
     def _mark_status(self, now: float) -> None:
         self._status_dirty = True

@@ -736,7 +736,7 @@ class Loop:
             return
         for _ in range(256):
             try:
-                sock, _addr = listener.accept()
+                sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -760,7 +760,12 @@ class Loop:
                 sock, connecting=False, reader=FrameReader(ACCEPTED_FRAME_BYTES, HELLO_BYTES)
             )
             self._watch(stream)
-            self._guard("an accepted connection", lambda sid=stream.id: node.on_accepted(sid, now), now)  # type: ignore[misc]
+            source = str(addr[0]) if isinstance(addr, tuple) else ""
+            self._guard(
+                "an accepted connection",
+                lambda sid=stream.id, src=source: node.on_accepted(sid, now, src),  # type: ignore[misc]
+                now,
+            )
             self._run_deferred(now)
 
     def _stream_ready(self, stream: _Stream, mask: int, now: float) -> None:

@@ -490,11 +490,12 @@ class Node:
         else:
             self._flushed_later(now)
 
-    def on_accepted(self, conn: int, now: float) -> None:
+    def on_accepted(self, conn: int, now: float, source: str = "") -> None:
+        """A connection to our control port from ``source`` (an address)."""
         if self.term is None:
             self.net.close(conn)
             return
-        self.term.accepted(conn, now)
+        self.term.accepted(conn, now, source)
         self._flushed_later(now)
 
     def on_connected(self, conn: int, now: float) -> None:

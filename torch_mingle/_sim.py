@@ -415,7 +415,8 @@ class Simulation:
         elif d.kind == "accepted":
             net.readers[d.end] = FrameReader()
             net.ends.add(d.end)
-            n.on_accepted(d.end, now)
+            source = d.src[0] if isinstance(d.src, tuple) and d.src else ""
+            n.on_accepted(d.end, now, str(source))
         elif d.kind == "connected":
             n.on_connected(d.end, now)
         elif d.kind == "data":

@@ -277,7 +277,7 @@ class InMemoryNetwork:
 
     def _handshake(self, client: int, server: int, target: object, now: float, latency: float) -> None:
         owner = self._ends[client].owner
-        self._push(now + latency, Delivery("accepted", target, end=server))
+        self._push(now + latency, Delivery("accepted", target, end=server, src=owner))
         self._push(now + 2 * latency, Delivery("connected", owner, end=client))
         # Nothing arrives on an end before it is open (TCP: the handshake comes first).
         self._ends[server].last_at = now + latency

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import resource
+import selectors
 import socket
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -328,3 +332,83 @@ def test_with_a_secret_a_host_without_it_can_neither_join_nor_evict_nor_stir_the
     assert after.control.joins == before.control.joins, "the leader counted the rogue's join"
     assert [h.num_nodes_waiting() for h in handlers] == [0, 0]
     assert member.diagnostics().trouble is None and member.diagnostics().round == before.round
+
+
+class _ConnectionStorm:
+    """A host without the secret (127.0.0.66) that holds ``size`` connections to a control port,
+    says no hello (every third one sends junk instead), and reopens each one that is closed."""
+
+    def __init__(self, port: int, size: int) -> None:
+        self.port, self.size = port, size
+        self.opened = self.closed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-storm", daemon=True)
+
+    def __enter__(self) -> _ConnectionStorm:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            while not self._stop.is_set():
+                while len(sel.get_map()) < self.size and not self._stop.is_set():
+                    sock = socket.socket()
+                    sock.bind(("127.0.0.66", 0))
+                    sock.setblocking(False)
+                    if sock.connect_ex(("127.0.0.1", self.port)) not in (0, errno.EINPROGRESS):
+                        sock.close()
+                        break
+                    self.opened += 1
+                    if self.opened % 3 == 0:
+                        with contextlib.suppress(OSError):
+                            sock.send(b"\x00\x00\x00\x05junk!")
+                    sel.register(sock, selectors.EVENT_READ, sock)
+                for key, _ in sel.select(timeout=0.05):
+                    held: socket.socket = key.data
+                    try:
+                        data = held.recv(65536)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(held)
+                        held.close()
+                        self.closed += 1
+        finally:
+            for key in list(sel.get_map().values()):
+                key.data.close()
+            sel.close()
+
+
+def test_with_a_secret_a_storm_of_connections_without_it_never_keeps_a_node_out(make_handler, tmp_path):
+    """3,000 connections that never say hello, reopened as soon as they are closed: a new node
+    still gets in at once (the storm's own oldest connections give way to every new one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 20000)), hard))
+    try:
+        job = unique_job("storm")
+        secret = write_secret(tmp_path, "secret", "the-job's-s3cret-0123456789abcdef")
+        handlers = [make_handler(job, 2, 3, secret_file=secret, last_call_timeout="0.5") for _ in range(2)]
+        rendezvous_all(handlers)
+        leader = next(h for h in handlers if h.diagnostics().is_leader)
+        with _ConnectionStorm(leader.diagnostics().leader_port, 3000) as storm:
+            wait_until(lambda: storm.closed > 1500, 60, "the storm to fill the leader's table and more")
+            newcomer = make_handler(job, 2, 3, secret_file=secret, last_call_timeout="0.5")
+            with ThreadPoolExecutor(1) as pool:
+                joining = pool.submit(newcomer.next_rendezvous)
+                try:
+                    wait_until(
+                        lambda: all(h.num_nodes_waiting() > 0 for h in handlers), 20, "the newcomer in"
+                    )
+                    infos = [*rendezvous_all(handlers), joining.result(timeout=30)]
+                finally:
+                    if not joining.done():
+                        newcomer.shutdown()
+        assert {i.world_size for i in infos} == {3}
+        assert storm.closed > 1500, (storm.opened, storm.closed)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

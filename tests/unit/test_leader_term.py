@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from torch_mingle._leader import NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
+from torch_mingle._leader import MAX_UNIDENTIFIED, NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, RoundBook, node_hex
 from torch_mingle._wire import FrameReader
@@ -37,6 +37,10 @@ def _leader_joined(term: LeaderTerm) -> None:
 
 def _connect(term: LeaderTerm, conn: int, node: int, now: float, *, ahead: bool = True) -> None:
     term.accepted(conn, now)
+    _hello(term, conn, node, now, ahead=ahead)
+
+
+def _hello(term: LeaderTerm, conn: int, node: int, now: float, *, ahead: bool = True) -> None:
     hello: dict[str, Any] = {"t": "hello", "node": f"{node:016x}", "epoch": 1, "leader": f"{LEADER:016x}"}
     hello["ip"] = f"198.18.0.{node}"
     if ahead:
@@ -597,3 +601,23 @@ def test_the_frames_a_first_round_costs_per_member_do_not_grow_with_the_round(ba
         assert kinds["round"] == n - 1, kinds
         per_member[n] = {kind: count / (n - 1) for kind, count in kinds.items()}
     assert per_member[16] == per_member[256] == {"welcome": 1, "next": 1, "propose": 1, "round": 1}
+
+
+def test_a_flood_of_connections_that_say_no_hello_never_keeps_a_node_out():
+    """A host without the secret opens connections and says nothing (reopening each one the
+    hello deadline closes): at the cap, its own oldest give way, never a node's that speaks."""
+    term = _term(1, 4)
+    _leader_joined(term)
+    flood = [100 + i for i in range(MAX_UNIDENTIFIED + 500)]
+    for conn in flood:
+        term.accepted(conn, 0.2, "198.18.0.66")
+    closed = {conn for conn, _why in term.closes()}
+    assert closed == set(flood[:500])  # the flooder's oldest, one for each new one
+    term.accepted(10, 0.3, "198.18.0.2")
+    for conn in range(5000, 5000 + MAX_UNIDENTIFIED):  # the storm goes on while it says hello
+        term.accepted(conn, 0.3, "198.18.0.66")
+    _hello(term, 10, 2, 0.3)
+    assert 10 in term.conns and term.follows(2)
+    assert all(conn != 10 for conn, _why in term.closes())
+    waiting = sum(1 for m in term.conns.values() if m.node is None)
+    assert waiting == MAX_UNIDENTIFIED - 1  # bounded whatever the storm (node 2 said hello)
