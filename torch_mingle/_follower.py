@@ -83,6 +83,8 @@ class Answer:
     parked: bool = False
     #: ``closed``: the job failed (a node still waiting for a place fails too).
     failed: bool = False
+    #: ``wait``: the round the job runs (a spare now knows that the job ran).
+    seen: int = 0
 
 
 @record
@@ -295,6 +297,7 @@ class FollowerSession:
         accepted: History | None = None,
         place: str = "",
         restarted: bool = False,
+        seen: int = 0,
     ) -> None:
         """Ask for a place in the next round (before the connection is up: sent with the hello,
         replacing an older ask).
@@ -317,6 +320,7 @@ class FollowerSession:
             accepted=accepted.to_json() if accepted else None,
             place=place or None,
             restarted=restarted or None,
+            seen=seen or None,
             timeout_s=timeout_s,
             remaining_s=remaining_s,
         )
@@ -455,8 +459,15 @@ class FollowerSession:
             # The store named stays the next round's (the leader names each store once per node).
             self._events.append(Answer(kind, int(msg["id"]), text=str(msg["why"])))
         elif kind == "wait":
+            seen = msg.get("seen")
             self._events.append(
-                Answer("wait", int(msg["id"]), text=str(msg["reason"]), parked=bool(msg["parked"]))
+                Answer(
+                    "wait",
+                    int(msg["id"]),
+                    text=str(msg["reason"]),
+                    parked=bool(msg["parked"]),
+                    seen=seen if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0 else 0,
+                )
             )
         elif kind == "closed":
             why = msg.get("why")

@@ -633,6 +633,7 @@ class LeaderTerm:
                 accepted=accepted,
                 place=_place(msg.get("place")),
                 restarted=msg.get("restarted") is True,
+                seen=_seen(msg.get("seen")),
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
         elif kind == "accept":
@@ -990,7 +991,8 @@ class LeaderTerm:
             elif m.parked and m.join_timeout_s > 0:
                 self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
-            self._answer(m, "wait", parked=parked, reason=self.book.explain())
+            running = self.book.current.number if self.book.current is not None else 0
+            self._answer(m, "wait", parked=parked, reason=self.book.explain(), seen=running)
             if not parked:
                 self._offer_spare(m)
 
@@ -1338,6 +1340,11 @@ def _seconds(raw: Any) -> float:
         return 0.0
     value = float(raw)
     return max(MIN_JOIN_WAIT_S, value) if math.isfinite(value) and 0 < value < 1e9 else 0.0
+
+
+def _seen(raw: Any) -> int:
+    """A join's ``seen``: the highest round its node heard of (0 for none or garbage)."""
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_ROUND else 0
 
 
 def _port(raw: Any) -> int:

@@ -1238,6 +1238,8 @@ class Node:
         elif kind == "closed":
             self._job_closed_seen(text or "the job was closed while this node waited", failed=answer.failed)
         elif kind == "wait":
+            if isinstance(answer, Answer):
+                self._round_seen = max(self._round_seen, answer.seen)
             self.parks += parked and not self.parked
             self.parked = parked
             self._set_deadline(join, None if parked else now + join.timeout_s)
@@ -1284,6 +1286,7 @@ class Node:
                 accepted=self.accepted,
                 place=self.settings.place,
                 restarted=self._restarted(),
+                seen=self._round_seen,
             )
 
     def _restarted(self) -> bool:

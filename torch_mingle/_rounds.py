@@ -302,6 +302,9 @@ class JoinRequest:
     place: str = ""
     #: A new process of the node (a restarted agent: ``_identity``) that was in no round yet.
     restarted: bool = False
+    #: The highest round of the job its node heard of (a spare told that a round runs without
+    #: it, too): with none of that round's members among the joiners, no round forms.
+    seen: int = 0
 
 
 @record
@@ -621,6 +624,7 @@ class RoundBook:
                 self._reported_epoch = max(self._reported_epoch, req.history.epoch)
         if req.accepted is not None:
             self.join_report(req.accepted)
+        self.known_round = max(self.known_round, req.seen)
         was_member = req.history is not None and req.history.has(req.node)
         returning = (
             self.current is not None

@@ -391,3 +391,22 @@ def test_a_new_process_of_a_leader_starts_its_election_above_the_term_it_led():
     sim.kill(old)
     new = sim.restart(old, sim.now + 0.1, node_id=old.node.settings.node_id)
     assert new.node.core.max_epoch_seen >= epoch
+
+
+def test_a_spare_that_joined_before_the_first_round_never_founds_a_job_of_its_own():
+    """It waited (parked) while round 1 ran without it, then was cut off alone with
+    ``min_nodes=1``: it heard that the job ran, so alone it forms nothing (it formed an epoch 2
+    round 1 that took the job over at the heal: the "wait" said no round, and its join neither)."""
+    sim = Simulation(3, seed=7, timing=FAST, min_nodes=1, max_nodes=2, last_call_timeout_s=0.5)
+    agents = Agents(sim, list(sim.nodes))
+    agents.run_until(3.0)
+    assert agents.rounds and len(agents.rounds[-1][2]) == 2, agents.rounds
+    members = set(agents.rounds[-1][2])
+    (spare,) = [n for n in sim.nodes if n.core.node_id not in members]
+    assert spare.node.parked
+    t0 = sim.now
+    sim.net.partition([n.addr for n in sim.nodes if n is not spare], [spare.addr])
+    agents.run_until(t0 + 30.0)
+    ticket = agents.tickets.get(spare.index)
+    assert ticket is not None and not ticket.done, "the spare alone formed a round of its own"
+    assert all(spare.core.node_id not in r[2] for r in agents.rounds)
