@@ -77,3 +77,4 @@ stress: $(STAMP)
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults partition
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults mcast-off
 	$(BIN)/python -m tests.stress.mixed_faults --trials 20 --faults reset-partition
+	$(BIN)/python -m tests.stress.mixed_faults --trials 100 --faults cold-start

@@ -8,7 +8,8 @@ round resumes from the last checkpoint, as an elastic job should. Each checkpoin
 with the round that wrote it (``MINGLE_EPOCH``, ``MINGLE_ROUND``, set by mingle's agent), and
 a round never overwrites a checkpoint written under a newer epoch: its workers stop instead
 (exit code 3), since a newer leader's job has moved on without them (docs/design.md#fencing).
-``--report DIR`` makes every rank write what it saw (JSON), which the tests read; ``--trace FILE``
+``--report DIR`` makes every rank write what it saw (JSON), which the tests read: at its first
+step (its world, and the round's variables) and at its end; ``--trace FILE``
 makes rank 0 add a line per step (time, epoch, round, step), from which a test tells whether two
 rounds ever trained at once. The ``--fail-*`` options inject failures for the fault-tolerance tests.
 """
@@ -20,6 +21,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -164,6 +166,7 @@ def main() -> int:
             "MASTER_ADDR",
             "MASTER_PORT",
             "GROUP_RANK",
+            "GROUP_WORLD_SIZE",
             "TORCHELASTIC_RESTART_COUNT",
             "GLOO_SOCKET_IFNAME",
             "NCCL_SOCKET_IFNAME",
@@ -203,6 +206,7 @@ def main() -> int:
                     "t_group": t_group,
                     "t_ddp": t_ddp,
                     "t_first_step": t_first,
+                    "env": env,  # the round (MINGLE_EPOCH, MINGLE_ROUND) this world belongs to
                 }
                 (args.report / f"first-rank{rank}-pid{os.getpid()}.json").write_text(json.dumps(first))
         if rank == 0 and args.checkpoint is not None:
@@ -252,11 +256,18 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
     # DDP keeps the gloo process group alive past destroy_process_group(), and its threads may
     # still be freeing the last all_reduce while Python shuts down; that aborts the process
     # ("terminate called without an active exception", exit -6) after a complete run. Our
-    # output is written and the group destroyed: leave without the interpreter's shutdown.
+    # output is written and the group destroyed: leave without the interpreter's shutdown, on
+    # every path (an error after the last step, too: it is printed and the exit code says it).
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:  # printed, and the exit code says it
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

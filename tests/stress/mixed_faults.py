@@ -17,6 +17,16 @@ the default heartbeats), waits until it trains, injects one fault and lets the j
   in each namespace; datagrams dropped): neither half holds a majority, so neither trains
   until the split heals. Rank 0 of every round logs each step with its (epoch, round): the
   trial fails if two rounds ever trained at once.
+* ``cold-start`` no fault: a job of five nodes (``--nnodes=3:5``) started from nothing, again
+  and again, since what goes wrong there goes wrong where a job forms or ends (issue 42). The
+  nodes boot within 1 s; in two trials of three, the last two or the last one boot 4 s later:
+  the job forms with three or four and grows while the late ones wait. A trial also
+  fails if a worker trained in a world other than its round's (each worker's ``WORLD_SIZE``,
+  fixed at its ``init_process_group`` and recorded at its first step with ``MINGLE_ROUND``,
+  against the world its agent logged for that round, ``GROUP_WORLD_SIZE`` and the other
+  workers of the round), if any agent restarted its workers after a failure (torch's
+  "Worker group FAILED": the job forms, trains and ends without one), or if the job did not
+  end with all five. A trial takes 13-19 s here.
 
 ``--keep-alive 1x3`` and ``--rejoin-delay never`` change those two knobs for every node;
 each trial also reports when a survivor noticed the fault (its first "no heartbeat" line, for
@@ -30,9 +40,11 @@ and the outage of a reset partition); recovery is the time to the first training
 round that replaced the broken one (none when the fault broke nothing), stated, not bounded:
 it adds the workers' start, which is torch's and the script's. The run exits 1 if a trial
 failed or a new round came late. Not part of CI: ``make stress`` runs 20 mixed trials, 20
-partitions, 20 multicast-off failovers and 20 reset partitions (about 50 minutes here).
+partitions, 20 multicast-off failovers, 20 reset partitions (about 50 minutes here) and 100
+cold starts (about 30 minutes).
 
     .venv/bin/python -m tests.stress.mixed_faults --trials 20 [--faults partition]
+    .venv/bin/python -m tests.stress.mixed_faults --trials 100 --faults cold-start
 """
 
 from __future__ import annotations
@@ -41,12 +53,14 @@ import argparse
 import itertools
 import json
 import random
+import re
 import shutil
 import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +71,7 @@ from tests.helpers import (
     finish_all,
     leader_of,
     logged_at,
+    read_reports,
     resume_delay,
     start_agent,
     torchrun_cmd,
@@ -67,8 +82,26 @@ from tests.netns.segment import Segment, netns_available, nftables_available
 from torch_mingle.config import MingleConfig
 
 FAULTS = ("kill", "freeze", "flap", "loss")
-EXTRA_FAULTS = ("partition", "mcast-off", "reset-partition")
+EXTRA_FAULTS = ("partition", "mcast-off", "reset-partition", "cold-start")
 STEPS = 150
+#: A cold start: five nodes, the fewest that form a round three; steps for about 5 s of training.
+COLD_NODES, COLD_MIN_NODES, COLD_STEPS = 5, 3, 40
+#: The nodes of a cold start boot within this many seconds, each at a random moment of it, the
+#: last ``late_nodes`` of them ``COLD_LATE_S`` later: none late (the job forms with all five),
+#: two or one (it forms with three or four and grows as they come: a newcomer waits meanwhile).
+COLD_SPREAD_S, COLD_LATE_S = 1.0, 4.0
+
+
+def late_nodes(index: int) -> int:
+    """How many nodes of cold start ``index`` (from 1) boot late: 0, 2, 1, 0, 2, 1, ..."""
+    return (0, 2, 1)[(index - 1) % 3]
+
+
+#: What a worker's failure looks like in its agent's log (torch's agent, before it restarts them).
+WORKERS_FAILED = re.compile(r"Worker group (FAILED|UNHEALTHY)")
+#: The lines of an agent's log that say why a worker failed.
+SYMPTOM = re.compile(r"terminate called|exitcode|Signal \d+|Traceback|Error|Worker group (FAILED|UNHEALTHY)")
+JOINED = re.compile(r"joined round (\d+) as rank (\d+) of (\d+)")
 KEEP_ALIVE_S, ATTEMPTS = MingleConfig.keep_alive_interval, MingleConfig.keep_alive_max_attempt
 #: What the rendezvous may take beyond the heartbeat timeout (the election, the round's votes).
 SLACK_S = 2.0
@@ -88,6 +121,111 @@ OUTAGE_S = 5.0
 #: a round that never trained: 5 s did on a 2-core machine whose two new workers needed 4.5 to
 #: 5 s (Python, torch, DDP's torch._dynamo), and training came back only after 14 s.
 REJOIN_DELAY_S = 10.0
+
+
+def cold_start(index: int, workdir: Path, rng: random.Random) -> dict[str, Any]:
+    """A job of five nodes from nothing (some of them late), no fault: it forms, trains and ends cleanly."""
+    segment = Segment()
+    agents: list[Agent] = []
+    trace, report = workdir / "steps.log", workdir / "report"
+    result: dict[str, Any] = {"trial": index, "fault": "cold-start", "at": "-"}
+    started = time.time()
+    try:
+        segment.create_bridge("br0")
+        hosts = [segment.add_host(f"198.18.0.{11 + i}") for i in range(COLD_NODES)]
+        conf = {"interface": "eth0", "join_timeout": 120, "last_call_timeout": 1,
+                "rejoin_delay": REJOIN_DELAY_S}  # fmt: skip
+        cmd = torchrun_cmd(
+            job=unique_job("cold"), nnodes=f"{COLD_MIN_NODES}:{COLD_NODES}", nproc=1, conf=conf,
+            extra=["--max-restarts=5"],
+            script_args=["--steps", str(COLD_STEPS), "--step-time", "0.1", "--quiet", "--trace", str(trace),
+                         "--checkpoint", str(workdir / "ckpt"), "--report", str(report)],
+        )  # fmt: skip
+        late = late_nodes(index)
+        delays = sorted(rng.uniform(0.0, COLD_SPREAD_S) for _ in hosts)
+        delays = delays[: len(hosts) - late] + [d + COLD_LATE_S for d in delays[len(hosts) - late :]]
+        result["late"] = late
+        started = time.time()
+        for host, delay in zip(hosts, delays, strict=True):
+            time.sleep(max(0.0, started + delay - time.time()))
+            agents.append(start_agent(f"t{index}-{host.name}", cmd, workdir, netns=host.name))
+        codes = finish_all(agents, timeout=240)
+        result["codes"] = codes
+        result["duration_s"] = time.time() - started
+        failed = [a for a in agents if WORKERS_FAILED.search(a.output())]
+        assert not failed, f"workers failed on {[a.name for a in failed]}: {symptoms(failed)}"
+        assert codes == [0] * len(agents), f"exit codes {codes}: {symptoms(agents)}"
+        wrong = worlds_not_their_rounds(report, agents)
+        assert wrong is None, wrong
+        reports = final_reports(report)
+        world = {r["world_size"] for r in reports}
+        assert world == {COLD_NODES}, f"the last round's world is {world}, not all {COLD_NODES} nodes"
+        assert_trained_together(reports, COLD_NODES, COLD_STEPS)
+        result["world"] = COLD_NODES
+        overlap = rounds_training_at_once(trace)
+        assert overlap is None, f"two rounds trained at once: {overlap}"
+        lines = trace.read_text().splitlines() if trace.exists() else []
+        result["rounds"] = len({tuple(line.split()[1:3]) for line in lines})
+        result["formed"] = len({rnd for a in agents for rnd, _, _ in JOINED.findall(a.output())})
+        joined = [logged_at(a, "joined round") for a in agents]
+        result["formed_s"] = min((j - started for j in joined if j is not None), default=None)
+        result["trained_s"] = float(lines[0].split()[0]) - started if lines else None
+        result["ok"] = True
+    except AssertionError as exc:
+        result.update(ok=False, error=str(exc)[:1200])
+    finally:
+        for agent in agents:
+            agent.kill()
+        segment.destroy()
+    return result
+
+
+def symptoms(agents: Sequence[Agent], most: int = 6) -> str:
+    """The lines of the agents' logs that say why their workers failed, the first ``most`` of each."""
+    found = []
+    for agent in agents:
+        lines = [line.strip()[:160] for line in agent.output().splitlines() if SYMPTOM.search(line)]
+        found.append(f"[{agent.name}] " + " | ".join(lines[:most]))
+    return "; ".join(found)
+
+
+def worlds_not_their_rounds(report_dir: Path, agents: Sequence[Agent]) -> str | None:
+    """A worker that trained in a world other than its round's, if any.
+
+    A worker's world is fixed by its ``init_process_group``: its first step's record (with the
+    round's variables) speaks for every step it trained, and its final report for the end. The
+    round's world is what every agent of the round logged on joining it ("joined round R as rank
+    G of N"); the records of one round must agree with it, with ``GROUP_WORLD_SIZE`` (one worker
+    per node), and with each other (distinct ranks below the world).
+    """
+    told: dict[int, set[int]] = {}
+    for agent in agents:
+        for rnd, _, size in JOINED.findall(agent.output()):
+            told.setdefault(int(rnd), set()).add(int(size))
+    split = {rnd: sizes for rnd, sizes in told.items() if len(sizes) > 1}
+    if split:
+        return f"agents were told different worlds for one round: {split}"
+    firsts = [json.loads(p.read_text()) for p in sorted(report_dir.glob("first-*.json"))]
+    taken: dict[tuple[str, str], list[int]] = {}
+    for record in firsts + read_reports(report_dir):
+        env, world = record.get("env", {}), record["world_size"]
+        rnd = env.get("MINGLE_ROUND", "")
+        where = f"rank {record['rank']} (round {rnd}, GROUP_RANK {env.get('GROUP_RANK')})"
+        if not rnd.isdigit() or int(rnd) not in told:
+            return f"{where} trained in a world of {world} in a round no agent joined"
+        if world not in told[int(rnd)] or str(world) != env.get("GROUP_WORLD_SIZE"):
+            return (
+                f"{where} trained in a world of {world}; its round's world is {told[int(rnd)]}, "
+                f"GROUP_WORLD_SIZE={env.get('GROUP_WORLD_SIZE')}"
+            )
+        if not 0 <= record["rank"] < world:
+            return f"{where} is outside its world of {world}"
+        if "params" not in record:  # one first record per worker; each round starts its own workers
+            taken.setdefault((env.get("MINGLE_EPOCH", ""), rnd), []).append(record["rank"])
+    twice = {key: sorted(ranks) for key, ranks in taken.items() if len(set(ranks)) < len(ranks)}
+    if twice:
+        return f"two workers of one round took the same rank: {twice}"
+    return None
 
 
 def trial(
@@ -219,6 +357,37 @@ def rounds_training_at_once(trace: Path) -> str | None:
     return None
 
 
+def cold_start_line(result: dict[str, Any]) -> str:
+    """One trial of the cold start, on one line (and its error on the next)."""
+    first_round, first_step = (
+        f"{t:5.2f}s" if isinstance(t, float) else "   - "
+        for t in (result.get("formed_s"), result.get("trained_s"))
+    )
+    took = f"{result['duration_s']:5.1f}s" if "duration_s" in result else "   - "
+    line = (
+        f"trial {result['trial']:3d}: {'ok  ' if result['ok'] else 'FAIL'} cold-start, "
+        f"{result.get('late', 0)} late: first round after "
+        f"{first_round}, first step after {first_step}, {result.get('formed', '-')} round(s) formed, "
+        f"{result.get('rounds', '-')} trained, final world "
+        f"{result.get('world', '-')}, exit codes {result.get('codes', '-')}, {took}"
+    )
+    return line if result["ok"] else f"{line}\n          {result['error']}"
+
+
+def cold_start_summary(results: list[dict[str, Any]]) -> str:
+    """The cold starts together: how long the first step took and how many rounds the job had."""
+    trained = [r["trained_s"] for r in results if isinstance(r.get("trained_s"), float)]
+    took = [r["duration_s"] for r in results if isinstance(r.get("duration_s"), float)]
+    rounds = [r["formed"] for r in results if "formed" in r]
+    if not trained:
+        return "  cold-start: no trial trained"
+    return (
+        f"  cold-start first step after: median {statistics.median(trained):.2f}s, max {max(trained):.2f}s; "
+        f"jobs by rounds formed: {dict(sorted((n, rounds.count(n)) for n in set(rounds)))}; "
+        f"a trial took median {statistics.median(took):.1f}s, max {max(took):.1f}s"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=20)
@@ -240,25 +409,36 @@ def main() -> int:
     unknown = [f for f in faults if f not in FAULTS + EXTRA_FAULTS]
     if unknown or not faults:
         p.error(f"unknown faults {unknown}; pick from {', '.join(FAULTS + EXTRA_FAULTS)}")
-    reason = netns_available() or nftables_available()
+    needs_nft = {"loss", "reset-partition"} & set(faults)
+    reason = netns_available() or (nftables_available() if needs_nft else None)
     if reason is not None:
         print(f"stress needs network namespaces and nftables: {reason}")
         return 2
     rng = random.Random(args.seed)
-    print(f"mixed-fault stress: {args.trials} trials, 3 nodes (one namespace each), heartbeats "
-          f"{keep_alive[0]:g}s x {keep_alive[1]}; bound on the new round after a single fault "
-          f"{bound_of('kill', keep_alive):g}s")  # fmt: skip
+    if faults == ("cold-start",):
+        print(f"cold-start stress: {args.trials} trials, {COLD_NODES} nodes (one namespace each, "
+              f"--nnodes={COLD_MIN_NODES}:{COLD_NODES}), {COLD_STEPS} steps, no fault")  # fmt: skip
+    else:
+        print(f"mixed-fault stress: {args.trials} trials, 3 nodes (one namespace each), heartbeats "
+              f"{keep_alive[0]:g}s x {keep_alive[1]}; bound on the new round after a single fault "
+              f"{bound_of('kill', keep_alive):g}s")  # fmt: skip
     results = []
     for i in range(args.trials):
         fault, at_leader = faults[i % len(faults)], (i // len(faults)) % 2 == 0
         at_leader = at_leader or fault == "mcast-off"
         with tempfile.TemporaryDirectory(prefix="mingle-stress-") as tmp:
-            result = trial(i + 1, fault, at_leader, Path(tmp), rng, args.rejoin_delay, keep_alive)
+            if fault == "cold-start":
+                result = cold_start(i + 1, Path(tmp), rng)
+            else:
+                result = trial(i + 1, fault, at_leader, Path(tmp), rng, args.rejoin_delay, keep_alive)
             if not result["ok"]:  # the agents' logs outlive the trial: they say why
                 kept = Path(tempfile.mkdtemp(prefix=f"mingle-stress-failed-{i + 1}-"))
                 shutil.copytree(tmp, kept, dirs_exist_ok=True)
                 result["error"] += f" (logs: {kept})"
         results.append(result)
+        if fault == "cold-start":
+            print(cold_start_line(result), flush=True)
+            continue
         rec, rdzv, seen = result.get("recovery_s"), result.get("rendezvous_s"), result.get("detected_s")
         rec_text, rdzv_text, seen_text = (
             f"{t:5.2f}s" if isinstance(t, float) else "   - " for t in (rec, rdzv, seen)
@@ -278,6 +458,9 @@ def main() -> int:
     print(f"\n{passed}/{len(results)} trials finished with identical parameters on every rank")
     for fault in faults:
         of_kind = [r for r in results if r["fault"] == fault]
+        if fault == "cold-start":
+            print(cold_start_summary(of_kind))
+            continue
         seen = [r["detected_s"] for r in of_kind if isinstance(r.get("detected_s"), float)]
         if seen:
             print(f"  {fault:<6} noticed after: median {statistics.median(seen):.2f}s, max {max(seen):.2f}s")
