@@ -184,7 +184,9 @@ def test_a_node_whose_workers_fail_on_the_way_out_does_not_hold_the_others(tmp_p
     cmd = _cmd(job, "3", tmp_path, steps=4, extra_args=fail, restarts=0)
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
     codes = finish_all(agents, timeout=120)  # well under the barrier's 300 s
-    (failed,) = [a for a in agents if f"rank {fail_rank}: injected failure at step 4" in a.output()]
+    failing = [a for a in agents if f"rank {fail_rank}: injected failure at step 4" in a.output()]
+    assert len(failing) == 1, dump(agents)  # (none: that rank never ran its last step)
+    failed = failing[0]
     assert sorted(codes) == [0, 0, 1] and codes[agents.index(failed)] == 1, dump(agents)
     assert_trained_together(final_reports(tmp_path / "report"), 3, 4)
     assert "exit barrier of round 1 opened: 2 node(s) arrived, 1 left or died" in leader_of(agents).output()
