@@ -451,6 +451,11 @@ class Node:
         self._failure_cut = 0
         self._term_tag = 0
         self._quiet_at: float | None = None
+        #: When a join that waits for a quorum says what to do (``_warn_if_no_quorum``), once.
+        self._quorum_check_at: float | None = None
+        self._quorum_warned = False
+        #: The last reason the leader gave for this node's wait (its "wait" answer).
+        self._wait_reason = ""
         self._now = 0.0
         self._published: tuple[object, ...] = ()
         self._published_at = float("-inf")
@@ -560,6 +565,9 @@ class Node:
         if self._quiet_at is not None and now >= self._quiet_at:
             self._quiet_at = None
             self._warn_if_alone()
+        if self._quorum_check_at is not None and now >= self._quorum_check_at:
+            self._quorum_check_at = None
+            self._warn_if_no_quorum()
         self._flush(now)
 
     def next_timer(self) -> float | None:
@@ -568,6 +576,7 @@ class Node:
             self.term.next_timer() if self.term is not None else None,
             self.session.next_timer() if self.session is not None else None,
             self._quiet_at,
+            self._quorum_check_at,
             join.deadline if (join := self._open_join()) is not None else None,
             self._shutdown_deadline if self._shutdown is not None and not self._shutdown.done else None,
             self._leaving.deadline if self._leaving is not None and not self._leaving.done else None,
@@ -602,6 +611,8 @@ class Node:
             self.board.resolve(superseded, error=MingleStateError("superseded by a newer join"))
         self._join, self._answered = ticket, None
         self.parked = False
+        if self.settings.discovery_warning_s > 0 and not self._quorum_warned:
+            self._quorum_check_at = now + self.settings.discovery_warning_s
         self._set_deadline(ticket, now + ticket.timeout_s)
         if self.job_closed:
             self._closed_answer("the job was already closed")
@@ -1240,6 +1251,7 @@ class Node:
         elif kind == "wait":
             if isinstance(answer, Answer):
                 self._round_seen = max(self._round_seen, answer.seen)
+            self._wait_reason = text
             self.parks += parked and not self.parked
             self.parked = parked
             self._set_deadline(join, None if parked else now + join.timeout_s)
@@ -1393,6 +1405,24 @@ class Node:
             job,
             README_NETWORKS,
         )
+
+    def _warn_if_no_quorum(self) -> None:
+        """The join still waits, for a quorum of an earlier round's votes: say at once what that
+        means and how to go on, not only when ``join_timeout`` ends (a relaunch of a job that
+        is over, on fewer of its hosts, finds its nodes' kept votes: ``_identity``)."""
+        if self._open_join() is None:
+            return
+        why = self.term.book.explain() if self.term is not None else self._wait_reason
+        if "no quorum" not in why:
+            return
+        self._quorum_warned = True
+        log.warning(
+            "%s no round after %gs: %s. If the job that ran under this --rdzv_id before is over "
+            "(this is a relaunch), the votes its nodes kept in state_dir still count: relaunch under "
+            "a new --rdzv_id, or with --rdzv_conf state_dir=none on every node "
+            "(docs/usage.md#relaunching-a-job); otherwise start the missing nodes",
+            self.label, self.settings.discovery_warning_s, why,
+        )  # fmt: skip
 
     def nodes_waiting(self, now: float) -> int:
         """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""

@@ -150,6 +150,27 @@ def test_a_killed_agent_restarted_on_its_host_gets_its_vote_back_at_once(tmp_pat
     assert_trained_together(final_reports(tmp_path / "report"), 2, 40)
 
 
+def test_a_relaunch_on_fewer_hosts_says_at_once_that_kept_votes_hold_it_and_what_to_do(tmp_path):
+    """A job of three ran round 1 and all its agents were killed; the same command is run again
+    on one host within join_timeout: its vote, kept in state_dir, needs a majority of round 1's.
+    It says so within discovery_warning, with how to go on, not after join_timeout."""
+    job = unique_job("relaunch")
+    conf = {"state_dir": str(tmp_path / "state"), "last_call_timeout": 1, "discovery_warning": 2}
+    cmd = _cmd(job, "1:3", tmp_path, steps=400, step_time=0.1, conf=conf)
+    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
+    wait_until(lambda: all("joined round 1" in a.output() for a in agents), 120, "round 1", 0.2, agents)
+    for agent in agents:
+        agent.kill()
+    again = start_agent("node0-again", cmd, tmp_path)
+    try:
+        said = "relaunch under a new --rdzv_id, or with --rdzv_conf state_dir=none"
+        wait_until(lambda: said in again.output(), 30, "the advice", 0.2, [again])
+        assert "no quorum: 1 of the 3 voting members of round 1 joined" in again.output(), dump([again])
+        assert "joined round" not in again.output(), dump([again])
+    finally:
+        again.kill()
+
+
 def test_a_spare_that_is_never_needed_exits_cleanly(tmp_path):
     job = unique_job("idle-spare")
     cmd = _cmd(job, "2", tmp_path, steps=10, step_time=0.1)
