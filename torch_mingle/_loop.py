@@ -48,7 +48,7 @@ from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node, NodeState
 from torch_mingle._protocol import Dest
 from torch_mingle._record import field, record
-from torch_mingle._slurm import STANDBY_AFTER_S
+from torch_mingle._slurm import STANDBY_AFTER_S, STANDBY_CHECKS
 from torch_mingle._store import (
     LISTEN_BACKLOG,
     EndedStores,
@@ -287,6 +287,7 @@ class Loop:
         #: Hosts tried by unicast once the group stayed silent (``_slurm``), and when to look.
         self.standby_peers = standby_peers
         self._standby_at: float | None = None
+        self._alone_checks = 0
         self.write_timeout_s = write_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.label = label
@@ -676,9 +677,14 @@ class Loop:
 
     def _use_standby_peers(self, now: float) -> None:
         """Looked at every ``STANDBY_AFTER_S``: a node still alone (``Node.alone``: multicast
-        carries nothing between it and the others) reaches the standby hosts by unicast too."""
+        carries nothing between it and the others) reaches the standby hosts by unicast too,
+        for good. At once if it never heard another node; one that did (multicast worked) must
+        be alone at ``STANDBY_CHECKS`` looks in a row: a failover leaves a node without a
+        leader for a moment, and unicasting every datagram to a thousand hosts is not its cure."""
         assert self.node is not None  # noqa: S101
-        if not self.node.alone():
+        self._alone_checks = self._alone_checks + 1 if self.node.alone() else 0
+        heard_others = bool(self.node.core.peers)
+        if self._alone_checks == 0 or (heard_others and self._alone_checks < STANDBY_CHECKS):
             self._standby_at = now + STANDBY_AFTER_S
             return
         self._standby_at = None
@@ -686,7 +692,7 @@ class Loop:
             "%s alone after %gs: no node of the job reached by multicast; trying the %d hosts of the "
             "Slurm node list by unicast (docs/networks.md#slurm)",
             self.label,
-            STANDBY_AFTER_S,
+            STANDBY_AFTER_S * self._alone_checks,
             len(self.standby_peers),
         )
         self.peer_hosts = self.standby_peers

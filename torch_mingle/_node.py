@@ -1221,9 +1221,15 @@ class Node:
             if rnd.rank_of(self.settings.node_id) is None:
                 raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
             self.history = History.of(rnd)
+            kept = self.accepted
             if self.accepted is not None and not self.accepted.newer_than(self.history):
                 self.accepted = None
-            self._persist()
+            if not self._persist():
+                # The file still holds the proposal this node accepted for the round (``_accept``
+                # wrote it before the vote went out): a new process of it still accounts for the
+                # round. Keep it so in memory too; this node votes no more (``Identity.save``).
+                self.accepted = kept
+                log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
             self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
             self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
             seen_via = session.ip if session else self.settings.advertised_ip

@@ -23,6 +23,9 @@ JOB_ID_ENV = "SLURM_JOB_ID"
 NODELIST_ENVS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
 #: Seconds of silence on the multicast group before the node list is tried by unicast.
 STANDBY_AFTER_S = 2.0
+#: A node that heard others by multicast must be alone at this many looks in a row (6 s: longer
+#: than a failover at the default heartbeats) before it unicasts to the node list.
+STANDBY_CHECKS = 3
 #: A node list longer than this is not used: unicast to every host costs O(N) per datagram.
 MAX_STANDBY_HOSTS = 1024
 

@@ -15,6 +15,7 @@ import pytest
 
 from torch_mingle._loop import MAX_OUTPUT_BYTES, Loop
 from torch_mingle._node import Board, Diagnostics
+from torch_mingle._slurm import STANDBY_AFTER_S, STANDBY_CHECKS
 from torch_mingle._store import StoreKeeper
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,7 @@ class _StandIn:
             self.changed.notify_all()
         self.connected.set()
 
-    def on_accepted(self, conn: int, now: float) -> None: ...
+    def on_accepted(self, conn: int, now: float, source: str = "") -> None: ...
     def on_frames(self, conn: int, frames: object, now: float) -> None: ...
     def on_closed(self, conn: int, reason: str, evidence: object, now: float) -> None:
         self.closed.append((conn, reason))
@@ -243,3 +244,35 @@ def test_only_the_connection_whose_output_stopped_moving_is_closed_at_the_write_
             stop_reading.set()
             for peer in peers:
                 peer.close()
+
+
+@pytest.mark.parametrize("heard_others", [False, True], ids=["heard-nobody", "heard-the-job"])
+def test_a_slurm_node_alone_for_a_moment_keeps_to_multicast(heard_others, monkeypatch):
+    """Alone at one look (a failover: no leader for a moment) after it heard the job by
+    multicast, a node does not switch for good to unicasting every datagram to the node list;
+    alone at STANDBY_CHECKS looks in a row, or having heard nobody, it does."""
+    loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), standby_peers=("s1", "s2"), label="[t]")
+    alone = [True]
+    loop.node = types.SimpleNamespace(  # type: ignore[assignment]
+        alone=lambda: alone[0], core=types.SimpleNamespace(peers={7: object()} if heard_others else {})
+    )
+    started: list[bool] = []
+    monkeypatch.setattr(loop, "_resolve_peers_now", lambda: started.append(True))
+    monkeypatch.setattr(loop.resolver, "start", lambda: None)
+    now = 0.0
+    if heard_others:
+        for _ in range(4):  # alone, then a leader again, and so on: never STANDBY_CHECKS in a row
+            loop._use_standby_peers(now)
+            alone[0] = not alone[0]
+            now += STANDBY_AFTER_S
+        assert loop.peer_hosts == () and not started
+        alone[0] = True
+        for _ in range(STANDBY_CHECKS - 1):
+            loop._use_standby_peers(now)
+            now += STANDBY_AFTER_S
+        assert loop.peer_hosts == ()
+    loop._use_standby_peers(now)
+    assert loop.peer_hosts == ("s1", "s2") and started
+    loop._sel.close()
+    loop._wake_r.close()
+    loop._wake_w.close()
