@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
-import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from torch_mingle._record import record
 
@@ -33,6 +33,8 @@ HEALTH_RETRY_S = 5.0
 REAP_S = 2.0
 #: What an error quotes of a failing check's output: its end.
 OUTPUT_TAIL_CHARS = 2000
+#: How often the output reader looks whether it must stop.
+READ_SLICE_S = 0.05
 
 
 @record
@@ -47,37 +49,45 @@ class Verdict:
 def run_check(command: str, timeout_s: float) -> Verdict:
     """Run ``command`` once, bounded by ``timeout_s``; never raises for the command's sake.
 
-    Its output goes to a temporary file, not a pipe: a process it leaves behind cannot keep a
-    read waiting, and a check that prints without end costs disk, not the agent's memory.
+    Its output goes to a pipe that a thread of ours reads, keeping only its end
+    (``OUTPUT_TAIL_CHARS``): a check that prints without end costs neither memory nor disk.
+    Once the check's own process has ended, the pipe is closed: a process it left behind
+    (one that left its process group) gets EPIPE for what it writes, and keeps no read of
+    ours waiting.
     """
-    with tempfile.TemporaryFile() as out:
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout kills what it started too
+        )
+    except OSError as exc:
+        os.close(read_end)
+        return Verdict(ok=False, why=f"it could not start: {exc}")
+    finally:
+        os.close(write_end)
+    out = _Tail(read_end)
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
         try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", command],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: a timeout kills what it started too
-            )
-        except OSError as exc:
-            return Verdict(ok=False, why=f"it could not start: {exc}")
-        try:
-            code = proc.wait(timeout=timeout_s)
+            proc.wait(timeout=REAP_S)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            try:
-                proc.wait(timeout=REAP_S)
-            except subprocess.TimeoutExpired:
-                why = f"it ran over {timeout_s:g}s, and SIGKILL did not end it (hung in the kernel?)"
-                return Verdict(ok=False, why=why, output=_tail(out))
-            return Verdict(ok=False, why=f"it did not finish within {timeout_s:g}s", output=_tail(out))
-        except BaseException:  # a signal for the agent (torch's SignalException): the check goes too
-            _kill_group(proc)
-            raise
-        if code == 0:
-            return Verdict(ok=True, output=_tail(out))
-        why = f"it was killed by signal {-code}" if code < 0 else f"it exited with status {code}"
-        return Verdict(ok=False, why=why, output=_tail(out))
+            why = f"it ran over {timeout_s:g}s, and SIGKILL did not end it (hung in the kernel?)"
+            return Verdict(ok=False, why=why, output=out.close())
+        return Verdict(ok=False, why=f"it did not finish within {timeout_s:g}s", output=out.close())
+    except BaseException:  # a signal for the agent (torch's SignalException): the check goes too
+        _kill_group(proc)
+        out.close()
+        raise
+    if code == 0:
+        return Verdict(ok=True, output=out.close())
+    why = f"it was killed by signal {-code}" if code < 0 else f"it exited with status {code}"
+    return Verdict(ok=False, why=why, output=out.close())
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -85,12 +95,45 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _tail(out: IO[bytes]) -> str:
-    """The end of what the check wrote (``OUTPUT_TAIL_CHARS``, read from the file's end)."""
-    size = out.seek(0, os.SEEK_END)
-    out.seek(max(0, size - OUTPUT_TAIL_CHARS))
-    text = out.read().decode(errors="replace").strip()
-    return text if size <= OUTPUT_TAIL_CHARS else "..." + text
+class _Tail:
+    """Reads a check's output pipe on a thread of its own, keeping the last ``OUTPUT_TAIL_CHARS``
+    bytes; ``close`` takes what is left without waiting and closes the pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._kept = b""
+        self._total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="mingle-health-output", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._fd], [], [], READ_SLICE_S)
+            if ready and not self._take():
+                return  # end of file: every writer closed it
+
+    def _take(self) -> bool:
+        try:
+            chunk = os.read(self._fd, 65536)
+        except OSError:
+            return False
+        self._total += len(chunk)
+        self._kept = (self._kept + chunk)[-OUTPUT_TAIL_CHARS:]
+        return bool(chunk)
+
+    def close(self) -> str:
+        """What the check printed, its end, once its process ended; the pipe is closed."""
+        self._stop.set()
+        self._thread.join()
+        os.set_blocking(self._fd, False)
+        with contextlib.suppress(BlockingIOError):
+            while self._take():  # what it wrote last, up to what a left-behind process adds now
+                if self._total > 16 * OUTPUT_TAIL_CHARS:
+                    break
+        os.close(self._fd)
+        text = self._kept.decode(errors="replace").strip()
+        return text if self._total <= OUTPUT_TAIL_CHARS else "..." + text
 
 
 def wait_until_healthy(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
+from pathlib import Path
 
 from torch_mingle._health import HEALTH_RETRY_S, OUTPUT_TAIL_CHARS, Verdict, run_check, wait_until_healthy
 
@@ -66,3 +70,25 @@ def test_a_check_that_passes_again_ends_the_wait(tmp_path):
         f"test -e {flag}", 5, 600, on_failure=fail_then_heal, clock=clock, sleep=clock.sleep
     )
     assert verdict.ok and len(failures) == 2
+
+
+def test_a_process_a_check_leaves_behind_cannot_fill_the_disk_or_memory_with_its_output(tmp_path):
+    """A check that starts a writer in a session of its own (out of its process group) and exits
+    0: once the check ended, what that writer prints goes nowhere (EPIPE: it ends), not into a
+    file that nobody reads."""
+    pid_file = tmp_path / "pid"
+    command = f"setsid sh -c 'echo $$ > {pid_file}; while :; do echo spam; done' & sleep 0.2; echo checked"
+    verdict = run_check(command, 10.0)
+    assert verdict.ok  # (its output is the writer's spam, its end only:)
+    assert len(verdict.output) <= OUTPUT_TAIL_CHARS + 3
+    pid = int(pid_file.read_text())
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists(), "the left-behind writer still writes somewhere"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
