@@ -177,6 +177,8 @@ class Simulation:
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         self._observers: dict[object, Any] = {}
         self._tickets = itertools.count(1)  # per simulation: a replay sends the same frames
+        #: What each process (by index) heard of, transitively (``track_knowledge``); None: off.
+        self.knowledge: dict[int, frozenset[object]] | None = None
         #: Each node's state file, by node id (what a restart under the same id reads back).
         self.saved: dict[int, NodeState] = {}
         for _ in range(n):
@@ -245,6 +247,31 @@ class Simulation:
         was = old.node.settings
         incarnation = was.incarnation + 1 if node_id == was.node_id else 1
         return self.add_node(at, node_id=node_id, addr=old.addr, place=was.place, incarnation=incarnation)
+
+    def track_knowledge(self) -> None:
+        """From now on, every datagram and stream byte carries what its sender knew as it sent
+        it (facts given to ``learn``), and its receiver knows that too once it reads it: the
+        causal history that tells an isolated island from a node that could have heard."""
+        self.knowledge = {}
+        self.net.knows_of = self._knows_of_host
+
+    def learn(self, node: SimNode, fact: object) -> None:
+        """``node``'s process knows ``fact`` from now on (and tells whomever it sends to)."""
+        if self.knowledge is not None:
+            self.knowledge[node.index] = self.knows(node) | {fact}
+
+    def knows(self, node: SimNode) -> frozenset[object]:
+        return self.knowledge.get(node.index, frozenset()) if self.knowledge is not None else frozenset()
+
+    def _knows_of_host(self, addr: object) -> frozenset[object]:
+        node = self._by_addr.get(addr)
+        return self.knows(node) if node is not None and node.alive else frozenset()
+
+    def _absorb(self, node: SimNode, knows: object) -> None:
+        if self.knowledge is not None and isinstance(knows, frozenset) and knows:
+            mine = self.knows(node)
+            if not knows <= mine:
+                self.knowledge[node.index] = mine | knows
 
     def step_clock(self, node: SimNode, seconds: float) -> None:
         """The node's wall clock steps (NTP, a VM resumed): what signed datagrams carry."""
@@ -411,6 +438,7 @@ class Simulation:
         ):
             pass  # a connection of an earlier process on this host, or bytes voided by a reset
         elif d.kind == "datagram":
+            self._absorb(node, d.knows)
             n.on_datagram(d.data, d.src, now)  # type: ignore[arg-type]
         elif d.kind == "accepted":
             net.readers[d.end] = FrameReader()
@@ -422,6 +450,7 @@ class Simulation:
         elif d.kind == "data":
             reader = net.readers.get(d.end)
             if reader is not None:
+                self._absorb(node, d.knows)
                 n.on_frames(d.end, reader.feed(d.data), now)
         elif d.kind == "closed":
             if net.readers.pop(d.end, None) is not None or d.refused:

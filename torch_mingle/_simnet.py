@@ -74,6 +74,8 @@ class Delivery:
     reset: bool = False
     #: The end's generation when this was sent: a reset of the end voids what was in flight.
     gen: int = 0
+    #: What the sender knew when it sent it (``InMemoryNetwork.knows_of``): causal history.
+    knows: object = None
 
 
 @record
@@ -92,8 +94,9 @@ class _End:
     peer: int
     open: bool = True
     last_at: float = 0.0
-    #: Bytes (and a close, as None) sent behind a silent cut: retransmitted when it heals.
-    held: list[bytes | None] = field(default_factory=list)
+    #: Bytes (with what their sender knew then), and a close (None), sent behind a silent cut:
+    #: retransmitted when it heals.
+    held: list[tuple[bytes, object] | None] = field(default_factory=list)
     #: Its host lost power: the peer's segments get no answer (a reset once the host is back).
     dead: bool = False
     gen: int = 0
@@ -136,6 +139,10 @@ class InMemoryNetwork:
         self.datagrams_sent = 0
         self.deliveries = 0
         self.multicast = True
+        #: What a host knows as it sends (``Simulation.knowledge``): every datagram and every
+        #: stream byte carries it to its receiver, so that a test can tell what could have been
+        #: heard by whom, transitively. None: not tracked.
+        self.knows_of: Callable[[object], object] | None = None
 
     def attach(self, addr: object) -> None:
         """A process on ``addr`` opens its sockets (on a host that lost power: it is back)."""
@@ -228,11 +235,12 @@ class InMemoryNetwork:
         if dest is None and not self.multicast:
             return
         targets = [m for m in self.members if m != src] if dest is None else [dest]
+        knows = self.knows_of(src) if self.knows_of is not None else None
         for dst in targets:
             if dst not in self.members:
                 continue
             for delay in self._route(src, dst, data).delays:
-                self._push(now + delay, Delivery("datagram", dst, data=data, src=src))
+                self._push(now + delay, Delivery("datagram", dst, data=data, src=src, knows=knows))
 
     # ------------------------------------------------------------ streams
 
@@ -290,8 +298,9 @@ class InMemoryNetwork:
         peer = self._ends.get(end.peer)
         if peer is None:
             return
+        knows = self.knows_of(end.owner) if self.knows_of is not None else None
         if end.held:
-            end.held.append(data)  # behind what already waits: TCP keeps the order
+            end.held.append((data, knows))  # behind what already waits: TCP keeps the order
             return
         if peer.dead:
             if peer.owner not in self.dark:  # the host is back: its kernel knows no such connection
@@ -299,16 +308,16 @@ class InMemoryNetwork:
             return  # the host lost power: retransmitted into the void until the peer gives up
         mode = self.cut_mode(end.owner, peer.owner)
         if mode == DROP:
-            end.held.append(data)
+            end.held.append((data, knows))
             return
         if mode == RESET:
             self._reset(end, now, "connection reset by peer (a firewall on the path rejects it)")
             return
         if not peer.open:
             return
-        self._deliver_data(end, peer, data, now)
+        self._deliver_data(end, peer, data, now, knows)
 
-    def _deliver_data(self, end: _End, peer: _End, data: bytes, now: float) -> None:
+    def _deliver_data(self, end: _End, peer: _End, data: bytes, now: float, knows: object) -> None:
         delay = self._latency() + self.stalled.get(end.owner, 0.0) + self.stalled.get(peer.owner, 0.0)
         for host in (end.owner, peer.owner):
             imp = self.impaired.get(host)
@@ -318,7 +327,7 @@ class InMemoryNetwork:
                     delay += self.rng.uniform(*LOSS_RETRANSMIT_S)
         at = max(now + delay, peer.last_at)
         peer.last_at = at
-        self._push(at, Delivery("data", peer.owner, end=end.peer, data=data, gen=peer.gen))
+        self._push(at, Delivery("data", peer.owner, end=end.peer, data=data, gen=peer.gen, knows=knows))
 
     def stream_close(self, end_id: int, now: float) -> None:
         end = self._ends.get(end_id)
@@ -372,11 +381,11 @@ class InMemoryNetwork:
                 continue
             held, end.held = end.held, []
             at = now + RETRANSMIT_S
-            for data in held:
-                if data is None:
+            for item in held:
+                if item is None:
                     self._close_peer(end, at, "closed by the peer")
                 elif peer.open and not peer.dead:
-                    self._deliver_data(end, peer, data, at)
+                    self._deliver_data(end, peer, item[0], at, item[1])
         waiting, self._pending_connects = self._pending_connects, []
         for client, server, target in waiting:
             owner = self._ends[client].owner

@@ -13,7 +13,10 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
 
 * ``one-round``: no two rounds of the job train at the same time: a round trains from the
   moment every member's agent runs it until the first member stops running it (it joins
-  again, dies, leaves, or its workers finish).
+  again, dies, leaves, or its workers finish). The one exception is causal: a round may
+  train beside a round of another lineage (``_Round.lineage``) only if none of its members
+  could have heard of that lineage, directly or through anything any node sent it,
+  transitively (``Simulation.track_knowledge``): islands that never heard of each other.
 * ``ranks``: a round's ranks are 0..n-1, each node once; rank 0 is the leader that formed
   it, and the store is at rank 0's address.
 * ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
@@ -117,7 +120,8 @@ class _Round:
     #: Each round is formed from a base round (``Round.base``); a first round starts a lineage of
     #: its own: before its first round a job is a set of strangers, and a side of a network
     #: split at start-up cannot tell itself from a new job (docs/faults.md#what-does-not-survive).
-    #: Rounds of two lineages that train at the same time are counted, not failed.
+    #: Rounds of two lineages may train at the same time only where no member of the later
+    #: one could have heard of the other (counted: ``isolated_overlaps``); else it is a fork.
     lineage: int = 0
     delivered: set[int] = field(default_factory=set)
     training_since: float | None = None
@@ -167,7 +171,7 @@ class World:
         self.accepted: dict[tuple[int, int, int], tuple[tuple[int, int, int] | None, tuple[int, ...]]] = {}
         self.trained: list[_Round] = []
         self._lineages = itertools.count(1)
-        #: Rounds of two lineages that trained at the same time (isolated starts: counted).
+        #: Rounds of two causally isolated lineages that trained at the same time (counted).
         self.isolated_overlaps = 0
         self.faults: Counter[str] = Counter()
         self.checks = 0
@@ -193,6 +197,7 @@ class World:
         self._rogue_mimic = False
         self._rogue_claims: dict[int, LeaderTerm] = {}  # the rogue's stream ends, to the term it calls
         self.sim.observe(ROGUE_ADDR, self._rogue_receive)
+        self.sim.track_knowledge()
         for host, start in enumerate(scenario.starts):
             self._spawn(host, start)
         for event in scenario.events:
@@ -257,6 +262,10 @@ class World:
         else:
             node = self.sim.add_node(at, node_id=node_id, place=self._place(host))
         self._record_accepts(node)
+        for known in (node.node.history, node.node.accepted):  # its state file's: it knows them
+            lineage = self._lineage_known(known.key) if known is not None else None
+            if lineage is not None:
+                self.sim.learn(node, ("lineage", lineage))
         agent = _Agent(host, node, since=at, bound_s=sc.JOIN_TIMEOUT_S + JOIN_GRACE_S)
         agent.ticket = self.sim.join(node, sc.JOIN_TIMEOUT_S)
         self.agents.append(agent)
@@ -384,6 +393,7 @@ class World:
         elif log.members != members:
             raise Violation("ranks", f"{where}: members differ from the same round's elsewhere", now)
         log.delivered.add(agent.node_id)
+        self.sim.learn(agent.node, ("lineage", log.lineage))
         self._note(agent, f"runs {_show(log)}")
         agent.state, agent.round, agent.ticket = "running", log, None
         if log.delivered == set(members) and not log.ended:
@@ -420,12 +430,32 @@ class World:
             )
         return known.lineage
 
+    def _lineage_known(self, key: tuple[int, int, int]) -> int | None:
+        """The lineage of a round (or a proposal) by its key, if one of the job's rounds."""
+        known = self.rounds.get(key)
+        if known is not None:
+            return known.lineage
+        if key in self.accepted:
+            base = self.accepted[key][0]
+            return self._lineage_known(base) if base is not None else None
+        return None
+
     def _training(self, log: _Round) -> None:
         now = self.sim.now
-        self.checks += 2
+        self.checks += 3
         training = [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
         others = [r for r in training if r.lineage == log.lineage]
-        if len(others) < len(training):
+        process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
+        for beside in (r for r in training if r.lineage != log.lineage):
+            heard = [m for m in log.members if ("lineage", beside.lineage) in self.sim.knows(process[m])]
+            if heard:
+                raise Violation(
+                    "one-round",
+                    f"{_show(log)} trains beside {_show(beside)} (training since "
+                    f"{beside.training_since:.3f}s), a round of another lineage that its member(s) "
+                    f"{', '.join(node_hex(m)[:6] for m in heard)} could have heard of: a fork",
+                    now,
+                )
             self.isolated_overlaps += 1
         if others:
             other = others[0]
