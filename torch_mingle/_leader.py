@@ -1068,7 +1068,7 @@ class LeaderTerm:
                 if now >= due:
                     why = f"no heartbeat for {self.timeout_s:g}s (frozen, cut off or too slow)"
                     self._send(m, "evicted", why=why)
-                    self._drop(m, why, now)
+                    self._drop(m, why, now, Evidence.SILENT)
                     continue
                 if beat:
                     self._out(m, HB_FRAME, self._hb_digest)
@@ -1079,10 +1079,11 @@ class LeaderTerm:
         else:
             self._sweep_at = max(earliest, now + self.interval_s / 10)
 
-    def _drop(self, m: _Member, why: str, now: float) -> None:
+    def _drop(self, m: _Member, why: str, now: float, evidence: Evidence = Evidence.BROKEN) -> None:
+        """Close ``m``'s connection: it broke the protocol, or (``evidence``) went silent."""
         self._close(m, why)
         if m.node is not None and self._forget(m):
-            self._node_lost(m.node, why, now)
+            self._node_lost(m.node, why, now, votes=judge(evidence).votes)
 
     def _forget(self, m: _Member, node: int | None = None) -> bool:
         """``m`` is no longer the member of its node (``node``: the one it was before it was
@@ -1109,7 +1110,7 @@ class LeaderTerm:
             if not self._support[last]:
                 del self._support[last]
 
-    def _node_lost(self, node: int, why: str, now: float, *, votes: bool = True) -> None:
+    def _node_lost(self, node: int, why: str, now: float, *, votes: bool) -> None:
         """``node`` is lost for the running round (``votes``: it keeps its vote, see ``_evidence``)."""
         if node in self.book.left:
             return

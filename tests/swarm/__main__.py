@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     chunks = _seed_stream(args)
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(args.jobs) as pool:
-        pending = [pool.apply_async(_chunk, (next(chunks),)) for _ in range(2 * args.jobs)]
+        first = [c for c in (next(chunks, None) for _ in range(2 * args.jobs)) if c is not None]
+        pending = [pool.apply_async(_chunk, (chunk,)) for chunk in first]
         while pending:
             results = pending.pop(0).get()
             over = args.duration and time.monotonic() - started >= args.duration

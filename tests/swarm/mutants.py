@@ -1,0 +1,227 @@
+"""Every safety rule, broken on purpose, must be caught by the swarm: ``make swarm-mutants``.
+
+Each rule that keeps one ``--rdzv_id`` one job (who votes, who may accept, what is on the disk
+before a vote leaves, what a close, a silence, a leave or a restart prove, which term may go
+on) is named here with a *mutant*: the same code with that one rule broken. The swarm runs
+seeds 0, 1, 2, ... against each mutant until an invariant breaks, at most ``--seeds`` of them.
+A mutant that survives them all is a finding: either the rule is redundant (remove it) or the
+invariants are blind where it matters (sharpen them). The table goes to docs/faults.md.
+
+    python -m tests.swarm.mutants [--seeds 2000] [--only NAME,...] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+from tests.swarm.__main__ import run_seed
+from torch_mingle import _evidence, _leader, _node, _rounds, _sim
+from torch_mingle._evidence import Evidence
+from torch_mingle._node import Node
+from torch_mingle._record import replace
+from torch_mingle._rounds import History, RoundBook
+
+Patch = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    rule: str  # the rule, as the code states it
+    where: str  # the one place it lives
+    broken: str  # what the mutant does instead
+    patches: tuple[Patch, ...]
+
+
+def _verdict(evidence: Evidence, **changed: bool) -> Patch:
+    return lambda: mock.patch.dict(
+        _evidence._VERDICTS, {evidence: replace(_evidence._VERDICTS[evidence], **changed)}
+    )
+
+
+def _attr(target: object, name: str, value: object) -> Patch:
+    return lambda: mock.patch.object(target, name, value)
+
+
+# ------------------------------------------------------------------ broken versions
+
+
+def _accept_without_persisting(self: Node, rnd: Any, base: int, covers: Any) -> bool:
+    proposal = History.of(rnd)
+    if not _rounds.may_accept(self.history, self.accepted, proposal, base, covers):
+        return False
+    self.accepted = proposal  # the vote goes out; the state file never hears of it
+    return True
+
+
+def _persist_dropping(field: str) -> Callable[[_sim.SimNet, Any], bool]:
+    def persist(self: _sim.SimNet, state: Any) -> bool:
+        node_id = self.owner.node.settings.node_id
+        old = self.sim.saved.get(node_id)
+        self.sim.saved[node_id] = replace(state, **{field: getattr(old, field) if old is not None else None})
+        return True
+
+    return persist
+
+
+def _persist_without_led(self: _sim.SimNet, state: Any) -> bool:
+    self.sim.saved[self.owner.node.settings.node_id] = replace(state, led=0)
+    return True
+
+
+_sound_lead = Node._lead
+
+
+def _lead_without_quorum_after_a_restart(self: Node, epoch: int, now: float) -> None:
+    if self.settings.incarnation > 1:
+        self.settings = replace(self.settings, quorum=False)
+    _sound_lead(self, epoch, now)
+
+
+def _voters_without_anyone_who_left_anything(self: RoundBook, members: tuple[int, ...], key: Any) -> Any:
+    return frozenset(m for m in members if m not in self._left_in)
+
+
+def _leave_keeping_the_vote(self: RoundBook, node: int, said: Any = None) -> None:
+    self.left.add(node)
+    self._unpend(node)
+    if self.current is not None and node in self.current.member_set and node not in self.arrived:
+        self._broken_by.add(node)
+
+
+_sound_no_quorum = RoundBook._no_quorum
+
+
+def _no_quorum_forgetting_a_round_that_ran(self: RoundBook, joined: Any, base: Any, uncertain: Any) -> Any:
+    known, self.known_round = self.known_round, 0
+    try:
+        return _sound_no_quorum(self, joined, base, uncertain)
+    finally:
+        self.known_round = known
+
+
+MUTANTS: dict[str, Mutant] = {
+    m.rule: m
+    for m in (
+        Mutant("a close proves nothing", "_evidence.judge(CLOSED)", "a close takes the vote",
+               (_verdict(Evidence.CLOSED, votes=False),)),
+        Mutant("a reset proves nothing", "_evidence.judge(RESET)", "a reset takes the vote",
+               (_verdict(Evidence.RESET, votes=False),)),
+        Mutant("silence proves nothing", "_evidence.judge(SILENT)", "silence takes the vote",
+               (_verdict(Evidence.SILENT, votes=False),)),
+        Mutant("a broken protocol proves nothing", "_evidence.judge(BROKEN)", "a protocol error: no vote",
+               (_verdict(Evidence.BROKEN, votes=False),)),
+        Mutant("only its word takes a vote", "_evidence.judge(LEFT)", "a leave keeps the vote",
+               (_attr(RoundBook, "leave", _leave_keeping_the_vote),)),
+        Mutant("a departure counts for its round only", "RoundBook.voters_of",
+               "a node that left any round votes on none", (_attr(RoundBook, "voters_of",
+                                                                _voters_without_anyone_who_left_anything),)),
+        Mutant("a stepped-down leader is fenced", "_evidence.judge(STEPPED_DOWN)",
+               "a leader that said bye is followed again", (_verdict(Evidence.STEPPED_DOWN, fence=False),)),
+        Mutant("a node accepts only what accounts for what it knows", "_rounds.may_accept",
+               "it accepts every proposal", (_attr(_node, "may_accept", lambda *a: True),)),
+        Mutant("a vote is on the disk before it goes out", "Node._accept",
+               "the vote goes out unrecorded", (_attr(Node, "_accept", _accept_without_persisting),)),
+        Mutant("a round that formed is on the disk", "Node._answer (history)", "the history is not recorded",
+               (_attr(_sim.SimNet, "persist", _persist_dropping("history")),)),
+        Mutant("the terms a node led are on the disk", "Node._lead (led)", "led is not recorded",
+               (_attr(_sim.SimNet, "persist", _persist_without_led),)),
+        Mutant("a round needs a majority of its base's voters", "RoundBook._no_quorum",
+               "no quorum is needed", (_attr(RoundBook, "_no_quorum", lambda self, *a: None),
+                                       _attr(_leader, "quorum_met", lambda *a: True))),
+        Mutant("a restarted node keeps the quorum", "NodeSettings.quorum",
+               "a leader whose process was restarted forms without a quorum",
+               (_attr(Node, "_lead", _lead_without_quorum_after_a_restart),)),
+        Mutant("a node that heard of a round founds no job alone", "RoundBook._no_quorum (known_round)",
+               "a spare that heard of the job forms a first round",
+               (_attr(RoundBook, "_no_quorum", _no_quorum_forgetting_a_round_that_ran),)),
+        Mutant("a term that learns of a newer term's round gives way", "RoundBook.outdated_by",
+               "it goes on", (_attr(RoundBook, "outdated_by", lambda self: None),)),
+    )
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def broken(mutant: Mutant) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for patch in mutant.patches:
+            stack.enter_context(patch())
+        yield
+
+
+def _first_failure(seeds: list[int]) -> tuple[int, str, str] | None:
+    for seed in seeds:
+        outcome = run_seed(seed)
+        if outcome.violation is not None:
+            return seed, outcome.violation.invariant, outcome.violation.detail
+    return None
+
+
+def hunt(mutant: Mutant, seeds: int, jobs: int, chunk: int = 20) -> dict[str, Any]:
+    """Seeds from 0 against ``mutant`` until one breaks an invariant (the lowest such seed)."""
+    started = time.monotonic()
+    found: tuple[int, str, str] | None = None
+    ran = 0
+    with broken(mutant), multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for first in range(0, seeds, chunk * jobs):
+            batches = [
+                list(range(s, min(s + chunk, seeds))) for s in range(first, first + chunk * jobs, chunk)
+            ]
+            results = pool.map(_first_failure, [b for b in batches if b])
+            ran = min(seeds, first + chunk * jobs)
+            hits = [r for r in results if r is not None]
+            if hits:
+                found = min(hits)
+                break
+    took = time.monotonic() - started
+    return {
+        "rule": mutant.rule,
+        "where": mutant.where,
+        "broken": mutant.broken,
+        "caught_by_seed": found[0] if found else None,
+        "invariant": found[1] if found else None,
+        "detail": found[2][:300] if found else None,
+        "seeds_run": ran,
+        "wall_s": round(took, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.swarm.mutants", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=2000, help="at most this many seeds per mutant")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
+    parser.add_argument("--only", help="these rules only (comma-separated)")
+    parser.add_argument("--json", help="write the table to this file")
+    args = parser.parse_args(argv)
+    logging.getLogger("torch_mingle").setLevel(logging.CRITICAL)
+    wanted = [MUTANTS[name] for name in args.only.split(",")] if args.only else list(MUTANTS.values())
+    rows = []
+    for mutant in wanted:
+        row = hunt(mutant, args.seeds, args.jobs)
+        rows.append(row)
+        verdict = (
+            f"caught by seed {row['caught_by_seed']} ({row['invariant']})"
+            if row["caught_by_seed"] is not None
+            else f"SURVIVED {row['seeds_run']} seeds"
+        )
+        print(f"{mutant.rule:55s} {verdict:40s} {row['wall_s']:6.1f}s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seeds": args.seeds, "mutants": rows}, f, indent=1)
+    survivors = [r["rule"] for r in rows if r["caught_by_seed"] is None]
+    if survivors:
+        print(f"{len(survivors)} rule(s) broken without a seed noticing: {survivors}", file=sys.stderr)
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
