@@ -895,6 +895,9 @@ class Node:
 
     def _flush_term(self, term: LeaderTerm, now: float) -> bool:
         busy = False
+        # What the node heard of the job since its term began counts too: a round that ran
+        # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
+        term.book.known_round = max(term.book.known_round, self._heard_round())
         for conn, frame in term.frames():
             self.net.send(conn, frame)
         for conn, _why in term.closes():
@@ -983,7 +986,7 @@ class Node:
             last_call_timeout=s.last_call_timeout_s,
             rejoin_delay_s=s.rejoin_delay_s,
             quorum=s.quorum,
-            known_round=max(self._round_seen, self.history.round if self.history else 0),
+            known_round=max(self._heard_round(), self.history.round if self.history else 0),
         )
         self._term_tag += 1
         self.term = LeaderTerm(
@@ -1304,8 +1307,12 @@ class Node:
                 accepted=self.accepted,
                 place=self.settings.place,
                 restarted=self._restarted(),
-                seen=self._round_seen,
+                seen=self._heard_round(),
             )
+
+    def _heard_round(self) -> int:
+        """The highest round of the job this node heard of, by any authentic word."""
+        return max(self._round_seen, self.core.round_heard)
 
     def _restarted(self) -> bool:
         """This process took over a dead predecessor's node id (``_identity``) and was handed no

@@ -329,6 +329,10 @@ class Discovery:
         #: are never followed again (another leader's older, established claim still may be).
         self._fenced: OrderedDict[int, int] = OrderedDict()
         self.max_epoch_seen = 0
+        #: The highest round of this job any authentic announcement named, one outside the
+        #: replay window too (a leader whose clock differs): a round of the job ran, so this
+        #: node must not found a job of its own (``RoundBook.known_round``).
+        self.round_heard = 0
         self.stats = Stats()
         self.peers: OrderedDict[int, PeerInfo] = OrderedDict()
         self._own_claim: Claim | None = None
@@ -377,6 +381,8 @@ class Discovery:
         self.stats.received += 1
         dgram = self.codec.decode(data, wall_ms=self._wall_ms(now))
         if isinstance(dgram, Invalid):
+            if dgram.stale is not None:
+                self._hear_round(dgram.stale)
             self._count_invalid(dgram.reason, addr, now)
             return
         if dgram.sender == self.node_id:
@@ -391,6 +397,7 @@ class Discovery:
             self._count_invalid("epoch_jump", addr, now)
             return
         self.stats.accepted += 1
+        self._hear_round(dgram)
         self._note_peer(dgram, addr, now)
         handler = _TRANSITIONS.get((self.role, dgram.body.type))
         if handler is None:
@@ -398,6 +405,11 @@ class Discovery:
                 f"no transition for a {dgram.body.type.name} datagram in role {self.role.value}"
             )
         handler(self, dgram, addr, now)
+
+    def _hear_round(self, dgram: Datagram) -> None:
+        """An authentic datagram of this job names a round that ran: remember the highest."""
+        if dgram.job == self.job and isinstance(dgram.body, Announce):
+            self.round_heard = max(self.round_heard, dgram.body.round)
 
     def handle_timer(self, now: float) -> None:
         if self.role is Role.DISCOVERING:

@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from torch_mingle._record import record
+from torch_mingle._record import field, record
 
 MAGIC = b"MNGL"
 #: 5: rounds are proposed, accepted, then formed (``_rounds``), which a node of version 4
@@ -159,6 +159,17 @@ class Invalid:
     """Why a datagram was dropped; ``reason`` is a short stable token used as a counter key."""
 
     reason: str
+    #: Signed with the job's secret, but sent outside the replay window (a clock that differs,
+    #: or a replay): not to be acted on, but what it says of the job is authentic.
+    stale: Datagram | None = field(default=None, compare=False)
+
+
+class _Stale(Exception):
+    """An authentic datagram outside the replay window."""
+
+    def __init__(self, dgram: Datagram) -> None:
+        super().__init__("outside_replay_window")
+        self.dgram = dgram
 
 
 class _Bad(Exception):
@@ -350,6 +361,8 @@ class Codec:
         """Parse ``data``; never raises. ``wall_ms`` (the receiver's clock) enables the replay check."""
         try:
             return self._decode(bytes(data), wall_ms)
+        except _Stale as stale:
+            return Invalid("outside_replay_window", stale=stale.dgram)
         except _Bad as bad:
             return Invalid(bad.reason)
         except Exception:
@@ -394,13 +407,14 @@ class Codec:
         except UnicodeDecodeError:
             raise _Bad("bad_job") from None
         body = _decode_body(kind, data[pos : pos + body_len])
+        dgram = Datagram(job=job, sender=sender, body=body, sent_ms=sent_ms, nonce=nonce)
         if self.key is not None and wall_ms is not None:
-            self._check_replay(sender, sent_ms, nonce, wall_ms, data[pos + body_len :])
-        return Datagram(job=job, sender=sender, body=body, sent_ms=sent_ms, nonce=nonce)
+            if abs(wall_ms - sent_ms) > self.replay_window_ms:
+                raise _Stale(dgram)
+            self._check_replay(sender, nonce, wall_ms, data[pos + body_len :])
+        return dgram
 
-    def _check_replay(self, sender: int, sent_ms: int, nonce: int, wall_ms: int, tag: bytes) -> None:
-        if abs(wall_ms - sent_ms) > self.replay_window_ms:
-            raise _Bad("outside_replay_window")
+    def _check_replay(self, sender: int, nonce: int, wall_ms: int, tag: bytes) -> None:
         key = (sender, nonce)
         first = self._seen.get(key)
         if first is not None:

@@ -14,9 +14,10 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
 * ``one-round``: no two rounds of the job train at the same time: a round trains from the
   moment every member's agent runs it until the first member stops running it (it joins
   again, dies, leaves, or its workers finish). The one exception is causal: a round may
-  train beside a round of another lineage (``_Round.lineage``) only if none of its members
-  could have heard of that lineage, directly or through anything any node sent it,
-  transitively (``Simulation.track_knowledge``): islands that never heard of each other.
+  found a lineage (``_Round.lineage``: a first round) beside a training round of another only
+  if none of its members could have heard of that lineage, directly or through anything any
+  node sent it, transitively (``Simulation.track_knowledge``): islands that never heard of
+  each other. (Once they meet, the lineage that continues is not the fork.)
 * ``ranks``: a round's ranks are 0..n-1, each node once; rank 0 is the leader that formed
   it, and the store is at rank 0's address.
 * ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
@@ -72,6 +73,8 @@ ARRIVE_TIMEOUT_S = min(5.0, sc.INTERVAL_S * sc.ATTEMPTS)
 SLACK_S = 2 * MONITOR_S + 0.05
 #: How long the swarm lets a job run in peace after recovery before it finishes.
 DWELL_S = 1.0
+#: A fault of the moment a vote goes out strikes this long after it (the accept is on the wire).
+VOTE_OUT_S = 0.0005
 
 INVARIANTS = ("one-round", "ranks", "rank-order", "token", "secret", "bounded-wait", "recovery", "resources")
 
@@ -176,6 +179,8 @@ class World:
         self.faults: Counter[str] = Counter()
         self.checks = 0
         self._actions: list[tuple[float, int, Callable[[], object]]] = []
+        #: Faults armed for the moment a vote goes out (``_voted``).
+        self._triggers: list[sc.Event] = []
         self._seq = itertools.count()
         self._cut_ids = itertools.count(1)
         self.ids_ever: set[int] = set()
@@ -284,6 +289,7 @@ class World:
             ok = inner(rnd, base, covers)
             if ok:
                 self.accepted.setdefault((rnd.epoch, rnd.members[0], rnd.number), (rnd.base, rnd.members))
+                self._voted(node)
             return ok
 
         node.node._accept = accept  # type: ignore[method-assign]
@@ -446,8 +452,10 @@ class World:
         training = [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
         others = [r for r in training if r.lineage == log.lineage]
         process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
+        founds = not any(r.lineage == log.lineage for r in self.trained)  # the lineage's first round
         for beside in (r for r in training if r.lineage != log.lineage):
             heard = [m for m in log.members if ("lineage", beside.lineage) in self.sim.knows(process[m])]
+            heard = heard if founds else []  # (the job it continues is not for it to stop)
             if heard:
                 raise Violation(
                     "one-round",
@@ -661,7 +669,7 @@ class World:
             return
         self.faults[e.kind] += 1
         self._quiet_since = self.sim.now
-        if e.dur and e.kind in sc.FAULT_KINDS:
+        if e.dur and e.kind in sc.FAULT_KINDS and e.kind not in sc.TRIGGERS:  # (what one fires counts)
             self._disturbances += 1
             self._at(e.ends, self._calm)
         self._note(
@@ -678,6 +686,36 @@ class World:
     def _calm(self) -> None:
         self._disturbances -= 1
         self._quiet_since = self.sim.now
+
+    # ------------------------------------------------------------ faults of a moment
+
+    def _do_power_at_accept(self, e: sc.Event, agent: _Agent | None) -> None:
+        self._triggers.append(e)
+
+    _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_accept
+
+    def _voted(self, node: SimNode) -> None:
+        """``node`` accepted a proposal: an armed fault of that moment fires right after its vote
+        went out (in simulated time, not at the harness's next step: the window is milliseconds)."""
+        now = self.sim.now
+        host = next(a.host for a in self.agents if a.node is node)
+        for trigger in list(self._triggers):
+            if now > trigger.at + sc.TRIGGER_S:
+                self._triggers.remove(trigger)
+            elif trigger.at <= now and trigger.node in (-1, host):
+                self._triggers.remove(trigger)
+                fault = self._fault_of(trigger, host)
+                self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))
+
+    def _fault_of(self, trigger: sc.Event, host: int) -> sc.Event:
+        """The fault a trigger fires now, on the host that voted."""
+        at = self.sim.now + VOTE_OUT_S
+        if trigger.kind == "partition_at_accept":
+            *cut, dur = trigger.args
+            return sc.Event(at, "partition", dur=float(dur), args=tuple(cut))  # type: ignore[arg-type]
+        if trigger.kind == "sigterm_at_accept":
+            return sc.Event(at, "sigterm", host)
+        return sc.Event(at, "power", host, dur=float(trigger.args[0]), args=("restart",))  # type: ignore[arg-type]
 
     def _do_crash(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.kill(agent.node)

@@ -42,7 +42,16 @@ KINDS: dict[str, int] = {
     "sigterm": 3,  # a preemption notice: the agent leaves gracefully
     "shutdown": 1,  # an agent's shutdown(): the job closes for every node
     "unfit": 3,  # the node's health check fails for a while: it leads no term meanwhile
+    # Faults at the moment a vote goes out (the next accept of a proposal, within ``TRIGGER_S``),
+    # where a rule about votes decides: the voter's host loses power and restarts (what it
+    # recorded before the vote is all it knows), or a partition splits the voters mid-proposal.
+    "power_at_accept": 4,
+    "partition_at_accept": 5,
+    "sigterm_at_accept": 2,  # the voter leaves right after its vote
 }
+#: How long after its time a fault of a moment waits for that moment.
+TRIGGER_S = 6.0
+TRIGGERS = frozenset(k for k in KINDS if k.endswith("_at_accept"))
 FAULT_KINDS = frozenset(KINDS) - {"workers_fail", "sigterm", "shutdown"}
 
 
@@ -185,6 +194,12 @@ def _event(rng: random.Random, kind: str, hosts: int) -> Event:
         return Event(at, kind, args=(rng.randint(1, 20),))
     if kind == "unfit":
         return Event(at, kind, node, dur=round(rng.uniform(0.5, 6.0), 3))
+    if kind in ("power_at_accept", "sigterm_at_accept"):
+        back = round(rng.uniform(0.5, 4.0), 3)
+        return Event(at, kind, rng.choice((-1, node)), dur=TRIGGER_S + back, args=(back,))
+    if kind == "partition_at_accept":
+        cut = _event(rng, "partition", hosts)
+        return Event(at, kind, dur=TRIGGER_S + cut.dur, args=(*cut.args, cut.dur))
     if kind == "rogue":
         return Event(at, kind, node, dur=round(rng.uniform(0.5, 5.0), 3), args=(rng.random() < 0.5,))
     return Event(at, kind, node)  # workers_fail, sigterm, shutdown, reset_conns

@@ -98,6 +98,13 @@ def test_replay_is_rejected_with_a_key_and_a_second_copy_at_once_is_a_duplicate(
     late = NOW_MS + codec.replay_window_ms + 1
     fresh = Codec(KEY).encode(dgram(BODIES[2], nonce=78))
     assert codec.decode(fresh, wall_ms=late) == Invalid("outside_replay_window")
+    # Authentic, only sent at another clock's time: what it says of the job is kept aside
+    # (a node founds no job of its own beside a leader whose clock jumped); a forgery's is not.
+    stale = codec.decode(fresh, wall_ms=late)
+    assert isinstance(stale, Invalid) and stale.stale == dgram(BODIES[2], nonce=78)
+    forged = fresh[:-1] + bytes([fresh[-1] ^ 1])
+    assert Codec(KEY).decode(forged, wall_ms=late) == Invalid("bad_tag")
+    assert Codec(KEY).decode(forged, wall_ms=late).stale is None  # type: ignore[union-attr]
 
 
 @settings(max_examples=3000, deadline=None)
