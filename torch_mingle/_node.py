@@ -127,6 +127,8 @@ class NodeSettings:
     connect_ip: str = ""
     #: A round after the first needs a majority of the previous round (``quorum=majority``).
     quorum: bool = True
+    #: The first round needs more than half of ``max_nodes`` (``first_round=majority``).
+    first_round_majority: bool = False
     #: This node's data-path probe port (TCP; 0: none), told to the leader with every join.
     probe_port: int = 0
     #: Which process of this node id this is (``_identity``: a restarted agent is the next).
@@ -986,6 +988,7 @@ class Node:
             last_call_timeout=s.last_call_timeout_s,
             rejoin_delay_s=s.rejoin_delay_s,
             quorum=s.quorum,
+            first_round_majority=s.first_round_majority,
             known_round=max(self._heard_round(), self.history.round if self.history else 0),
         )
         self._term_tag += 1

@@ -550,6 +550,8 @@ class RoundBook:
     rejoin_delay_s: float = 30.0
     #: A round after the first needs a majority of the previous round's voting members.
     quorum: bool = True
+    #: A job's first round needs more than half of ``max_nodes`` (``first_round=majority``).
+    first_round_majority: bool = False
     #: The highest round of the job that the leader knows ran (as a spare it followed a leader
     #: that announced it): with no member of it among the joiners, there is no quorum to count.
     known_round: int = 0
@@ -772,6 +774,12 @@ class RoundBook:
         if n < self.min_nodes:
             self._min_reached_at = None
             return self._wait(hold, f"{n} of min_nodes={self.min_nodes} nodes joined")
+        first = self.first_round_majority and self.base() is None and not self.known_round
+        if first and 2 * n <= self.max_nodes:
+            self._min_reached_at = None
+            return self._wait(
+                hold, f"{n} nodes joined; the first round needs more than half of max_nodes={self.max_nodes}"
+            )
         if self._min_reached_at is None:
             self._min_reached_at = now
         if n == self.max_nodes:

@@ -97,6 +97,10 @@ class MingleConfig:
     #: ``majority``: a round after the first needs a majority of the previous round's members
     #: (one job per rdzv_id even when the network splits); ``none``: any ``min_nodes`` go on.
     quorum: str = "majority"
+    #: ``min_nodes``: a job's first round forms with ``min_nodes`` (torchrun's meaning of
+    #: ``--nnodes``); ``majority``: with more than half of ``max_nodes``, so that two sides of a
+    #: network split at start-up, each with ``min_nodes``, never start two jobs.
+    first_round: str = "min_nodes"
     #: Seconds each node gives its TCP probes of the round's peers before the workers start
     #: (``_datapath``); 0 turns the check off.
     data_path_timeout: float = 5.0
@@ -347,6 +351,7 @@ def _check_run_id(run_id: str) -> str:
 
 
 QUORUM_CHOICES = ("majority", "none")
+FIRST_ROUND_CHOICES = ("min_nodes", "majority")
 
 
 def _parse_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -381,6 +386,7 @@ _PARSERS: dict[str, Any] = {
     "rejoin_delay": _parse_rejoin_delay,
     "membership_refresh": lambda k, v: _parse_float(k, v, minimum=1.0, maximum=DAY_S, example="60"),
     "quorum": lambda k, v: _parse_choice(k, v, QUORUM_CHOICES),
+    "first_round": lambda k, v: _parse_choice(k, v, FIRST_ROUND_CHOICES),
     "data_path_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=3600.0, example="5"),
     "state_dir": _parse_str,
     "rank_order": parse_policy,

@@ -310,6 +310,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             connect_ip=self._connect_ip,
             label=self._label,
             quorum=config.quorum == "majority",
+            first_round_majority=config.first_round == "majority",
             probe_port=self._probe.port if self._probe is not None else 0,
             incarnation=self._identity.incarnation,
             place=place_of(config.rank_order, os.environ),

@@ -510,3 +510,16 @@ def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
             continue
         if b.leader in b.pending:
             assert b._expected_joined() == ((base - b.dead - b.left) | {b.leader} <= b.pending.keys())
+
+
+def test_with_first_round_majority_no_side_of_a_split_below_half_of_max_nodes_starts_a_job():
+    b = book(min_nodes=1, max_nodes=5, last_call=1.0)
+    b.first_round_majority = True
+    join(b, LEADER)
+    join(b, 0x20)
+    assert isinstance(b.decide(0.0), Wait)
+    assert isinstance(b.decide(10.0), Wait)  # the last call changes nothing: 2 of 5 is no majority
+    join(b, 0x30)
+    b.decide(10.0)
+    d = b.decide(11.0)
+    assert isinstance(d, Form) and len(d.members) == 3
