@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration netns faults swarm swarm-long bench bench-quick bench-flood bench-scale bench-order bench-leader bench-lossy stress soak clean
+.PHONY: demo test lint unit integration netns faults swarm swarm-mutants swarm-long bench bench-quick bench-flood bench-scale bench-order bench-leader bench-lossy stress soak clean
 
 $(STAMP): pyproject.toml setup.cfg constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ SEEDS ?= 10000
 DURATION ?= 7200
 swarm: $(STAMP)
 	$(BIN)/python -m tests.swarm --seeds $(SEEDS) --json bench-results/swarm.json
+
+# Each named safety rule broken on purpose: the first seed that catches it (docs/faults.md).
+swarm-mutants: $(STAMP)
+	$(BIN)/python -m tests.swarm.mutants --seeds 2000 --json bench-results/swarm-mutants.json
 
 swarm-long: $(STAMP)
 	$(BIN)/python -m tests.swarm --duration $(DURATION) --json bench-results/swarm-long.json

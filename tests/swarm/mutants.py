@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -150,6 +151,20 @@ MUTANTS: dict[str, Mutant] = {
 }  # fmt: skip
 
 
+#: Rules whose mutant no seed catches yet (docs/faults.md#every-rule-has-a-mutant): each needs a
+#: schedule the generator does not draw (see there), and is an open finding, not an excuse.
+SURVIVING = frozenset(
+    {
+        "a broken protocol proves nothing",
+        "only its word takes a vote",
+        "a departure counts for its round only",
+        "a stepped-down leader is fenced",
+        "a node accepts only what accounts for what it knows",
+        "a vote is on the disk before it goes out",
+    }
+)
+
+
 @contextlib.contextmanager
 def broken(mutant: Mutant) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
@@ -215,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{mutant.rule:55s} {verdict:40s} {row['wall_s']:6.1f}s", flush=True)
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"seeds": args.seeds, "mutants": rows}, f, indent=1)
     survivors = [r["rule"] for r in rows if r["caught_by_seed"] is None]

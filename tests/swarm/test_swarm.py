@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.swarm import mutants
 from tests.swarm import scenario as sc
 from tests.swarm.__main__ import main
 from tests.swarm.harness import INVARIANTS, Outcome, run
@@ -188,3 +189,13 @@ def test_each_invariant_fails_on_a_deliberately_broken_rule(
     broken = run(make())
     assert broken.violation is not None, f"breaking the rule went unnoticed by {invariant!r}"
     assert broken.violation.invariant == invariant, broken.violation
+
+
+@pytest.mark.timeout(900)
+def test_every_rule_the_swarm_can_see_broken_is_caught_within_two_thousand_seeds() -> None:
+    """``make swarm-mutants``, minus the mutants no seed catches yet (``mutants.SURVIVING``, open)."""
+    for rule, mutant in mutants.MUTANTS.items():
+        if rule in mutants.SURVIVING:
+            continue
+        row = mutants.hunt(mutant, 2000, jobs=2)
+        assert row["caught_by_seed"] is not None, f"no seed of 2,000 catches a broken {rule!r} ({row})"
