@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import random
@@ -357,3 +358,18 @@ def rendezvous_all(handlers: Sequence[Any]) -> list[Any]:
     """Call next_rendezvous() on every in-process handler at once; their RendezvousInfos, in order."""
     with ThreadPoolExecutor(max_workers=len(handlers)) as pool:
         return list(pool.map(lambda h: h.next_rendezvous(), handlers))
+
+
+def rounds_training_at_once(trace: Path) -> str | None:
+    """Two rounds whose steps interleave in rank 0's step log, if any: each round (epoch,
+    round) trained from its first logged step to its last; a later round may only start after."""
+    spans: dict[tuple[int, int], list[float]] = {}
+    for line in trace.read_text().splitlines() if trace.exists() else []:
+        at, epoch, rnd, _ = line.split()
+        span = spans.setdefault((int(epoch), int(rnd)), [float(at), float(at)])
+        span[0], span[1] = min(span[0], float(at)), max(span[1], float(at))
+    ordered = sorted(spans.items(), key=lambda item: item[1][0])
+    for (key_a, (_, end_a)), (key_b, (start_b, _)) in itertools.pairwise(ordered):
+        if start_b < end_a:
+            return f"round {key_a} stepped until {end_a:.3f}, round {key_b} from {start_b:.3f}"
+    return None

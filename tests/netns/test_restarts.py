@@ -21,12 +21,12 @@ from tests.helpers import (
     finish_all,
     leader_of,
     logged_at,
+    rounds_training_at_once,
     start_agent,
     torchrun_cmd,
     unique_job,
     wait_until,
 )
-from tests.stress.mixed_faults import rounds_training_at_once
 
 pytestmark = pytest.mark.netns
 

@@ -73,6 +73,7 @@ from tests.helpers import (
     logged_at,
     read_reports,
     resume_delay,
+    rounds_training_at_once,
     start_agent,
     torchrun_cmd,
     unique_job,
@@ -340,21 +341,6 @@ def training_lost(trace: Path, struck: float) -> dict[str, Any]:
     rounds = {key for _, key, _ in before}
     after = {key for at, key, _ in steps if at > struck} - rounds
     return {"restarts": len(after), "lost_s": (steps[-1][0] - struck) - left * pace}
-
-
-def rounds_training_at_once(trace: Path) -> str | None:
-    """Two rounds whose steps interleave in rank 0's step log, if any: each round (epoch,
-    round) trained from its first logged step to its last; a later round may only start after."""
-    spans: dict[tuple[int, int], list[float]] = {}
-    for line in trace.read_text().splitlines() if trace.exists() else []:
-        at, epoch, rnd, _ = line.split()
-        span = spans.setdefault((int(epoch), int(rnd)), [float(at), float(at)])
-        span[0], span[1] = min(span[0], float(at)), max(span[1], float(at))
-    ordered = sorted(spans.items(), key=lambda item: item[1][0])
-    for (key_a, (_, end_a)), (key_b, (start_b, _)) in itertools.pairwise(ordered):
-        if start_b < end_a:
-            return f"round {key_a} stepped until {end_a:.3f}, round {key_b} from {start_b:.3f}"
-    return None
 
 
 def cold_start_line(result: dict[str, Any]) -> str:

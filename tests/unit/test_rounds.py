@@ -192,18 +192,28 @@ def test_a_returning_node_does_not_restart_a_fresh_round_until_it_ran_rejoin_del
     assert b.status(14.0 + 20.0).waiting == 1
 
 
-def _returned_after_a_drop(rejoin_delay: float) -> RoundBook:
-    """Round 1 of four nodes; 0x30 froze and was dropped, round 2 formed at 3 s without it, and
-    0x30 came back (joined again) while round 2 runs."""
+ROUND_1 = History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30))
+
+
+def _dropped(rejoin_delay: float, formed_at: float) -> RoundBook:
+    """Round 1 of four nodes; 0x30 was lost (frozen, killed), and round 2 formed at
+    ``formed_at`` without it."""
     b: RoundBook = book(min_nodes=2, max_nodes=4, rejoin_delay=rejoin_delay)
     for node in (LEADER, 0x20, 0x40, 0x30):
         join(b, node)
     form(b, b.decide(0.0), 0.0)
-    b.died(0x30, "frozen")
+    b.died(0x30, "lost")
     for node in (LEADER, 0x20, 0x40):
         join(b, node)
-    form(b, b.decide(3.0), 3.0)
-    join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30)))
+    form(b, b.decide(formed_at), formed_at)
+    return b
+
+
+def _returned_after_a_drop(rejoin_delay: float) -> RoundBook:
+    """0x30 froze and was dropped, round 2 formed at 3 s without it, and 0x30 came back
+    (joined again) while round 2 runs."""
+    b = _dropped(rejoin_delay, 3.0)
+    join(b, 0x30, ROUND_1)
     return b
 
 
@@ -227,15 +237,8 @@ def test_a_restarted_node_is_admitted_at_once_but_one_that_keeps_restarting_is_h
     """Its predecessor's process is gone (killed, its container restarted): it comes back as a
     newcomer does, at the next restart, not after ``rejoin_delay`` as a node that flapped.
     Restarted again within ``rejoin_delay`` of its last restart, it keeps dying: held back."""
-    hist = History(epoch=1, round=1, members=(LEADER, 0x20, 0x40, 0x30))
-    b = book(min_nodes=2, max_nodes=4, rejoin_delay=rejoin_delay)
-    for node in (LEADER, 0x20, 0x40, 0x30):
-        join(b, node)
-    form(b, b.decide(0.0), 0.0)
-    b.died(0x30, "its process was killed")
-    for node in (LEADER, 0x20, 0x40):
-        join(b, node)
-    form(b, b.decide(0.1), 0.1)
+    hist = ROUND_1
+    b = _dropped(rejoin_delay, 0.1)  # its process was killed
     _restarted_join(b, 0x30, hist, 2.0)  # its agent restarted on its host, 2 s after the kill
     assert b.status(2.0).waiting == 1  # the agents restart their workers for it now
     for node in (LEADER, 0x20, 0x40):
