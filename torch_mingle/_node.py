@@ -472,6 +472,8 @@ class Node:
         self.on_event: Sink = ignore
         #: Its health check fails (``set_unfit``): it leads no term.
         self.unfit = False
+        #: Since when its health check runs (``set_checking``); None while none runs.
+        self._checking_since: float | None = None
 
     @property
     def label(self) -> str:
@@ -570,6 +572,7 @@ class Node:
         if self._quorum_check_at is not None and now >= self._quorum_check_at:
             self._quorum_check_at = None
             self._warn_if_no_quorum()
+        self._check_runs_long(now)
         self._flush(now)
 
     def next_timer(self) -> float | None:
@@ -579,6 +582,9 @@ class Node:
             self.session.next_timer() if self.session is not None else None,
             self._quiet_at,
             self._quorum_check_at,
+            None
+            if self._checking_since is None or self.unfit
+            else self._checking_since + self.settings.timeout_s,
             join.deadline if (join := self._open_join()) is not None else None,
             self._shutdown_deadline if self._shutdown is not None and not self._shutdown.done else None,
             self._leaving.deadline if self._leaving is not None and not self._leaving.done else None,
@@ -709,6 +715,25 @@ class Node:
         if self.term is not None:
             return self.term.connected_nodes() == 0
         return self.session is None or not self.session.ready
+
+    def set_checking(self, checking: bool, now: float) -> None:
+        """The node's health check starts (or ended) before a join. The members' next round
+        waits for its leader's join: a check that runs longer than the heartbeat timeout, on a
+        node of a job that has other nodes, makes it unfit meanwhile (it gives up its term, so
+        another node leads), as a failing one does. A short check costs the others nothing."""
+        self._checking_since = now if checking else None
+        self._flush(now)
+
+    def _check_runs_long(self, now: float) -> None:
+        since = self._checking_since
+        if since is None or self.unfit or now < since + self.settings.timeout_s or not self.core.peers:
+            return
+        log.warning(
+            "%s its health check has run for %.1fs: it gives up leading meanwhile (the job's "
+            "next round must not wait for it)",
+            self.label, now - since,
+        )  # fmt: skip
+        self.set_unfit(True, now)
 
     def set_unfit(self, unfit: bool, now: float) -> None:
         """The node's health check failed (``unfit``) or passed again. An unfit node leads no

@@ -415,6 +415,8 @@ class MingleRendezvousHandler(RendezvousHandler):
                 self._probe.drain()
             if self._config.health_check:
                 self._check_health(started)
+                if self._shut:  # while its check ran (its loop is gone: nothing would answer)
+                    raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
             left = self._config.join_timeout - (time.monotonic() - started)
             outcome = self._ask("join", left, self._node.request_join, while_waiting=_load_idna_codec)
             if isinstance(outcome, TimedOut):
@@ -465,7 +467,13 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._loop.call(functools.partial(self._node.set_unfit, True))
 
         deadline = started + cfg.join_timeout
-        verdict = wait_until_healthy(cfg.health_check, cfg.health_check_timeout, deadline, on_failure=failed)
+        self._loop.call(functools.partial(self._node.set_checking, True))
+        try:
+            verdict = wait_until_healthy(
+                cfg.health_check, cfg.health_check_timeout, deadline, on_failure=failed
+            )
+        finally:
+            self._loop.call(functools.partial(self._node.set_checking, False))
         self._loop.call(functools.partial(self._node.set_unfit, not verdict.ok))
         if not verdict.ok:
             self._failure = f"its health check failed: {verdict.why}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -205,6 +206,35 @@ def test_ranks_follow_the_rank_order_policy_from_the_leader_around(make_handler,
     # The next round keeps the order: same members, same leader, same ranks.
     again = rendezvous_all(handlers)
     assert [i.rank for i in again] == [i.rank for i in infos]
+
+
+def test_a_leader_whose_health_check_runs_long_does_not_hold_the_next_round(make_handler, tmp_path):
+    """Round 1 of three (``--nnodes=1:3``); then the leader's check runs long before its next
+    join (a slow GPU probe, 15 s). Past the heartbeat timeout it gives up leading: another node leads,
+    and the two others (a majority of round 1's votes) form the next round without it, instead
+    of every member waiting for that join. (A job of two needs its vote: it waits.)"""
+    job = unique_job("slowcheck")
+    slow = tmp_path / "slow"
+    conf = {"last_call_timeout": "0.5", "keep_alive_interval": "0.2"}
+    first = make_handler(job, 1, 3, health_check=f"test ! -e {slow} || sleep 15", **conf)
+    assert first.wait_diagnostics(lambda d: d.is_leader, 10.0) is not None, first.diagnostics()
+    others = [make_handler(job, 1, 3, health_check="true", **conf) for _ in range(2)]
+    infos = rendezvous_all([first, *others])
+    assert {i.world_size for i in infos} == {3} and infos[0].rank == 0
+    slow.touch()
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(first.next_rendezvous)
+        try:
+            started = time.monotonic()
+            again = rendezvous_all(others)
+            took = time.monotonic() - started
+        finally:
+            slow.unlink()
+            first.shutdown()  # (its check still sleeps: its join ends with the handler)
+            with contextlib.suppress(Exception):
+                stuck.result(timeout=60)
+    assert {i.world_size for i in again} == {2} and sorted(i.rank for i in again) == [0, 1]
+    assert took < 10, f"the next round waited {took:.1f}s for the leader's health check"
 
 
 def test_a_node_whose_health_check_fails_stays_out_and_the_others_go_on(make_handler, tmp_path):
