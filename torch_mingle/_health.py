@@ -108,9 +108,10 @@ class _Tail:
         self._thread.start()
 
     def _read(self) -> None:
+        poller = select.poll()  # not select(): the agent may hold descriptors past 1023
+        poller.register(self._fd, select.POLLIN)
         while not self._stop.is_set():
-            ready, _, _ = select.select([self._fd], [], [], READ_SLICE_S)
-            if ready and not self._take():
+            if poller.poll(READ_SLICE_S * 1000) and not self._take():
                 return  # end of file: every writer closed it
 
     def _take(self) -> bool:

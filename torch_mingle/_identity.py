@@ -123,7 +123,15 @@ class Identity:
                 label, state_dir, exc, ENV,
             )  # fmt: skip
             return cls.fresh()
-        _check_private(state_dir)
+        try:
+            state_dir = _private(state_dir)
+        except OSError as exc:
+            log.warning(
+                "%s cannot make a private directory in %s (%s): a restarted agent of this node will "
+                "not get its vote back at once; set state_dir= or $%s to a directory of this user's",
+                label, state_dir, exc, ENV,
+            )  # fmt: skip
+            return cls.fresh()
         prefix = hashlib.sha256(job.encode()).hexdigest()[:16]
         with _claiming(state_dir, prefix):
             return cls._claim(state_dir, prefix, label, keep_s)
@@ -245,22 +253,32 @@ class Identity:
                 self._lock_fd = None
 
 
-def _check_private(state_dir: Path) -> None:
-    """Refuse ``state_dir`` unless it is a directory of this user's that nobody else may write
-    to: there, another local user could plant a slot (a node id of another host: one vote on
-    two hosts) or a link where a state file is written."""
+def _private(state_dir: Path, *, inside: bool = False) -> Path:
+    """Where this user's slots go: ``state_dir`` if it is a directory of this user's that nobody
+    else may write to; a private directory of this user's inside it if it is this user's or
+    root's and others may write there (``/tmp``, a Kubernetes emptyDir); a link of this user's
+    is followed. Anything else is refused: there, another local user could plant a slot (a node
+    id of another host: one vote on two hosts) or a link where a state file is written."""
     info = os.lstat(state_dir)
     uid = os.geteuid()
-    if stat.S_ISLNK(info.st_mode):
-        problem = "is a symbolic link"
+    if info.st_uid not in (uid, 0) or (inside and info.st_uid != uid):
+        problem = f"belongs to uid {info.st_uid}, not to this user (uid {uid})"
+    elif stat.S_ISLNK(info.st_mode):
+        if inside:
+            problem = "is a symbolic link"
+        else:
+            return _private(state_dir.resolve(strict=True))
     elif not stat.S_ISDIR(info.st_mode):
         problem = "is not a directory"
-    elif info.st_uid != uid:
-        problem = f"belongs to uid {info.st_uid}, not to this user (uid {uid})"
-    elif info.st_mode & 0o022:
+    elif not info.st_mode & 0o022 and info.st_uid == uid:
+        return state_dir
+    elif inside:
         problem = f"may be written by other users (mode {stat.S_IMODE(info.st_mode):04o})"
     else:
-        return
+        own = state_dir / f"torch_mingle-{uid}"
+        with contextlib.suppress(FileExistsError):
+            own.mkdir(mode=0o700)
+        return _private(own, inside=True)
     raise MingleConfigError(
         f"the state directory {state_dir} {problem}: another local user could plant this node's "
         "identity or vote there, so it is not used. Fix: remove it (a new one is created with "

@@ -250,6 +250,7 @@ class LeaderTerm:
     _by_node: dict[int, _Member] = field(default_factory=dict)
     #: Connections that said no hello yet, by the address they came from, oldest first.
     _unidentified: dict[str, dict[ConnId, _Member]] = field(default_factory=dict)
+    _unidentified_count: int = 0
     #: How many identified members report each last round (``_Member.last``), kept as members
     #: come, go and join: whether the term is established is then a look at a few keys, not a
     #: pass over every member at every hello (a new leader of a thousand nodes).
@@ -370,10 +371,12 @@ class LeaderTerm:
         if len(self.conns) >= MAX_CONNECTIONS:
             self._closes.append((conn, "too many connections"))
             return
-        if sum(map(len, self._unidentified.values())) >= MAX_UNIDENTIFIED:
-            self._make_room()
+        if self._unidentified_count >= MAX_UNIDENTIFIED and not self._make_room(source):
+            self._closes.append((conn, "too many connections without a hello"))
+            return
         member = self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now, source=source)
         self._unidentified.setdefault(source, {})[conn] = member
+        self._unidentified_count += 1
         if self.seal_key is not None:
             member.seal = Seal(self.seal_key, leader=True)
             self._frames.append((conn, member.seal.challenge()))
@@ -633,6 +636,7 @@ class LeaderTerm:
                 accepted=accepted,
                 place=_place(msg.get("place")),
                 restarted=msg.get("restarted") is True,
+                incarnation=m.incarnation,
                 seen=_seen(msg.get("seen")),
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
@@ -1271,16 +1275,22 @@ class LeaderTerm:
         waiting = self._unidentified.get(m.source)
         if waiting is None or m.conn is None or waiting.pop(m.conn, None) is None:
             return
+        self._unidentified_count -= 1
         if not waiting:
             del self._unidentified[m.source]
 
-    def _make_room(self) -> None:
-        """The unidentified connections are at their cap: the oldest of the address holding the
-        most gives way. A node's hello takes milliseconds, so a flood from one host (or many)
-        closes its own connections, and a node connecting from elsewhere always gets its turn."""
+    def _make_room(self, source: str) -> bool:
+        """The unidentified connections are at their cap and one comes from ``source``: the oldest
+        of the address holding the most gives way, unless that is ``source`` itself (then the new
+        one is refused, first come first served, as a herd of one host's nodes wants). A node's
+        hello takes milliseconds, so a flood from one host (or many) never keeps out a node
+        connecting from elsewhere. False: nothing gave way."""
         busiest = max(self._unidentified.values(), key=len)
         oldest = next(iter(busiest.values()))
+        if oldest.source == source or len(self._unidentified.get(source, ())) >= len(busiest):
+            return False
         self._close(oldest, f"gave way: {len(busiest)} connections from {oldest.source or '?'} said no hello")
+        return True
 
     def _mark_status(self, now: float) -> None:
         self._status_dirty = True

@@ -302,6 +302,8 @@ class JoinRequest:
     place: str = ""
     #: A new process of the node (a restarted agent: ``_identity``) that was in no round yet.
     restarted: bool = False
+    #: Which process of its node id sent it (``_identity``).
+    incarnation: int = 1
     #: The highest round of the job its node heard of (a spare told that a round runs without
     #: it, too): with none of that round's members among the joiners, no round forms.
     seen: int = 0
@@ -576,8 +578,9 @@ class RoundBook:
     drops: dict[int, int] = field(default_factory=dict)
     lost_why: dict[int, str] = field(default_factory=dict)
     ips: dict[int, str] = field(default_factory=dict)
-    #: When each node last joined as a restarted process in this term (``_returns_held``).
-    restarted_at: dict[int, float] = field(default_factory=dict)
+    #: Each node's last restart in this term (``_returns_held``): its incarnation, when that
+    #: process first joined, and when the one before it did (None: no restart before).
+    restarted_at: dict[int, tuple[int, float, float | None]] = field(default_factory=dict)
     _returning: set[int] = field(default_factory=set)
     #: The members whose death or departure broke the current round (``stale``).
     _broken_by: set[int] = field(default_factory=set)
@@ -644,9 +647,12 @@ class RoundBook:
         this term was at least ``rejoin_delay_s`` ago. Every restart is recorded."""
         if not req.restarted:
             return returning
-        last = self.restarted_at.get(req.node)
-        self.restarted_at[req.node] = now
-        return returning and last is not None and now - last < self.rejoin_delay_s
+        known = self.restarted_at.get(req.node)
+        if known is None or known[0] != req.incarnation:  # a new process (not its join again)
+            known = (req.incarnation, now, known[1] if known is not None else None)
+            self.restarted_at[req.node] = known
+        _, at, before = known
+        return returning and before is not None and at - before < self.rejoin_delay_s
 
     def join_report(self, accepted: History) -> None:
         """A proposal of another term that a node accepted: the next round must account for it."""

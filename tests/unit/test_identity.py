@@ -249,23 +249,50 @@ def test_the_highest_epoch_a_node_led_goes_to_its_next_process(tmp_path):
     after.release(forget=True)
 
 
-@pytest.mark.parametrize("plant", ["others_may_write", "another_users", "a_link"])
+#: What ``/tmp`` or a Kubernetes emptyDir allows (anyone may write there).
+SHARED = stat.S_IRWXU | stat.S_IRWXG | stat.S_IRWXO
+
+
+@pytest.mark.parametrize("plant", ["another_users", "another_users_link", "a_private_dir_they_made"])
 def test_a_state_directory_another_local_user_could_write_is_refused_with_the_fix(tmp_path, plant):
     """Another user who created the directory first (``/tmp/torch_mingle-<uid>`` without
     ``$XDG_RUNTIME_DIR``) could plant a slot with another host's node id: one vote on two hosts."""
     planted = tmp_path / "torch_mingle-0"
     real = tmp_path / "elsewhere"
     real.mkdir(mode=0o700)
-    if plant == "a_link":
+    if plant == "another_users_link":
         planted.symlink_to(real)
-    else:
+        os.lchown(planted, 65534, 65534)
+    elif plant == "another_users":
         planted.mkdir()
-        os.chmod(planted, 0o777 if plant == "others_may_write" else 0o700)
-        if plant == "another_users":
-            os.chown(planted, 65534, 65534)
+        os.chmod(planted, SHARED)
+        os.chown(planted, 65534, 65534)
+    else:  # a shared directory (mode 0777), where they made "our" private one first
+        planted.mkdir()
+        os.chmod(planted, SHARED)
+        ours = planted / f"torch_mingle-{os.geteuid()}"
+        ours.mkdir()
+        os.chmod(ours, SHARED)
+        os.chown(ours, 65534, 65534)
     (real / "planted").write_text("a stranger's slot")
-    with pytest.raises(MingleConfigError, match=r"state directory .*torch_mingle-0 .* Fix: remove it"):
+    with pytest.raises(MingleConfigError, match=r"state directory .*torch_mingle-0.* Fix: remove it"):
         Identity.claim(planted, "job42")
+
+
+def test_in_a_directory_others_may_write_the_slots_go_to_a_private_one_inside(tmp_path):
+    """``/tmp`` or a Kubernetes emptyDir (mode 0777): a directory of this user's, 0700, inside."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, SHARED)
+    ident = Identity.claim(shared, "job42")
+    inside = shared / f"torch_mingle-{os.geteuid()}"
+    assert stat.S_IMODE(inside.stat().st_mode) == 0o700 and list(inside.glob("*.0"))
+    again = (
+        Identity.claim(tmp_path / "link", "job42") if (tmp_path / "link").symlink_to(shared) is None else None
+    )
+    assert again is not None and again.node_id != ident.node_id  # a link of ours is followed
+    for held in (ident, again):
+        held.release(forget=True)
 
 
 def test_a_new_state_directory_is_private_and_a_planted_link_is_not_written_through(tmp_path):

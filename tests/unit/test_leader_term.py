@@ -605,15 +605,16 @@ def test_the_frames_a_first_round_costs_per_member_do_not_grow_with_the_round(ba
 
 def test_a_flood_of_connections_that_say_no_hello_never_keeps_a_node_out():
     """A host without the secret opens connections and says nothing (reopening each one the
-    hello deadline closes): at the cap, its own oldest give way, never a node's that speaks."""
+    hello deadline closes): at the cap, a connection from another host makes the flooder's
+    oldest give way; the flooder's own new ones are refused."""
     term = _term(1, 4)
     _leader_joined(term)
     flood = [100 + i for i in range(MAX_UNIDENTIFIED + 500)]
     for conn in flood:
         term.accepted(conn, 0.2, "198.18.0.66")
     closed = {conn for conn, _why in term.closes()}
-    assert closed == set(flood[:500])  # the flooder's oldest, one for each new one
-    term.accepted(10, 0.3, "198.18.0.2")
+    assert closed == set(flood[MAX_UNIDENTIFIED:])  # its own new ones: first come, first served
+    term.accepted(10, 0.3, "198.18.0.2")  # another host's: the flooder's oldest gives way
     for conn in range(5000, 5000 + MAX_UNIDENTIFIED):  # the storm goes on while it says hello
         term.accepted(conn, 0.3, "198.18.0.66")
     _hello(term, 10, 2, 0.3)

@@ -227,9 +227,12 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
     assert isinstance(d, Form) and d.members == (LEADER, 0x40, 0x30)
 
 
-def _restarted_join(b: RoundBook, node: int, history: History, now: float) -> None:
+def _restarted_join(b: RoundBook, node: int, history: History, now: float, incarnation: int) -> None:
     """A new process of ``node`` (a restarted agent) that was in no round yet asks to join."""
-    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, restarted=True), now)
+    req = JoinRequest(
+        node=node, ip=f"198.18.0.{node}", history=history, restarted=True, incarnation=incarnation
+    )
+    b.join(req, now)
 
 
 @pytest.mark.parametrize("rejoin_delay", [10.0, math.inf], ids=["10s", "never"])
@@ -239,7 +242,8 @@ def test_a_restarted_node_is_admitted_at_once_but_one_that_keeps_restarting_is_h
     Restarted again within ``rejoin_delay`` of its last restart, it keeps dying: held back."""
     hist = ROUND_1
     b = _dropped(rejoin_delay, 0.1)  # its process was killed
-    _restarted_join(b, 0x30, hist, 2.0)  # its agent restarted on its host, 2 s after the kill
+    _restarted_join(b, 0x30, hist, 2.0, incarnation=2)  # its agent restarted on its host, 2 s later
+    _restarted_join(b, 0x30, hist, 2.05, incarnation=2)  # the same process again (a reconnect)
     assert b.status(2.0).waiting == 1  # the agents restart their workers for it now
     for node in (LEADER, 0x20, 0x40):
         join(b, node)
@@ -251,7 +255,7 @@ def test_a_restarted_node_is_admitted_at_once_but_one_that_keeps_restarting_is_h
     for node in (LEADER, 0x20, 0x40):
         join(b, node)
     form(b, b.decide(7.0), 7.0)
-    _restarted_join(b, 0x30, hist, 7.0)
+    _restarted_join(b, 0x30, hist, 7.0, incarnation=3)
     assert b.parked(0x30) and b.status(7.0).waiting == 0
     if math.isfinite(rejoin_delay):
         assert b.status(7.0 + 2 * rejoin_delay).waiting == 1  # held as a node dropped twice
