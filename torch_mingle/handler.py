@@ -856,7 +856,8 @@ def _failure_on_the_way_out() -> str:
     """Why this agent fails, when torch's launcher calls ``shutdown()`` on the way out of a
     failure ("" otherwise): it calls it from a ``finally`` clause (torch 2.5-2.13
     ``launch_agent``), so the exception that ends the agent is still being raised: the workers'
-    failure (``ChildFailedError``) or the rendezvous'. A clean finish has none."""
+    failure (``ChildFailedError``) or the rendezvous'. A clean finish has none. (A program of
+    its own that calls ``shutdown()`` from inside an ``except`` block is taken as failing.)"""
     exc = sys.exc_info()[1]
     if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
         return ""
