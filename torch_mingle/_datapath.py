@@ -107,9 +107,12 @@ RETRY_S = 1.0
 #: makes room for the new one, so that a long ``data_path_timeout`` holds few descriptors.
 CONNECTS_PER_PEER = 5
 #: An ICMP unreachable, which is also what a neighbour lookup lost to packet loss gives (as well
-#: as a rejecting firewall or router): that connect is dropped, the next one tried, and the
-#: peer fails at the deadline with this error. Any other error of a connect fails it at once.
-TRANSIENT_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN})
+#: as a rejecting firewall or router), and a refusal, which a firewall that rejects with a TCP
+#: reset gives as well as a peer that is gone (the round then breaks, and the node joins again:
+#: ``handler._check_data_path``): that connect is dropped, the next one tried, and the peer
+#: fails at the deadline with this error. A rule lifted as the round forms (a partition that
+#: heals) costs a retry, not the job. Any other error of a connect fails it at once.
+TRANSIENT_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ECONNREFUSED})
 
 Target = tuple[int, str, int]
 
@@ -193,6 +196,8 @@ def probe(
         sock.close()
         if err in LOCAL_ERRNOS:
             local_error(target, os.strerror(err))
+        elif err in TRANSIENT_ERRNOS:
+            why[target] = os.strerror(err)  # tried again at the next wave
         else:
             settle(target, failed, os.strerror(err))
 

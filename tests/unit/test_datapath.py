@@ -8,6 +8,9 @@ import os
 import selectors
 import socket
 import struct
+import threading
+import time
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -157,3 +160,22 @@ def test_each_target_is_probed_once_and_a_bad_retry_interval_is_refused():
             probe([target], 1.0, retry_s=0)
     finally:
         listener.close()
+
+
+def test_a_peer_that_refuses_at_first_and_then_listens_passes_within_the_deadline():
+    """A firewall rule that rejects with a reset, lifted just as the round forms (a partition
+    that heals): a retry reaches the peer, and the job does not fail for it."""
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", 0))
+    port = held.getsockname()[1]  # bound, not listening: a connect to it is refused
+    result: list[Any] = []
+    prober = threading.Thread(target=lambda: result.append(probe([(1, "127.0.0.1", port)], 5.0)))
+    prober.start()
+    try:
+        time.sleep(0.3)  # the fault's duration: the refusals come first (not a wait for a condition)
+        held.listen(8)
+        prober.join(10)
+        assert not prober.is_alive() and result[0] == ([], [])
+    finally:
+        held.close()
