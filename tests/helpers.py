@@ -338,9 +338,17 @@ def resume_phases(report_dir: Path, since: float) -> dict[str, float] | None:
 
 
 def dump(agents: Sequence[Agent]) -> str:
-    return "\n".join(
+    """Every agent's mingle lines first (the protocol's story, short enough to survive a CI
+    log's truncation), then the tail of each agent's whole output (torch's lines included)."""
+    story = "\n".join(
+        f"--- {a.name} (pid {a.pid}, rc {a.proc.poll()}): mingle lines\n"
+        + "\n".join([line[:240] for line in a.output().splitlines() if " mingle " in line][-25:])
+        for a in agents
+    )
+    tails = "\n".join(
         f"===== {a.name} (pid {a.pid}, rc {a.proc.poll()}) =====\n{a.output()[-6000:]}" for a in agents
     )
+    return f"{story}\n{tails}"
 
 
 def wait_until(
