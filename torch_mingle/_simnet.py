@@ -42,6 +42,9 @@ RETRANSMIT_S = 0.2
 #: A stream segment lost to loss (``impair``) is retransmitted this much later.
 LOSS_RETRANSMIT_S = (0.2, 0.6)
 DROP, RESET = "drop", "reset"
+#: Where a garbled send is spoiled: past a frame's length (``_wire.FRAME_HEADER``), so the
+#: receiver reads a frame that is not JSON rather than waiting for bytes that never come.
+GARBLE_AT = 4
 
 
 @record
@@ -134,6 +137,9 @@ class InMemoryNetwork:
         self.impaired: dict[object, Impairment] = {}
         #: Extra latency of stream bytes to or from a host (a slow reader or writer).
         self.stalled: dict[object, float] = {}
+        #: Hosts whose link corrupts stream bytes: how many more sends to or from each it spoils
+        #: (a bad NIC or middlebox; the receiver sees a protocol error, ``Evidence.BROKEN``).
+        self.garbled: dict[object, int] = {}
         #: Connects waiting behind a silent cut: (client end, server end, target).
         self._pending_connects: list[tuple[int, int, object]] = []
         self.datagrams_sent = 0
@@ -315,6 +321,12 @@ class InMemoryNetwork:
             return
         if not peer.open:
             return
+        for host in (end.owner, peer.owner):
+            left = self.garbled.get(host, 0)
+            if left > 0 and len(data) > GARBLE_AT:
+                self.garbled[host] = left - 1
+                data = data[:GARBLE_AT] + b"\xff" + data[GARBLE_AT + 1 :]  # the frame's first body byte
+                break
         self._deliver_data(end, peer, data, now, knows)
 
     def _deliver_data(self, end: _End, peer: _End, data: bytes, now: float, knows: object) -> None:

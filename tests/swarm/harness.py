@@ -26,10 +26,22 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   from one training round to the next (the round number too: it grows across terms).
 * ``secret``: a host without the secret never has a connection the leader identified: so it
   is never in a round, never evicts a member, never makes ``num_nodes_waiting()`` non-zero.
+* ``quorum``: a round formed from a base round was accepted by a majority of that base's
+  voters, counted from what happened, not from what any node concluded: every member of the
+  base votes unless it said it leaves while that base was the newest round it was in or voted
+  for (its leave, or its accept of this very round, is the truth). Quorum is what keeps two
+  successors of one round from forming on two sides of a partition; this checks the
+  arithmetic the moment it is used, before a fork needs a second side to show it.
+* ``successors``: two proposals of different terms, formed from one base round, that each won
+  a majority of that base's voters (so each may have formed, whatever its leader did next):
+  the later one's leader knew of the earlier (its ``covers`` name it, or a later proposal of
+  its term). This is the claim ``_rounds`` makes for its quorum ("the second one's leader knew
+  of the first"), checked when the second wins, not when a fork trains.
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound).
-* ``recovery``: after the last fault heals, if a majority of the last round's members are
+* ``recovery``: after the last fault heals, if a majority of the last round's voters are
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
-  as a spare beside a full one) within ``recovery_bound_s()``.
+  as a spare beside a full one) within ``recovery_bound_s()``. A member whose leave a live
+  leader of that round heard is no voter (``_left_before``).
 * ``resources``: per-node state (peers, suspects, store ports, connections, pending joins,
   remembered nonces) stays under bounds that do not grow with time or rounds.
 """
@@ -73,10 +85,15 @@ ARRIVE_TIMEOUT_S = min(5.0, sc.INTERVAL_S * sc.ATTEMPTS)
 SLACK_S = 2 * MONITOR_S + 0.05
 #: How long the swarm lets a job run in peace after recovery before it finishes.
 DWELL_S = 1.0
+#: A bad link spoils sends for this long before it goes dark (``_do_garble``).
+GARBLE_FOR_S = 0.05
 #: A fault of the moment a vote goes out strikes this long after it (the accept is on the wire).
 VOTE_OUT_S = 0.0005
 
-INVARIANTS = ("one-round", "ranks", "rank-order", "token", "secret", "bounded-wait", "recovery", "resources")
+INVARIANTS = (
+    "one-round", "quorum", "successors", "ranks", "rank-order", "token", "secret", "bounded-wait",
+    "recovery", "resources",
+)  # fmt: skip
 
 
 def timing() -> Timing:
@@ -172,6 +189,17 @@ class World:
         self.rounds: dict[tuple[int, int, int], _Round] = {}
         #: Each proposal a node accepted, by its key: the round it was formed from, its members.
         self.accepted: dict[tuple[int, int, int], tuple[tuple[int, int, int] | None, tuple[int, ...]]] = {}
+        #: Who accepted each proposal (by node id), and each node that said it leaves, with the
+        #: newest round it was in or voted for when it did (``quorum``).
+        self.acceptors: dict[tuple[int, int, int], set[int]] = {}
+        self.said_left: dict[int, tuple[int, int, int] | None] = {}
+        #: Per base round, the proposals formed from it that won a majority of its voters, each
+        #: with the proposals its leader accounted for (``successors``).
+        self.won: dict[
+            tuple[int, int, int], list[tuple[tuple[int, int, int], frozenset[tuple[int, int, int]]]]
+        ] = {}
+        #: The proposals each proposal's leader accounted for, by its key.
+        self.covers: dict[tuple[int, int, int], frozenset[tuple[int, int, int]]] = {}
         self.trained: list[_Round] = []
         self._lineages = itertools.count(1)
         #: Rounds of two causally isolated lineages that trained at the same time (counted).
@@ -276,6 +304,7 @@ class World:
         self.agents.append(agent)
         self.by_host[host] = agent
         self.ids_ever.add(node.core.node_id)
+        self.said_left.pop(node.core.node_id, None)  # a new process of a node that left votes again
         self._quiet_since = max(self._quiet_since, at)
         self._note(agent, f"starts node {node_hex(node.core.node_id)[:6]}")
         return agent
@@ -288,7 +317,10 @@ class World:
         def accept(rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
             ok = inner(rnd, base, covers)
             if ok:
-                self.accepted.setdefault((rnd.epoch, rnd.members[0], rnd.number), (rnd.base, rnd.members))
+                key = (rnd.epoch, rnd.members[0], rnd.number)
+                self.accepted.setdefault(key, (rnd.base, rnd.members))
+                self.acceptors.setdefault(key, set()).add(node.core.node_id)
+                self._check_successors(key, rnd.base, covers)
                 self._voted(node)
             return ok
 
@@ -320,6 +352,7 @@ class World:
                     self._rejoin(agent)
             elif agent.state in ("arriving", "shutting", "leaving") and ticket is not None and ticket.done:
                 if agent.state == "arriving":
+                    self._says_it_leaves(agent)
                     self._call(
                         agent, "shutting", self.sim.leave(node, sc.CLOSE_TIMEOUT_S), sc.CLOSE_TIMEOUT_S
                     )
@@ -340,7 +373,11 @@ class World:
             raise Violation("bounded-wait", f"host {agent.host}: join answered {result!r}", self.sim.now)
 
     def _shut(self, agent: _Agent) -> None:
+        self._says_it_leaves(agent)
         self._call(agent, "shutting", self.sim.leave(agent.node, sc.CLOSE_TIMEOUT_S), sc.CLOSE_TIMEOUT_S)
+
+    def _says_it_leaves(self, agent: _Agent) -> None:
+        self.said_left[agent.node_id] = agent.node.node._own_key()
 
     def _note(self, agent: _Agent | None, what: str) -> None:
         self.trace.append((self.sim.now, agent.host if agent is not None else -1, what))
@@ -396,6 +433,7 @@ class World:
         log = self.rounds.get(key)
         if log is None:
             log = self.rounds[key] = _Round(key, members, self._lineage_of(rnd.base))
+            self._check_quorum(key, rnd.base, where)
         elif log.members != members:
             raise Violation("ranks", f"{where}: members differ from the same round's elsewhere", now)
         log.delivered.add(agent.node_id)
@@ -404,6 +442,83 @@ class World:
         agent.state, agent.round, agent.ticket = "running", log, None
         if log.delivered == set(members) and not log.ended:
             self._training(log)
+
+    def _votes(self, key: tuple[int, int, int], base: tuple[int, int, int]) -> tuple[set[int], int] | None:
+        """The voters of ``base``, from the truth (``quorum``), and how many of them accepted
+        proposal ``key``; None where no node ran or accepted ``base``."""
+        known = self.rounds.get(base)
+        if known is None and base not in self.accepted:
+            return None
+        members = set(known.members if known is not None else self.accepted[base][1])
+        accepted = self.acceptors.get(key, set())
+        voters = {m for m in members if m not in self.said_left or self.said_left[m] != base}
+        voters |= accepted & members  # its accept of this round came before any leave
+        return voters, len(voters & accepted)
+
+    def _check_successors(
+        self,
+        key: tuple[int, int, int],
+        base: tuple[int, int, int] | None,
+        covers: frozenset[tuple[int, int, int]],
+    ) -> None:
+        """``successors`` (module doc), when proposal ``key`` has just won its base's voters."""
+        if base is None:
+            return
+        self.covers.setdefault(key, covers)
+        counted = self._votes(key, base)
+        won = self.won.setdefault(base, [])
+        if counted is None or any(k == key for k, _ in won):
+            return
+        voters, have = counted
+        if voters and 2 * have <= len(voters):
+            return
+        self.checks += 1
+        for earlier, _ in won:
+            if earlier[:2] == key[:2]:
+                continue  # its own term's: a leader forms none of its proposals once it made a later one
+            if not self._knew(covers, earlier):
+                raise Violation(
+                    "successors",
+                    f"epoch {key[0]} round {key[2]} (leader {node_hex(key[1])[:6]}) won a majority of the "
+                    f"voters of epoch {base[0]} round {base[2]}, as epoch {earlier[0]} round {earlier[2]} "
+                    f"(leader {node_hex(earlier[1])[:6]}) did before it, and its leader did not know of it",
+                    self.sim.now,
+                )
+        won.append((key, covers))
+
+    def _knew(self, covers: frozenset[tuple[int, int, int]], target: tuple[int, int, int]) -> bool:
+        """Whether a leader that accounted for ``covers`` knew of proposal ``target``: one of them
+        is it or a later proposal of its term, or accounted for it in turn (transitively)."""
+        seen: set[tuple[int, int, int]] = set()
+        todo = list(covers)
+        while todo:
+            e, l_, n = todo.pop()
+            if (e, l_) == target[:2] and n >= target[2]:
+                return True
+            if (e, l_, n) in seen:
+                continue
+            seen.add((e, l_, n))
+            for k, c in self.covers.items():
+                if k[:2] == (e, l_) and k[2] <= n:
+                    todo.extend(c)
+        return False
+
+    def _check_quorum(self, key: tuple[int, int, int], base: tuple[int, int, int] | None, where: str) -> None:
+        """``quorum`` (module doc): the voters of ``base``, from the truth, and who accepted."""
+        if base is None:
+            return  # a first round: no base to win
+        self.checks += 1
+        counted = self._votes(key, base)
+        if counted is None:
+            return  # (``_lineage_of`` reports a base nobody ran)
+        voters, have = counted
+        if voters and 2 * have <= len(voters):
+            raise Violation(
+                "quorum",
+                f"{where}: formed from epoch {base[0]} round {base[2]} with the accepts of {have} of "
+                f"its {len(voters)} voters ({', '.join(node_hex(v)[:6] for v in sorted(voters))})",
+                self.sim.now,
+            )
 
     def _place(self, host: int) -> str:
         """A host's place in rank order: a rack of three hosts, then the host (natural order)."""
@@ -578,8 +693,8 @@ class World:
         """Whether the job can form a round: at least ``min_nodes`` agents live, and a majority of
         the members of the newest round of each lineage that still has live members (whichever
         a leader counts from) alive, and one such lineage at least. A member that left (SIGTERM)
-        counts as a voter that is not alive: whether its leave reached a leader before it exited,
-        only that leader knows."""
+        counts as a voter that is not alive, unless its leave reached a live leader that still
+        runs that round (``_left_before``): that leader must go on without its vote."""
         if len(live) < self.sc.min_nodes:
             return False
         alive = {a.node_id for a in live}
@@ -600,12 +715,26 @@ class World:
             return True  # no round yet: the first one needs no majority of anything
         some = False
         for r in newest.values():
-            voters = set(r.members)
+            voters = set(r.members) - self._left_before(r)
+            if not voters:
+                some = True  # every voter left by its word: nobody's vote is missing
+                continue
             if voters & alive:
                 if 2 * len(voters & alive) <= len(voters):
                     return False
                 some = True
         return some  # the newest round of every lineage gone for good: nobody may tell
+
+    def _left_before(self, r: _Round) -> set[int]:
+        """Members of ``r`` whose leave a live leader heard while ``r`` was its current round, and
+        that said they leave ``r`` (it was the newest round they were in or voted for): only
+        their word takes their votes (``_evidence``), and that leader had it."""
+        heard: set[int] = set()
+        for node in self.sim.nodes:
+            term = node.node.term
+            if node.alive and not node.frozen and term is not None and term.book.current_key() == r.key:
+                heard |= {m for m in term.book.left & set(r.members) if self.said_left.get(m) == r.key}
+        return heard
 
     def _finish(self, *, check_again: bool) -> None:
         """The job finishes after ``DWELL_S`` (its agents arrive at the exit barrier and shut
@@ -784,6 +913,14 @@ class World:
         self.sim.net.block(cut, [(me, o) for o in others] + [(o, me) for o in others], DROP)
         self._at(e.ends, lambda: self.sim.net.unblock(cut, self.sim.now))
 
+    def _do_garble(self, e: sc.Event, agent: _Agent) -> None:
+        """The host's link goes bad: its next sends, either way, arrive corrupted, then nothing
+        does until it heals (``GARBLE_SHARE``)."""
+        me = agent.node.addr
+        self.sim.net.garbled[me] = int(e.args[0])  # type: ignore[call-overload]
+        self._at(self.sim.now + GARBLE_FOR_S, lambda: self._do_isolate(e, agent))
+        self._at(e.ends, functools.partial(self.sim.net.garbled.pop, me, None))
+
     def _do_impair(self, e: sc.Event, agent: _Agent) -> None:
         drop, dup, spike = e.args
         addr = agent.node.addr
@@ -809,6 +946,7 @@ class World:
 
     def _do_sigterm(self, e: sc.Event, agent: _Agent) -> None:
         if agent.state in ("joining", "running"):
+            self._says_it_leaves(agent)
             self._call(agent, "leaving", self.sim.preempt(agent.node, LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S)
 
     def _do_shutdown(self, e: sc.Event, agent: _Agent) -> None:

@@ -49,10 +49,15 @@ KINDS: dict[str, int] = {
     "partition_at_accept": 5,
     "sigterm_at_accept": 2,  # the voter leaves right after its vote
 }
+#: A link that goes bad (``garble``, in a share of the seeds): its next 1 to 3 stream sends,
+#: either way, are corrupted (the receiver sees a protocol error), and then it drops everything
+#: until it heals, as a failing NIC or middlebox does. Drawn apart from ``KINDS``.
+GARBLE_SHARE = 0.3
+GARBLE_SALT = 0x6A7B1E
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
 TRIGGERS = frozenset(k for k in KINDS if k.endswith("_at_accept"))
-FAULT_KINDS = frozenset(KINDS) - {"workers_fail", "sigterm", "shutdown"}
+FAULT_KINDS = (frozenset(KINDS) | {"garble"}) - {"workers_fail", "sigterm", "shutdown"}
 
 
 @dataclass(frozen=True)
@@ -150,9 +155,21 @@ def generate(seed: int) -> Scenario:
     kinds = [k for k in KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
+    events += _garbles(seed, hosts)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
     return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events), places=seed % 2 == 1)
+
+
+def _garbles(seed: int, hosts: int) -> list[Event]:
+    """``garble`` faults, drawn from a stream of their own (added after the others: the seeds
+    drawn before it keep every other event they had)."""
+    rng = random.Random(seed ^ GARBLE_SALT)
+    if rng.random() >= GARBLE_SHARE:
+        return []
+    at = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3)
+    sends = rng.randint(1, 3)
+    return [Event(at, "garble", rng.randrange(hosts), dur=round(rng.uniform(0.5, 6.0), 3), args=(sends,))]
 
 
 def _event(rng: random.Random, kind: str, hosts: int) -> Event:

@@ -18,7 +18,8 @@ from tests.swarm import mutants
 from tests.swarm import scenario as sc
 from tests.swarm.__main__ import main
 from tests.swarm.harness import INVARIANTS, Outcome, run
-from torch_mingle import _leader, _rounds
+from torch_mingle import _evidence, _leader, _rounds
+from torch_mingle._evidence import Evidence, Verdict
 from torch_mingle._node import Node
 from torch_mingle._rounds import RoundBook
 from torch_mingle._wire import Seal
@@ -107,6 +108,23 @@ def _stale_leader_comes_back() -> sc.Scenario:
     return sc.Scenario.from_json(json.dumps(case["scenario"]))
 
 
+def _half_the_job_crashes() -> sc.Scenario:
+    """Two of four hosts die (not the leader's): the two left hold half the votes, and wait."""
+    return _cluster(4, sc.Event(2.0, "crash", node=0), sc.Event(2.0, "crash", node=1))
+
+
+def _spare_that_heard() -> sc.Scenario:
+    """A spare that heard of the job's round is cut off alone (``spare_that_heard_forks``)."""
+    case = next(r for r in REGRESSIONS if r["name"] == "spare_that_heard_forks")
+    return sc.Scenario.from_json(json.dumps(case["scenario"]))
+
+
+def _voter_loses_power() -> sc.Scenario:
+    """A voter loses power right after its vote, and a node dies (``vote_forgotten_by_a_power_loss``)."""
+    case = next(r for r in REGRESSIONS if r["name"] == "vote_forgotten_by_a_power_loss")
+    return sc.Scenario.from_json(json.dumps(case["scenario"]))
+
+
 def _many_worker_failures() -> sc.Scenario:
     return _cluster(3, *(sc.Event(1.0 + 0.7 * i, "workers_fail", node=1) for i in range(16)))
 
@@ -155,9 +173,15 @@ def _lenient(check: Any) -> Any:
 
 
 BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
-    # Quorum ignored: both halves of a 2|2 split form rounds.
-    "one-round": (_split_2_2, [(_rounds.RoundBook, "_no_quorum", _no_quorum),
-                               (_leader, "quorum_met", lambda *counted: True)]),
+    # A spare that heard of the job's round founds a job of its own, alone (a first round has no
+    # base, so no quorum to break: only one-round sees it).
+    "one-round": (_spare_that_heard, [(_rounds.RoundBook, "_no_quorum", _no_quorum)]),
+    # A crash takes the vote (the kernel's close taken for the node's word): the half left forms.
+    "quorum": (_half_the_job_crashes, [(_evidence, "_VERDICTS", {
+        **_evidence._VERDICTS, Evidence.CLOSED: Verdict(votes=False, fence=False)})]),
+    # A vote goes out before it is on the disk: the voter's power loss forgets it, and a new term
+    # forms a second successor of the round without knowing of the first.
+    "successors": (_voter_loses_power, [(Node, "_accept", mutants._accept_without_persisting)]),
     # Rank 0 is not the leader that hosts the store.
     "ranks": (_split_2_2, [(_rounds.RoundBook, "_rank_order", _leader_last)]),
     # Ranks in descending place order after the leader: the ring of places is broken.
