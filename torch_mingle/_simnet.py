@@ -42,6 +42,10 @@ RETRANSMIT_S = 0.2
 #: A stream segment lost to loss (``impair``) is retransmitted this much later.
 LOSS_RETRANSMIT_S = (0.2, 0.6)
 DROP, RESET = "drop", "reset"
+#: A cut by something that closes connections both ways (a proxy, a sidecar, a NAT that closes
+#: what it cannot route): a connect is accepted and closed, a send closes both ends (FIN).
+FIN = "fin"
+FIN_REASON = "closed by the peer (a proxy on the path closed it)"
 #: Where a garbled send is spoiled: past a frame's length (``_wire.FRAME_HEADER``), so the
 #: receiver reads a frame that is not JSON rather than waiting for bytes that never come.
 GARBLE_AT = 4
@@ -200,13 +204,14 @@ class InMemoryNetwork:
         self._release(now)
 
     def cut_mode(self, a: object, b: object) -> str | None:
-        """How traffic from ``a`` to ``b`` is cut (``DROP``, ``RESET``), or None."""
+        """How traffic from ``a`` to ``b`` is cut (``DROP``, ``RESET``, ``FIN``), or None."""
         if self._side and self._side.get(a, -1) != self._side.get(b, -2):
             return DROP
         cuts = self._blocks.get((a, b))
         if not cuts:
             return None
-        return RESET if RESET in cuts.values() else DROP
+        modes = cuts.values()
+        return RESET if RESET in modes else FIN if FIN in modes else DROP
 
     def cut(self, a: object, b: object) -> bool:
         return self.cut_mode(a, b) is not None
@@ -279,6 +284,14 @@ class InMemoryNetwork:
         if mode == RESET:
             del self._ends[server]
             self._refuse(client, owner, now + latency)
+        elif mode == FIN:
+            del self._ends[server]  # the proxy accepts it, then closes it: the peer never hears
+            end = self._ends[client]
+            end.open = False
+            self._push(now + latency, Delivery("connected", owner, end=client, gen=end.gen))
+            self._push(
+                now + 2 * latency, Delivery("closed", owner, end=client, reason=FIN_REASON, gen=end.gen)
+            )
         elif mode == DROP:
             self._pending_connects.append((client, server, target))  # SYNs retried after the heal
         else:
@@ -318,6 +331,10 @@ class InMemoryNetwork:
             return
         if mode == RESET:
             self._reset(end, now, "connection reset by peer (a firewall on the path rejects it)")
+            return
+        if mode == FIN:
+            self._fin(end, now)
+            self._fin(peer, now)
             return
         if not peer.open:
             return
@@ -368,6 +385,15 @@ class InMemoryNetwork:
         end.held.clear()
         at = max(now + self._latency(), end.last_at)
         self._push(at, Delivery("closed", end.owner, end=end.id, reason=reason, reset=True, gen=end.gen))
+
+    def _fin(self, end: _End, now: float) -> None:
+        """A proxy on the path closes ``end`` (what it sent is lost with the connection)."""
+        if not end.open or end.dead:
+            return
+        end.open = False
+        end.held.clear()
+        at = max(now + self._latency(), end.last_at)
+        self._push(at, Delivery("closed", end.owner, end=end.id, reason=FIN_REASON, gen=end.gen))
 
     def _close_peer(self, end: _End, now: float, reason: str) -> None:
         peer = self._ends.get(end.peer)

@@ -23,7 +23,9 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
 * ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
   the members' places in ascending order exactly once around (``_rounds.rank_order``).
 * ``token``: the fencing token (epoch, round) handed to workers only grows: per agent, and
-  from one training round to the next (the round number too: it grows across terms).
+  from one training round to the next (the round number too: it grows across terms). No two
+  rounds that train share a token, but rounds of causally isolated lineages (as ``one-round``
+  judges them), and a term (epoch, leader) is led by one process only (``_record_terms``).
 * ``secret``: a host without the secret never has a connection the leader identified: so it
   is never in a round, never evicts a member, never makes ``num_nodes_waiting()`` non-zero.
 * ``quorum``: a round formed from a base round was accepted by a majority of that base's
@@ -64,7 +66,7 @@ from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_SUSPECTS, Timing
 from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, node_hex
 from torch_mingle._sim import SimNode, Simulation
-from torch_mingle._simnet import DROP, RESET, Delivery, Impairment
+from torch_mingle._simnet import DROP, FIN, RESET, Delivery, Impairment
 from torch_mingle._wire import (
     MAX_REMEMBERED_NONCES,
     Announce,
@@ -198,6 +200,8 @@ class World:
         self.won: dict[
             tuple[int, int, int], list[tuple[tuple[int, int, int], frozenset[tuple[int, int, int]]]]
         ] = {}
+        #: The process that led each term (epoch, leader) (``token``).
+        self.term_process: dict[tuple[int, int], SimNode] = {}
         #: The proposals each proposal's leader accounted for, by its key.
         self.covers: dict[tuple[int, int, int], frozenset[tuple[int, int, int]]] = {}
         self.trained: list[_Round] = []
@@ -295,6 +299,7 @@ class World:
         else:
             node = self.sim.add_node(at, node_id=node_id, place=self._place(host))
         self._record_accepts(node)
+        self._record_terms(node)
         for known in (node.node.history, node.node.accepted):  # its state file's: it knows them
             lineage = self._lineage_known(known.key) if known is not None else None
             if lineage is not None:
@@ -325,6 +330,29 @@ class World:
             return ok
 
         node.node._accept = accept  # type: ignore[method-assign]
+
+    def _record_terms(self, node: SimNode) -> None:
+        """Every term the process leads: a term (epoch, node id) is one process's, or two could
+        hand out the same fencing token (``token``); a restarted process that forgot the epochs
+        its node led would lead one of them again."""
+        inner = node.node._lead
+
+        def lead(epoch: int, now: float) -> None:
+            inner(epoch, now)
+            term = node.node.term
+            if term is None or term.claim.epoch != epoch:
+                return
+            first = self.term_process.setdefault((epoch, term.claim.leader), node)
+            if first is not node:
+                raise Violation(
+                    "token",
+                    f"epoch {epoch} of node {node_hex(term.claim.leader)[:6]} led by two of its processes "
+                    f"(incarnations {first.node.settings.incarnation} and {node.node.settings.incarnation}): "
+                    "their rounds' tokens (epoch, round) can repeat",
+                    self.sim.now,
+                )
+
+        node.node._lead = lead  # type: ignore[method-assign]
 
     def _tick(self) -> None:
         now = self.sim.now
@@ -588,6 +616,17 @@ class World:
                 "train at the same time",
                 now,
             )
+        token = (log.key[0], log.key[2])
+        for r in self.trained:
+            if (r.key[0], r.key[2]) == token and r.key != log.key:
+                heard = [m for m in log.members if ("lineage", r.lineage) in self.sim.knows(process[m])]
+                if r.lineage == log.lineage or (founds and heard):  # (as ``one-round`` judges)
+                    raise Violation(
+                        "token",
+                        f"{_show(log)} trains under the token {token} of {_show(r)}, a round its members "
+                        "could have heard of: fencing cannot tell them apart",
+                        now,
+                    )
         lineage = [r for r in self.trained if r.lineage == log.lineage]
         if lineage:
             last = lineage[-1]
@@ -903,7 +942,8 @@ class World:
                 if i != j and (not oneway or i == 0):
                     pairs.extend((a, b) for a in side for b in other)
         cut = next(self._cut_ids)
-        self.sim.net.block(cut, pairs, RESET if mode == "reset" else DROP)
+        self.faults[f"partition by {mode}"] += 1
+        self.sim.net.block(cut, pairs, {"reset": RESET, "fin": FIN}.get(str(mode), DROP))
         self._at(e.ends, lambda: self.sim.net.unblock(cut, self.sim.now))
 
     def _do_isolate(self, e: sc.Event, agent: _Agent) -> None:

@@ -49,6 +49,11 @@ KINDS: dict[str, int] = {
     "partition_at_accept": 5,
     "sigterm_at_accept": 2,  # the voter leaves right after its vote
 }
+#: Partitions that close connections with a FIN, both ways or one way (a proxy, a sidecar or
+#: a NAT that closes what it cannot route): ``judge(CLOSED)`` under a split. Drawn apart from
+#: ``KINDS``, as ``garble`` is.
+FIN_SHARE = 0.3
+FIN_SALT = 0xF1F1F1
 #: A link that goes bad (``garble``, in a share of the seeds): its next 1 to 3 stream sends,
 #: either way, are corrupted (the receiver sees a protocol error), and then it drops everything
 #: until it heals, as a failing NIC or middlebox does. Drawn apart from ``KINDS``.
@@ -155,10 +160,22 @@ def generate(seed: int) -> Scenario:
     kinds = [k for k in KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
-    events += _garbles(seed, hosts)
+    events = _with_fins(seed, events) + _garbles(seed, hosts)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
     return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events), places=seed % 2 == 1)
+
+
+def _with_fins(seed: int, events: list[Event]) -> list[Event]:
+    """A share of the partitions close connections with a FIN (``FIN_SHARE``), drawn from a
+    stream of their own: every other draw of the seed stays as it was."""
+    rng = random.Random(seed ^ FIN_SALT)
+    return [
+        replace(e, args=("fin", *e.args[1:]))
+        if e.kind in ("partition", "partition_at_accept") and rng.random() < FIN_SHARE
+        else e
+        for e in events
+    ]
 
 
 def _garbles(seed: int, hosts: int) -> list[Event]:
