@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch_mingle._evidence import Evidence
@@ -122,6 +122,9 @@ class SimNode:
     held: list[Delivery] = field(default_factory=list)
     events: list[tuple[float, Event]] = field(default_factory=list)
     timer_queued: float | None = None
+    #: The process's ticket ids, from 1 as in the handler (``handler._ticket_ids``): a restarted
+    #: process on the host numbers its calls from 1 again, as a real one does.
+    tickets: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     @property
     def core(self) -> Discovery:
@@ -176,7 +179,6 @@ class Simulation:
         self._ports = itertools.count(50000)
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         self._observers: dict[object, Any] = {}
-        self._tickets = itertools.count(1)  # per simulation: a replay sends the same frames
         #: What each process (by index) heard of, transitively (``track_knowledge``); None: off.
         self.knowledge: dict[int, frozenset[object]] | None = None
         #: Each node's state file, by node id (what a restart under the same id reads back).
@@ -300,25 +302,25 @@ class Simulation:
 
     def join(self, node: SimNode, timeout_s: float = 60.0) -> Ticket:
         """``next_rendezvous()`` on ``node``: the ticket resolves as the simulation runs."""
-        ticket = Ticket("join", next(self._tickets), timeout_s=timeout_s)
+        ticket = Ticket("join", next(node.tickets), timeout_s=timeout_s)
         self._call(node, lambda now: node.node.request_join(ticket, now))
         return ticket
 
     def leave(self, node: SimNode, close_timeout_s: float = 5.0) -> Ticket:
         """``shutdown()`` on ``node``."""
-        ticket = Ticket("shutdown", next(self._tickets), timeout_s=close_timeout_s)
+        ticket = Ticket("shutdown", next(node.tickets), timeout_s=close_timeout_s)
         self._call(node, lambda now: node.node.request_shutdown(ticket, close_timeout_s, "finished", now))
         return ticket
 
     def arrive(self, node: SimNode, round_number: int, timeout_s: float = 5.0) -> Ticket:
         """torch's agent enters the exit barrier of round ``round_number`` on ``node``."""
-        ticket = Ticket("arrive", next(self._tickets), timeout_s=timeout_s)
+        ticket = Ticket("arrive", next(node.tickets), timeout_s=timeout_s)
         self._call(node, lambda now: node.node.request_arrive(ticket, round_number, now))
         return ticket
 
     def preempt(self, node: SimNode, timeout_s: float = 15.0) -> Ticket:
         """SIGTERM to ``node``'s agent: it leaves the job at once (``MingleRendezvousHandler.leave``)."""
-        ticket = Ticket("leave", next(self._tickets), timeout_s=timeout_s)
+        ticket = Ticket("leave", next(node.tickets), timeout_s=timeout_s)
         ticket.deadline = self.now + timeout_s  # as the handler's ``_ask`` sets it
         self._call(node, lambda now: node.node.request_leave(ticket, now))
         return ticket
