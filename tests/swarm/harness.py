@@ -36,8 +36,8 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   arithmetic the moment it is used, before a fork needs a second side to show it.
 * ``successors``: two proposals of different terms, formed from one base round, that each won
   a majority of that base's voters (so each may have formed, whatever its leader did next):
-  the later one's leader knew of the earlier (its ``covers`` name it, or a later proposal of
-  its term). This is the claim ``_rounds`` makes for its quorum ("the second one's leader knew
+  the later one's leader knew of the earlier (its ``covers`` name it or a later proposal of
+  its term, or a proposal that accounted for it in turn). This is the claim ``_rounds`` makes for its quorum ("the second one's leader knew
   of the first"), checked when the second wins, not when a fork trains.
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound).
 * ``recovery``: after the last fault heals, if a majority of the last round's voters are
