@@ -28,7 +28,8 @@ run hundreds of nodes on a fake network in milliseconds.
   So a late joiner that heard nothing, or a node that was cut off and elected itself,
   never deposes a leader whose job runs: its bare claim is not established, whatever its
   epoch; and before the first round (nothing is established yet) a newcomer whose answer
-  came late claims the same epoch as the running leader, which its followers outweigh. A
+  came late claims the same epoch as the running leader, which its followers outweigh (and a
+  member of a round knows its leader is established before any announcement says so). A
   node that fenced a live leader still wins with its higher epoch, so a false fence never
   strands it alone.
 * Losing a leader: the leader's own word (it resigned, it said ``bye``, it rejected our claim)
@@ -709,8 +710,20 @@ class Discovery:
             self.leader = LeaderView.of(claim, body, announced_store_ip(body, addr), is_self=False, now=now)
             return
         checked = self._checked_claim(d, now)
-        if checked is not None and (current is None or _standing_of_body(checked, body) > current.standing()):
+        if checked is not None and (
+            current is None or _standing_of_body(checked, body) > self._standing_of(current)
+        ):
             self._follow(d, checked, now, addr)
+
+    def _standing_of(self, view: LeaderView) -> tuple[int, int, int, int]:
+        """The standing of the leader we follow, as this node knows it: a round of its term that
+        this node is in proves it established, whatever its last announcement said (they are
+        rate-limited: a newcomer's bare claim of the same epoch, heard just after the first
+        round formed, must not take the round's members away from its leader)."""
+        rank = view.standing()
+        if not rank[0] and self.succession is not None and self.succession.claim == view.claim:
+            return (1, *rank[1:])
+        return rank
 
     def _resign_from_anyone(self, d: Datagram, addr: Dest, now: float) -> None:
         assert isinstance(d.body, Resign)  # noqa: S101

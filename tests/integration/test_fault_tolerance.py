@@ -122,7 +122,8 @@ def test_a_spare_beyond_max_nodes_replaces_a_node_that_dies(tmp_path):
     assert codes == [0, 0, 0], dump(agents)
     reports = final_reports(tmp_path / "report")
     assert_trained_together(reports, 3, 40)
-    assert "joined round 2 as rank 2" in spare.output(), dump(agents)
+    # (the round after the death: its number is not fixed, a start-up race may have used one)
+    assert "as rank 2 of 3" in spare.output() and "joined round 1 " not in spare.output(), dump(agents)
 
 
 def test_a_killed_agent_restarted_on_its_host_gets_its_vote_back_at_once(tmp_path):

@@ -16,6 +16,7 @@ from torch_mingle._protocol import (
     LeaderLost,
     Role,
     SteppedDown,
+    Succession,
     Timing,
 )
 from torch_mingle._sim import Simulation
@@ -372,3 +373,23 @@ def test_in_a_small_job_the_first_query_goes_out_at_once_and_a_crowd_waits_its_j
     assert len(sent) == 1
     assert crowd.datagrams_to_send(0.0) == []
     assert 0.0 < (crowd.next_timer() or 0.0) <= 0.01
+
+
+def test_a_member_of_a_round_is_not_taken_away_by_a_bare_claim_of_the_same_epoch():
+    """A node that started just after the first round formed heard no leader within its window
+    and claims the same epoch (seen with four torchrun agents on two busy cores). The round's
+    members know their leader formed a round (they are in it) even before its rate-limited
+    announcement says "established": a bare claim with a lower node id does not take them."""
+    codec = Codec()
+    core = Discovery("job", 0x500, timing=Timing(election_window_s=0.02))
+    core.start(0.0)
+    leader = Claim(epoch=1, leader=0x800)
+    first = Announce(epoch=1, store_ip="10.0.0.8", store_port=7)  # sent before its round formed
+    core.receive_datagram(codec.encode(Datagram(job="job", sender=0x800, body=first)), ("10.0.0.8", 1), 0.01)
+    assert core.role is Role.FOLLOWING and core.leader is not None and core.leader.claim == leader
+    core.set_succession(
+        Succession(leader, 1, (0x800, 0x500), ("10.0.0.8", "10.0.0.5"), (1, 1), seen_via="10.0.0.8")
+    )
+    bare = Announce(epoch=1, store_ip="10.0.0.1", store_port=9)
+    core.receive_datagram(codec.encode(Datagram(job="job", sender=0x100, body=bare)), ("10.0.0.1", 1), 0.05)
+    assert core.leader is not None and core.leader.claim == leader, core.leader
