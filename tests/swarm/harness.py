@@ -37,8 +37,9 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
 * ``successors``: two proposals of different terms, formed from one base round, that each won
   a majority of that base's voters (so each may have formed, whatever its leader did next):
   the later one's leader knew of the earlier (its ``covers`` name it or a later proposal of
-  its term, or a proposal that accounted for it in turn). This is the claim ``_rounds`` makes for its quorum ("the second one's leader knew
-  of the first"), checked when the second wins, not when a fork trains.
+  its term, or a proposal that accounted for it in turn). This is the claim ``_rounds``
+  makes for its quorum ("the second one's leader knew of the first"), checked when the
+  second wins, not when a fork trains.
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound).
 * ``recovery``: after the last fault heals, if a majority of the last round's voters are
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
