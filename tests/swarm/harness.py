@@ -201,6 +201,9 @@ class World:
         self.won: dict[
             tuple[int, int, int], list[tuple[tuple[int, int, int], frozenset[tuple[int, int, int]]]]
         ] = {}
+        #: What each member knew when it accepted each proposal (``one-round``, ``token``): a
+        #: round is judged by what its members had heard when they committed to it.
+        self.knew_at_accept: dict[tuple[int, int, int], dict[int, frozenset[object]]] = {}
         #: The process that led each term (epoch, leader) (``token``).
         self.term_process: dict[tuple[int, int], SimNode] = {}
         #: The proposals each proposal's leader accounted for, by its key.
@@ -326,6 +329,7 @@ class World:
                 key = (rnd.epoch, rnd.members[0], rnd.number)
                 self.accepted.setdefault(key, (rnd.base, rnd.members))
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
+                self.knew_at_accept.setdefault(key, {})[node.core.node_id] = self.sim.knows(node)
                 self._check_successors(key, rnd.base, covers)
                 self._voted(node)
             return ok
@@ -598,7 +602,11 @@ class World:
         process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
         founds = not any(r.lineage == log.lineage for r in self.trained)  # the lineage's first round
         for beside in (r for r in training if r.lineage != log.lineage):
-            heard = [m for m in log.members if ("lineage", beside.lineage) in self.sim.knows(process[m])]
+            heard = [
+                m
+                for m in log.members
+                if ("lineage", beside.lineage) in self._knew_when_it_joined(log, m, process)
+            ]
             heard = heard if founds else []  # (the job it continues is not for it to stop)
             if heard:
                 raise Violation(
@@ -620,7 +628,11 @@ class World:
         token = (log.key[0], log.key[2])
         for r in self.trained:
             if (r.key[0], r.key[2]) == token and r.key != log.key:
-                heard = [m for m in log.members if ("lineage", r.lineage) in self.sim.knows(process[m])]
+                heard = [
+                    m
+                    for m in log.members
+                    if ("lineage", r.lineage) in self._knew_when_it_joined(log, m, process)
+                ]
                 if r.lineage == log.lineage or (founds and heard):  # (as ``one-round`` judges)
                     raise Violation(
                         "token",
@@ -636,6 +648,15 @@ class World:
                 raise Violation("token", f"{_show(log)} trains after {_show(last)}: the token went back", now)
         log.training_since = now
         self.trained.append(log)
+
+    def _knew_when_it_joined(
+        self, log: _Round, member: int, process: dict[int, SimNode]
+    ) -> frozenset[object]:
+        """What ``member`` had heard when it accepted round ``log`` (what it hears after, as a
+        thawed leader reading what came while it was frozen, is not what it founded it on);
+        what it knows now if it never accepted it."""
+        at_accept = self.knew_at_accept.get(log.key, {}).get(member)
+        return at_accept if at_accept is not None else self.sim.knows(process[member])
 
     # ------------------------------------------------------------ checks
 
