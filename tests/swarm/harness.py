@@ -65,7 +65,7 @@ from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import JOIN_GRACE_S, JobClosed, Joined, Ticket, TimedOut
 from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_SUSPECTS, Timing
-from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, node_hex
+from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, age, node_hex
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._simnet import DROP, FIN, RESET, Delivery, Impairment
 from torch_mingle._wire import (
@@ -484,9 +484,19 @@ class World:
             return None
         members = set(known.members if known is not None else self.accepted[base][1])
         accepted = self.acceptors.get(key, set())
-        voters = {m for m in members if m not in self.said_left or self.said_left[m] != base}
+        voters = {m for m in members if self._votes_on(m, base)}
         voters |= accepted & members  # its accept of this round came before any leave
         return voters, len(voters & accepted)
+
+    def _votes_on(self, member: int, base: tuple[int, int, int]) -> bool:
+        """Whether ``member`` of ``base`` votes on its successor, by what happened: unless it said
+        it leaves while ``base`` or an older round was the newest it was in or voted for (it left
+        before ``base`` formed, and never accepted it: a leader that took it in from a join sent
+        before its leave has no vote of it to wait for)."""
+        if member not in self.said_left:
+            return True
+        said = self.said_left[member]
+        return said is not None and age(said) > age(base)
 
     def _check_successors(
         self,
