@@ -117,24 +117,28 @@ class Identity:
         try:
             state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
-            log.warning(
-                "%s cannot use the state directory %s (%s): a restarted agent of this node will "
-                "not get its vote back at once; set state_dir= or $%s to a writable directory",
-                label, state_dir, exc, ENV,
-            )  # fmt: skip
-            return cls.fresh()
+            return cls._kept_nowhere(
+                label, f"cannot use the state directory {state_dir}", exc, "a writable directory"
+            )
         try:
             state_dir = _private(state_dir)
         except OSError as exc:
-            log.warning(
-                "%s cannot make a private directory in %s (%s): a restarted agent of this node will "
-                "not get its vote back at once; set state_dir= or $%s to a directory of this user's",
-                label, state_dir, exc, ENV,
-            )  # fmt: skip
-            return cls.fresh()
+            return cls._kept_nowhere(
+                label, f"cannot make a private directory in {state_dir}", exc, "a directory of this user's"
+            )
         prefix = hashlib.sha256(job.encode()).hexdigest()[:16]
         with _claiming(state_dir, prefix):
             return cls._claim(state_dir, prefix, label, keep_s)
+
+    @classmethod
+    def _kept_nowhere(cls, label: str, problem: str, exc: OSError, fix: str) -> Identity:
+        """A fresh identity, when ``state_dir`` cannot hold this node's (``problem``)."""
+        log.warning(
+            "%s %s (%s): a restarted agent of this node will not get its vote back at once; "
+            "set state_dir= or $%s to %s",
+            label, problem, exc, ENV, fix,
+        )  # fmt: skip
+        return cls.fresh()
 
     @classmethod
     def _claim(cls, state_dir: Path, prefix: str, label: str, keep_s: float) -> Identity:

@@ -250,6 +250,8 @@ class LeaderTerm:
     _by_node: dict[int, _Member] = field(default_factory=dict)
     #: Connections that said no hello yet, by the address they came from, oldest first.
     _unidentified: dict[str, dict[ConnId, _Member]] = field(default_factory=dict)
+    #: Their number, kept as they come and go (a storm from thousands of addresses must not
+    #: cost a pass over them all per connection).
     _unidentified_count: int = 0
     #: How many identified members report each last round (``_Member.last``), kept as members
     #: come, go and join: whether the term is established is then a look at a few keys, not a
@@ -1287,8 +1289,8 @@ class LeaderTerm:
         connecting from elsewhere. False: nothing gave way."""
         busiest = max(self._unidentified.values(), key=len)
         oldest = next(iter(busiest.values()))
-        if oldest.source == source or len(self._unidentified.get(source, ())) >= len(busiest):
-            return False
+        if len(self._unidentified.get(source, ())) >= len(busiest):
+            return False  # ``source`` holds the most (its oldest would be the one to go)
         self._close(oldest, f"gave way: {len(busiest)} connections from {oldest.source or '?'} said no hello")
         return True
 

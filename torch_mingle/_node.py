@@ -582,9 +582,7 @@ class Node:
             self.session.next_timer() if self.session is not None else None,
             self._quiet_at,
             self._quorum_check_at,
-            None
-            if self._checking_since is None or self.unfit
-            else self._checking_since + self.settings.timeout_s,
+            self._check_too_long_at(),
             join.deadline if (join := self._open_join()) is not None else None,
             self._shutdown_deadline if self._shutdown is not None and not self._shutdown.done else None,
             self._leaving.deadline if self._leaving is not None and not self._leaving.done else None,
@@ -724,9 +722,16 @@ class Node:
         self._checking_since = now if checking else None
         self._flush(now)
 
+    def _check_too_long_at(self) -> float | None:
+        """When a running health check has run too long for this node to keep leading (None:
+        none runs, or the node is unfit already)."""
+        if self._checking_since is None or self.unfit:
+            return None
+        return self._checking_since + self.settings.timeout_s
+
     def _check_runs_long(self, now: float) -> None:
-        since = self._checking_since
-        if since is None or self.unfit or now < since + self.settings.timeout_s or not self.core.peers:
+        since, at = self._checking_since, self._check_too_long_at()
+        if since is None or at is None or now < at or not self.core.peers:
             return
         log.warning(
             "%s its health check has run for %.1fs: it gives up leading meanwhile (the job's "

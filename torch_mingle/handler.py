@@ -399,9 +399,12 @@ class MingleRendezvousHandler(RendezvousHandler):
         )
         return info
 
-    def _next_rendezvous(self) -> RendezvousInfo:
+    def _refuse_if_shut(self) -> None:
         if self._shut:
             raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
+
+    def _next_rendezvous(self) -> RendezvousInfo:
+        self._refuse_if_shut()
         if self._closed:
             why = self._job_failure()
             raise MingleClosedError(
@@ -415,8 +418,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 self._probe.drain()
             if self._config.health_check:
                 self._check_health(started)
-                if self._shut:  # while its check ran (its loop is gone: nothing would answer)
-                    raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
+                self._refuse_if_shut()  # shut while its check ran: its loop is gone, nothing would answer
             left = self._config.join_timeout - (time.monotonic() - started)
             outcome = self._ask("join", left, self._node.request_join, while_waiting=_load_idna_codec)
             if isinstance(outcome, TimedOut):

@@ -519,7 +519,7 @@ class World:
         for earlier, _ in won:
             if earlier[:2] == key[:2]:
                 continue  # its own term's: a leader forms none of its proposals once it made a later one
-            if not self._knew(covers, earlier):
+            if not self._accounted_for(covers, earlier):
                 raise Violation(
                     "successors",
                     f"epoch {key[0]} round {key[2]} (leader {node_hex(key[1])[:6]}) won a majority of the "
@@ -529,7 +529,7 @@ class World:
                 )
         won.append((key, covers))
 
-    def _knew(self, covers: frozenset[tuple[int, int, int]], target: tuple[int, int, int]) -> bool:
+    def _accounted_for(self, covers: frozenset[tuple[int, int, int]], target: tuple[int, int, int]) -> bool:
         """Whether a leader that accounted for ``covers`` knew of proposal ``target``: one of them
         is it or a later proposal of its term, or accounted for it in turn (transitively)."""
         seen: set[tuple[int, int, int]] = set()
@@ -612,12 +612,8 @@ class World:
         process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
         founds = not any(r.lineage == log.lineage for r in self.trained)  # the lineage's first round
         for beside in (r for r in training if r.lineage != log.lineage):
-            heard = [
-                m
-                for m in log.members
-                if ("lineage", beside.lineage) in self._knew_when_it_joined(log, m, process)
-            ]
-            heard = heard if founds else []  # (the job it continues is not for it to stop)
+            # (the job it continues is not for it to stop: only a lineage's first round is judged)
+            heard = self._heard_of(log, beside.lineage, process) if founds else []
             if heard:
                 raise Violation(
                     "one-round",
@@ -637,19 +633,14 @@ class World:
             )
         token = (log.key[0], log.key[2])
         for r in self.trained:
-            if (r.key[0], r.key[2]) == token and r.key != log.key:
-                heard = [
-                    m
-                    for m in log.members
-                    if ("lineage", r.lineage) in self._knew_when_it_joined(log, m, process)
-                ]
-                if r.lineage == log.lineage or (founds and heard):  # (as ``one-round`` judges)
-                    raise Violation(
-                        "token",
-                        f"{_show(log)} trains under the token {token} of {_show(r)}, a round its members "
-                        "could have heard of: fencing cannot tell them apart",
-                        now,
-                    )
+            shared = (r.key[0], r.key[2]) == token and r.key != log.key  # judged as ``one-round`` does
+            if shared and (r.lineage == log.lineage or (founds and self._heard_of(log, r.lineage, process))):
+                raise Violation(
+                    "token",
+                    f"{_show(log)} trains under the token {token} of {_show(r)}, a round its members "
+                    "could have heard of: fencing cannot tell them apart",
+                    now,
+                )
         lineage = [r for r in self.trained if r.lineage == log.lineage]
         if lineage:
             last = lineage[-1]
@@ -659,14 +650,16 @@ class World:
         log.training_since = now
         self.trained.append(log)
 
-    def _knew_when_it_joined(
-        self, log: _Round, member: int, process: dict[int, SimNode]
-    ) -> frozenset[object]:
-        """What ``member`` had heard when it accepted round ``log`` (what it hears after, as a
-        thawed leader reading what came while it was frozen, is not what it founded it on);
-        what it knows now if it never accepted it."""
-        at_accept = self.knew_at_accept.get(log.key, {}).get(member)
-        return at_accept if at_accept is not None else self.sim.knows(process[member])
+    def _heard_of(self, log: _Round, lineage: int, process: dict[int, SimNode]) -> list[int]:
+        """The members of round ``log`` that had heard of ``lineage`` when they accepted it (what
+        one hears after, as a thawed leader reading what came while it was frozen, is not what
+        it founded the round on); for a member that never accepted it, what it knows now."""
+        at_accept = self.knew_at_accept.get(log.key, {})
+        return [
+            m
+            for m in log.members
+            if ("lineage", lineage) in (at_accept[m] if m in at_accept else self.sim.knows(process[m]))
+        ]
 
     # ------------------------------------------------------------ checks
 

@@ -102,10 +102,15 @@ def _frozen_member_comes_back() -> sc.Scenario:
     return _cluster(3, sc.Event(2.0, "freeze", node=2, dur=4.0), min_nodes=2)
 
 
+def _regression(name: str) -> sc.Scenario:
+    """The scenario kept in ``regressions.json`` under ``name``."""
+    case = next(r for r in REGRESSIONS if r["name"] == name)
+    return sc.Scenario.from_json(json.dumps(case["scenario"]))
+
+
 def _stale_leader_comes_back() -> sc.Scenario:
     """The leader is cut off, the others form a round of a newer term, and it comes back."""
-    case = next(r for r in REGRESSIONS if r["name"] == "stale_base_token")
-    return sc.Scenario.from_json(json.dumps(case["scenario"]))
+    return _regression("stale_base_token")
 
 
 def _half_the_job_crashes() -> sc.Scenario:
@@ -115,14 +120,12 @@ def _half_the_job_crashes() -> sc.Scenario:
 
 def _spare_that_heard() -> sc.Scenario:
     """A spare that heard of the job's round is cut off alone (``spare_that_heard_forks``)."""
-    case = next(r for r in REGRESSIONS if r["name"] == "spare_that_heard_forks")
-    return sc.Scenario.from_json(json.dumps(case["scenario"]))
+    return _regression("spare_that_heard_forks")
 
 
 def _voter_loses_power() -> sc.Scenario:
     """A voter loses power right after its vote, and a node dies (``vote_forgotten_by_a_power_loss``)."""
-    case = next(r for r in REGRESSIONS if r["name"] == "vote_forgotten_by_a_power_loss")
-    return sc.Scenario.from_json(json.dumps(case["scenario"]))
+    return _regression("vote_forgotten_by_a_power_loss")
 
 
 def _many_worker_failures() -> sc.Scenario:
