@@ -205,6 +205,11 @@ class Diagnostics:
     #: The round it is in broke: not every member will take its rank (``Node._round_state``).
     round_broken: bool = False
     nodes_waiting: int = 0
+    #: When (the loop's clock) the leader told this node that its round will change: every
+    #: member hears it within milliseconds, so agents that hold their poll until a common time
+    #: after it stop their workers together (``MingleRendezvousHandler.num_nodes_waiting``).
+    #: None: nothing told, or this node found out on its own (a lost leader, its loop).
+    told_at: float | None = None
     closed: bool = False
     trouble: str | None = None
     peers_heard: int = 0
@@ -461,6 +466,7 @@ class Node:
         self._now = 0.0
         self._published: tuple[object, ...] = ()
         self._published_at = float("-inf")
+        self._told: tuple[RoundKey, float] | None = None  # (round, when) for Diagnostics.told_at
         #: Set by the shell while it hands in the inputs of one wake-up: they are flushed
         #: together by ``end_batch`` (a new leader woken by a thousand hellos flushes once,
         #: not a thousand times).
@@ -1496,6 +1502,18 @@ class Node:
             return True, max(1, status.waiting)
         return False, status.waiting
 
+    def _told_at(self, now: float, rnd: Round | None, status: Status | None, waiting: int) -> float | None:
+        """When the leader's status first said that round ``rnd`` will change (see
+        ``Diagnostics.told_at``); None when the change is not the leader's word."""
+        told = waiting > 0 and status is not None and not status.failure and self.trouble is None
+        if rnd is None or not told:
+            self._told = None
+            return None
+        key = History.of(rnd).key
+        if self._told is None or self._told[0] != key:
+            self._told = (key, now)
+        return self._told[1]
+
     def _status(self, now: float) -> Status | None:
         if self.term is not None:
             return self.term.status(now)
@@ -1510,6 +1528,7 @@ class Node:
         status = self._status(now)
         rnd = self.in_round
         broken, waiting = self._round_state(status)
+        told_at = self._told_at(now, rnd, status, waiting)
         # What the snapshot shows of the leader; not when it was last heard, which every
         # announcement changes (a thousand followers would publish at every one).
         shown = (
@@ -1557,6 +1576,7 @@ class Node:
                 status=status,
                 round_broken=broken,
                 nodes_waiting=waiting,
+                told_at=told_at,
                 closed=self.job_closed or bool(status and status.closed),
                 trouble=self.trouble,
                 peers_heard=len(self.core.peers),

@@ -85,6 +85,12 @@ PRELOAD_AFTER_S = 0.05
 #: After a failed data path probe, how long to look for the round breaking instead (a peer
 #: that died or left just after the round formed): then the node joins again.
 DATA_PATH_GRACE_S = 1.0
+#: torchrun's default ``--monitor-interval``: how often its agent polls ``num_nodes_waiting()``,
+#: until this handler has timed two polls of its own.
+DEFAULT_POLL_INTERVAL_S = 0.1
+#: The longest a poll is held for the others (``_hold_for_the_others``): polls further apart
+#: than this cannot be brought together without holding the agent too long.
+MAX_POLL_HOLD_S = 5.0
 
 
 def _log_to_stderr_if_asked() -> None:
@@ -335,6 +341,8 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._board: Board = self._node.board
         self._node.on_event = self._board.post_note
         self._round: Round | None = None
+        self._polled_at: float | None = None  # the agent's last num_nodes_waiting(), monotonic
+        self._poll_interval = DEFAULT_POLL_INTERVAL_S
         self._closed = False
         self._shut = False
         self._failure: str | None = None
@@ -503,6 +511,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         Read from the node's last snapshot: the agent polls this every monitor interval, and
         it must never wait on a leader that hangs.
         """
+        self._time_poll()
         notes = self._board.take_notes()
         if notes:
             self._record_notes(notes)
@@ -512,7 +521,32 @@ class MingleRendezvousHandler(RendezvousHandler):
         if self._closed and not self._job_failure():
             return 0  # a job that failed stops its workers (the next join fails with why)
         self._hook_preemption()
-        return diag.waiting_in(History.of(self._round).key)
+        waiting = diag.waiting_in(History.of(self._round).key)
+        if waiting > 0 and diag.told_at is not None:
+            self._hold_for_the_others(diag.told_at)
+        return waiting
+
+    def _time_poll(self) -> None:
+        """Learn how often the agent polls (its ``--monitor-interval``, plus its own work)."""
+        now = time.monotonic()
+        if self._polled_at is not None and 0 < now - self._polled_at <= MAX_POLL_HOLD_S:
+            self._poll_interval = now - self._polled_at
+        self._polled_at = now
+
+    def _hold_for_the_others(self, told_at: float) -> None:
+        """Return from the first poll after a change only at a time common to every member.
+
+        torch's agents poll on their own clocks, up to a monitor interval apart: the first to
+        see the change stops its workers, and a member whose agent has not polled yet sees its
+        worker fail first, which uses one of its ``--max-restarts`` (or ends the job at 0).
+        Every member was told within milliseconds (``Diagnostics.told_at``), so each holds its
+        poll until that moment plus a little more than a poll interval: by then every agent is
+        inside this call, and all stop their workers together. The workers run meanwhile.
+        """
+        window = min(MAX_POLL_HOLD_S, 1.5 * self._poll_interval + 0.05)
+        hold = told_at + window - time.monotonic()
+        if hold > 0:
+            time.sleep(hold)
 
     def shutdown(self) -> bool:
         if self._shut:
@@ -684,7 +718,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             round_broke=lambda: self._board.diagnostics().round_broke(key),
             world_size=rnd.world_size,
         )
-        self._round = rnd
+        self._round, self._polled_at = rnd, None  # polls are timed within a round
         self._export_worker_env(rnd)
         return RendezvousInfo(
             store,

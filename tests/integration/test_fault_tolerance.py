@@ -29,11 +29,12 @@ from tests.helpers import (
 pytestmark = pytest.mark.integration
 
 
-def _cmd(job, nnodes, tmp_path, *, steps, step_time=0.0, extra_args=(), conf=None, restarts=3, nproc=1):
+def _cmd(job, nnodes, tmp_path, *, steps, step_time=0.0, extra_args=(), conf=None, restarts=3, nproc=1,
+         monitor_s=0.1):  # fmt: skip
     base = {"interface": "127.0.0.1", "port": random_port(), "join_timeout": 120}
     return torchrun_cmd(
         job=job, nnodes=nnodes, nproc=nproc, conf={**base, **(conf or {})},
-        extra=[f"--max-restarts={restarts}"],
+        extra=[f"--max-restarts={restarts}", f"--monitor-interval={monitor_s}"],
         script_args=[
             "--steps", str(steps), "--step-time", str(step_time),
             "--checkpoint", str(tmp_path / "ckpt"), "--report", str(tmp_path / "report"), *extra_args,
@@ -223,12 +224,21 @@ def test_a_node_whose_workers_fail_on_the_way_out_does_not_hold_the_others(tmp_p
 def test_a_preempted_node_leaves_at_once_and_the_others_keep_their_restarts(tmp_path, who):
     """SIGTERM to one agent of four (a preemption notice): its node leaves with a message, the
     others form a new round without waiting for a heartbeat timeout, and their workers stop
-    for the membership change, not for a failure: ``--max-restarts=0`` would end them."""
+    for the membership change, not for a failure: ``--max-restarts=0`` would end them.
+
+    The agents poll out of phase, a fifth of a monitor interval apart (as a long run drifts
+    them), and the workers are always in a collective: an agent that stopped its workers as
+    soon as it polled would fail the others' before their agents polled (every run, before
+    the polls were held for a common time: ``_hold_for_the_others``)."""
     job = unique_job("preempt")
     conf = {"last_call_timeout": 1, "keep_alive_interval": 5, "keep_alive_max_attempt": 3}
-    cmd = _cmd(job, "2:4", tmp_path, steps=60, step_time=0.15, conf=conf, restarts=0)
-    agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(4)]
-    wait_until(lambda: any("step 3/60" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
+    cmd = _cmd(job, "2:4", tmp_path, steps=300, step_time=0.03, conf=conf, restarts=0, monitor_s=0.5)
+    launcher = [cmd[0], str(ROOT / "tests" / "phase_launcher.py"), *cmd[3:]]  # not -m torch.distributed.run
+    agents = [
+        start_agent(f"node{i}", launcher, tmp_path, env=agent_env(POLL_SHIFT_S=str(0.1 * i)), job=job)
+        for i in range(4)
+    ]
+    wait_until(lambda: any("step 20/300" in a.output() for a in agents), 120, "round 1 to train", 0.2, agents)
     leader = leader_of(agents)
     victim = leader if who == "leader" else next(a for a in agents if a is not leader)
     signalled = time.time()
@@ -239,13 +249,14 @@ def test_a_preempted_node_leaves_at_once_and_the_others_keep_their_restarts(tmp_
     victim.wait(60, company=agents)
     assert "SIGTERM: leaving the job" in victim.output(), dump([victim])
     reports = final_reports(tmp_path / "report")
-    assert_trained_together(reports, 3, 60)
+    assert_trained_together(reports, 3, 300)
     assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports} == {"0"}, dump(agents)
     joined = [logged_at(a, "joined round 2 as rank", after=signalled) for a in survivors]
     assert all(j is not None for j in joined), dump(agents)
     took = max(j for j in joined if j is not None) - signalled
     print(f"preempted {who}: the other three joined round 2 {took:.2f}s after SIGTERM")
-    # Not a heartbeat timeout (15 s): the leave was said, not inferred from silence.
+    # Not a heartbeat timeout (15 s): the leave was said, not inferred from silence (a poll
+    # interval and a poll held for the others: 1.3 s).
     assert took < conf["keep_alive_interval"] * conf["keep_alive_max_attempt"] / 2, dump(agents)
 
 
