@@ -70,6 +70,8 @@ MAX_PROPOSALS_KEPT = 4
 @record
 class Welcomed:
     status: Status
+    #: The highest round of the job the leader knows of (``RoundBook.highest_round``).
+    seen: int = 0
 
 
 @record
@@ -132,6 +134,9 @@ class FollowerSession:
     conn: int = -1
     #: Which process of this node id this is (``_identity``).
     incarnation: int = 1
+    #: The highest round of the job this node heard of, told in the hello: a leader that never
+    #: heard of the job's rounds learns from it that one ran (``RoundBook.known_round``).
+    seen: int = 0
     #: With a secret: the connection's authentication (``_wire.Seal``); the hello waits for the
     #: leader's challenge.
     seal: Seal | None = None
@@ -194,6 +199,7 @@ class FollowerSession:
             "ip": self.own_ip,
             "last": last,
             "inc": self.incarnation,
+            "seen": self.seen or None,
             "ahead": True,  # send ``next``: this node connects to the next round's store ahead
         }
 
@@ -426,7 +432,7 @@ class FollowerSession:
         self.status = _status(msg["status"])
         self.phase = "ready"
         self._next_beat = now + self.interval_s
-        self._events.append(Welcomed(self.status or Status()))
+        self._events.append(Welcomed(self.status or Status(), seen=_seen_of(msg)))
 
     def _ready_frame(self, kind: str, msg: dict[str, Any]) -> None:
         if kind == "hb":
@@ -459,16 +465,8 @@ class FollowerSession:
             # The store named stays the next round's (the leader names each store once per node).
             self._events.append(Answer(kind, int(msg["id"]), text=str(msg["why"])))
         elif kind == "wait":
-            seen = msg.get("seen")
-            self._events.append(
-                Answer(
-                    "wait",
-                    int(msg["id"]),
-                    text=str(msg["reason"]),
-                    parked=bool(msg["parked"]),
-                    seen=seen if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0 else 0,
-                )
-            )
+            text, parked = str(msg["reason"]), bool(msg["parked"])
+            self._events.append(Answer("wait", int(msg["id"]), text=text, parked=parked, seen=_seen_of(msg)))
         elif kind == "closed":
             why = msg.get("why")
             self._events.append(
@@ -514,3 +512,9 @@ def _status(raw: Any) -> Status | None:
         return Status.from_json(raw)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _seen_of(msg: dict[str, Any]) -> int:
+    """A frame's ``seen``: the highest round its sender knows of (0 if absent or not a count)."""
+    seen = msg.get("seen")
+    return seen if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0 else 0

@@ -731,9 +731,11 @@ class LeaderTerm:
             self._forget(old, node)
         self._by_node[node] = m
         self._set_last(m, _last(msg.get("last")))
+        self.book.known_round = max(self.book.known_round, _seen(msg.get("seen")))
         self._hello_since_status.add(node)
         self.book.ips[node] = _ip(msg["ip"])
-        self._send(m, "welcome", epoch=self.claim.epoch, status=self.book.status(now).to_json())
+        status = self.book.status(now).to_json()
+        self._send(m, "welcome", epoch=self.claim.epoch, status=status, seen=self.book.highest_round())
         if not self.book.parked(node):
             self._offer_spare(m)  # its agent's first join is likely on its way
         proposal = self._proposal
@@ -997,8 +999,7 @@ class LeaderTerm:
             elif m.parked and m.join_timeout_s > 0:
                 self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
-            running = self.book.current.number if self.book.current is not None else 0
-            self._answer(m, "wait", parked=parked, reason=self.book.explain(), seen=running)
+            self._answer(m, "wait", parked=parked, reason=self.book.explain(), seen=self.book.highest_round())
             if not parked:
                 self._offer_spare(m)
 

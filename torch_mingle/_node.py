@@ -409,6 +409,8 @@ class Node:
         self.session: FollowerSession | None = None
         #: The newest round this node knows formed (a predecessor's, after a restart: ``_identity``).
         self.history: History | None = state.history if state is not None else None
+        if self.history is not None:
+            core.hear_round(self.history.round)
         #: The newest proposal this node accepted, newer than ``history`` (its vote: see ``_rounds``).
         self.accepted: History | None = state.accepted if state is not None else None
         self.in_round: Round | None = None
@@ -443,8 +445,6 @@ class Node:
         #: Leaders of our last round that left the job (their ``bye`` said so): they no longer
         #: vote on the next round (sent with every join).
         self._gone: dict[int, RoundKey] = {}
-        #: The highest round of the job this node heard of (led, joined, or announced to it).
-        self._round_seen = 0
         # A predecessor's terms (``_identity``): the election starts above them. (The round it
         # knows counts through ``history``; a proposal it accepted may never have formed.)
         self._led = state.led if state is not None else 0
@@ -958,7 +958,9 @@ class Node:
             status = term.status(now)
             self.core.update_status(
                 now,
-                round=status.round,
+                # A term without a round of its own announces the highest it knows of: who hears
+                # it then knows the job ran (``_heard_round``), and founds no job alone.
+                round=status.round or term.book.highest_round(),
                 members=status.size,
                 closed=status.closed,
                 min_nodes=self.settings.min_nodes,
@@ -1025,7 +1027,7 @@ class Node:
             rejoin_delay_s=s.rejoin_delay_s,
             quorum=s.quorum,
             first_round_majority=s.first_round_majority,
-            known_round=max(self._heard_round(), self.history.round if self.history else 0),
+            known_round=self._heard_round(),
         )
         self._term_tag += 1
         self.term = LeaderTerm(
@@ -1079,7 +1081,7 @@ class Node:
         self.core.give_way(now, epoch)
 
     def _leader_found(self, view: LeaderView, now: float) -> None:
-        self._round_seen = max(self._round_seen, view.round)
+        self.core.hear_round(view.round)
         who = "this node" if view.is_self else view.store_ip
         log.info("%s leader: %s (%s), control port %d", self.label, who, view.claim, view.store_port)
         if not view.is_self:
@@ -1132,6 +1134,7 @@ class Node:
             started=now,
             conn=conn,
             incarnation=s.incarnation,
+            seen=self._heard_round(),
             seal=Seal(self.core.codec.key, leader=False) if self.core.codec.key is not None else None,
             on_event=self.on_event,
         )
@@ -1166,7 +1169,7 @@ class Node:
 
     def _session_event(self, session: FollowerSession, ev: SessionEvent, now: float) -> None:
         if isinstance(ev, Welcomed | StatusChanged):
-            self._round_seen = max(self._round_seen, ev.status.round)
+            self.core.hear_round(max(ev.status.round, ev.seen if isinstance(ev, Welcomed) else 0))
         if isinstance(ev, Welcomed):
             if ev.status.closed:
                 self._job_closed_seen("the job was closed")
@@ -1263,6 +1266,7 @@ class Node:
             if rnd.rank_of(self.settings.node_id) is None:
                 raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
             self.history = History.of(rnd)
+            self.core.hear_round(rnd.number)
             kept = self.accepted
             if self.accepted is not None and not self.accepted.newer_than(self.history):
                 self.accepted = None
@@ -1298,7 +1302,7 @@ class Node:
             self._job_closed_seen(text or "the job was closed while this node waited", failed=answer.failed)
         elif kind == "wait":
             if isinstance(answer, Answer):
-                self._round_seen = max(self._round_seen, answer.seen)
+                self.core.hear_round(answer.seen)
             self._wait_reason = text
             self.parks += parked and not self.parked
             self.parked = parked
@@ -1351,7 +1355,7 @@ class Node:
 
     def _heard_round(self) -> int:
         """The highest round of the job this node heard of, by any authentic word."""
-        return max(self._round_seen, self.core.round_heard)
+        return self.core.round_heard
 
     def _restarted(self) -> bool:
         """This process took over a dead predecessor's node id (``_identity``) and was handed no
@@ -1422,7 +1426,7 @@ class Node:
         if self._open_join() is not None:
             waited = self.parked or (self.saw_open and self.in_round is None)
             failure = self._failure(self._now) or (why if failed else "")
-            ran = self.parked or self._round_seen > 0 or self.history is not None
+            ran = self.parked or self._heard_round() > 0
             self._answer_join(JobClosed(waited, failure or why, failed=bool(failure), ran=ran))
 
     def _failure(self, now: float) -> str:

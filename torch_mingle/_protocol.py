@@ -330,9 +330,10 @@ class Discovery:
         #: are never followed again (another leader's older, established claim still may be).
         self._fenced: OrderedDict[int, int] = OrderedDict()
         self.max_epoch_seen = 0
-        #: The highest round of this job any authentic announcement named, one outside the
-        #: replay window too (a leader whose clock differs): a round of the job ran, so this
-        #: node must not found a job of its own (``RoundBook.known_round``).
+        #: The highest round of this job this node heard of: one it was in, or one any authentic
+        #: word named (an announcement or a query, one outside the replay window too; the
+        #: shell adds what its leader's frames said): a round of the job ran, so this node must
+        #: not found a job of its own (``RoundBook.known_round``), and its queries say so.
         self.round_heard = 0
         self.stats = Stats()
         self.peers: OrderedDict[int, PeerInfo] = OrderedDict()
@@ -409,8 +410,16 @@ class Discovery:
 
     def _hear_round(self, dgram: Datagram) -> None:
         """An authentic datagram of this job names a round that ran: remember the highest."""
-        if dgram.job == self.job and isinstance(dgram.body, Announce):
-            self.round_heard = max(self.round_heard, dgram.body.round)
+        if dgram.job != self.job:
+            return
+        if isinstance(dgram.body, Announce):
+            self.hear_round(dgram.body.round)
+        elif isinstance(dgram.body, Query):
+            self.hear_round(dgram.body.round_seen)
+
+    def hear_round(self, number: int) -> None:
+        """Round ``number`` of the job ran (the node heard of it, by any authentic word)."""
+        self.round_heard = max(self.round_heard, number)
 
     def handle_timer(self, now: float) -> None:
         if self.role is Role.DISCOVERING:
@@ -797,7 +806,7 @@ class Discovery:
 
     def _own_query(self) -> Query:
         """Our query: the newest epoch we know, and our addresses."""
-        return Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs)
+        return Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs, round_seen=self.round_heard)
 
     def _emit_query(self, now: float) -> None:
         if not self._queried:

@@ -845,6 +845,14 @@ class RoundBook:
         """The term proposed round ``number`` (formed or not, no later round reuses it)."""
         self._proposed = max(self._proposed, number)
 
+    def highest_round(self) -> int:
+        """The highest round of the job this leader knows formed: its own, the newest its
+        joiners were in, or one its nodes heard of (a proposal that may never have formed does
+        not count). Told to every node it welcomes, answers or announces to, so a node that met
+        this term knows the job ran even before the term forms a round (``known_round``)."""
+        base = self.base()
+        return max(base.round if base is not None else 0, self.known_round)
+
     def base(self) -> History | None:
         """The newest round the leader knows formed: its current one, or the newest history a
         joiner reports (a term that took over learns the last round from its joiners), or one

@@ -48,9 +48,10 @@ MAGIC = b"MNGL"
 #: cannot do; 6: a join names a round its leader delivered by number (``ref``), which a
 #: leader of version 5 would read as no history, and a formed round comes once as ``members``
 #: and is named by number; 7: a round's per-member lists travel as one compressed string
-#: (``_rounds.Round.to_json``: ``columns``), which a node of version 6 cannot read. Nodes of
-#: different versions drop each other's datagrams (bad_version).
-VERSION = 7
+#: (``_rounds.Round.to_json``: ``columns``), which a node of version 6 cannot read; 8: a query
+#: says the highest round its node heard of (``Query.round_seen``). Nodes of different versions
+#: drop each other's datagrams (bad_version).
+VERSION = 8
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -64,7 +65,7 @@ EPOCH_MAX = 2**62
 
 _HEAD = struct.Struct("!4sBBBB")
 _IDS = struct.Struct("!QQQH")
-_QUERY = struct.Struct("!QB")
+_QUERY = struct.Struct("!QIB")
 _ANNOUNCE = struct.Struct("!QIHHHHB")
 _RESIGN = struct.Struct("!Q")
 _PORT = struct.Struct("!H")
@@ -91,10 +92,15 @@ class MsgType(enum.IntEnum):
 
 @record
 class Query:
-    """ "Who leads this job?" from a node; also its candidacy during an election."""
+    """ "Who leads this job?" from a node; also its candidacy during an election.
+
+    ``round_seen``: the highest round of the job its node heard of: whoever hears the query
+    knows that the job ran, and founds no job of its own alone (``RoundBook.known_round``).
+    """
 
     epoch_seen: int
     addrs: tuple[str, ...] = ()
+    round_seen: int = 0
 
     type = MsgType.QUERY
 
@@ -246,7 +252,8 @@ def _scope_name(index: int) -> str:
 def _encode_body(body: Body) -> bytes:
     if isinstance(body, Query):
         addrs = body.addrs[:MAX_ADDRS]
-        return _QUERY.pack(body.epoch_seen, len(addrs)) + b"".join(_encode_addr(a) for a in addrs)
+        head = _QUERY.pack(body.epoch_seen, min(body.round_seen, U32_MAX), len(addrs))
+        return head + b"".join(_encode_addr(a) for a in addrs)
     if isinstance(body, Announce):
         flags = (ANNOUNCE_CLOSED if body.closed else 0) | (ANNOUNCE_ESTABLISHED if body.established else 0)
         return (
@@ -271,7 +278,7 @@ def _decode_body(kind: int, buf: bytes) -> Body:
     if kind == MsgType.QUERY:
         if len(buf) < _QUERY.size:
             raise _Bad("truncated_body")
-        epoch_seen, count = _QUERY.unpack_from(buf)
+        epoch_seen, round_seen, count = _QUERY.unpack_from(buf)
         if count > MAX_ADDRS:
             raise _Bad("too_many_addrs")
         if epoch_seen > EPOCH_MAX:
@@ -283,7 +290,7 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             addrs.append(addr)
         if pos != len(buf):
             raise _Bad("body_length_mismatch")
-        return Query(epoch_seen=epoch_seen, addrs=tuple(addrs))
+        return Query(epoch_seen=epoch_seen, addrs=tuple(addrs), round_seen=round_seen)
     if kind == MsgType.ANNOUNCE:
         if len(buf) < _ANNOUNCE.size:
             raise _Bad("truncated_body")

@@ -36,10 +36,12 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   arithmetic the moment it is used, before a fork needs a second side to show it.
 * ``successors``: two proposals of different terms, formed from one base round, that each won
   a majority of that base's voters (so each may have formed, whatever its leader did next):
-  the later one's leader knew of the earlier (its ``covers`` name it or a later proposal of
-  its term, or a proposal that accounted for it in turn). This is the claim ``_rounds``
-  makes for its quorum ("the second one's leader knew of the first"), checked when the
-  second wins, not when a fork trains.
+  the leader of the one proposed later knew of the other (its ``covers`` name it or a later
+  proposal of its term, or a proposal that accounted for it in turn). This is the claim
+  ``_rounds`` makes for its quorum ("the second one's leader knew of the first"), checked
+  when the second wins, not when a fork trains. Proposed later, not won later: a frozen voter
+  may complete the older proposal's majority after the newer one formed (seed 3035215), and
+  the newer one, which accounted for it, is its successor.
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound).
 * ``recovery``: after the last fault heals, if a majority of the last round's voters are
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
@@ -208,6 +210,8 @@ class World:
         self.term_process: dict[tuple[int, int], SimNode] = {}
         #: The proposals each proposal's leader accounted for, by its key.
         self.covers: dict[tuple[int, int, int], frozenset[tuple[int, int, int]]] = {}
+        #: When each proposal was first accepted: the order in which they were proposed.
+        self.proposed_at: dict[tuple[int, int, int], float] = {}
         self.trained: list[_Round] = []
         self._lineages = itertools.count(1)
         #: Rounds of two causally isolated lineages that trained at the same time (counted).
@@ -328,6 +332,7 @@ class World:
             if ok:
                 key = (rnd.epoch, rnd.members[0], rnd.number)
                 self.accepted.setdefault(key, (rnd.base, rnd.members))
+                self.proposed_at.setdefault(key, self.sim.now)
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
                 self.knew_at_accept.setdefault(key, {})[node.core.node_id] = self.sim.knows(node)
                 self._check_successors(key, rnd.base, covers)
@@ -516,15 +521,19 @@ class World:
         if voters and 2 * have <= len(voters):
             return
         self.checks += 1
-        for earlier, _ in won:
-            if earlier[:2] == key[:2]:
+        for other, other_covers in won:
+            if other[:2] == key[:2]:
                 continue  # its own term's: a leader forms none of its proposals once it made a later one
-            if not self._accounted_for(covers, earlier):
+            first, (later, later_covers) = other, (key, covers)
+            if self.proposed_at[other] > self.proposed_at[key]:
+                first, (later, later_covers) = key, (other, other_covers)
+            if not self._accounted_for(later_covers, first):
                 raise Violation(
                     "successors",
                     f"epoch {key[0]} round {key[2]} (leader {node_hex(key[1])[:6]}) won a majority of the "
-                    f"voters of epoch {base[0]} round {base[2]}, as epoch {earlier[0]} round {earlier[2]} "
-                    f"(leader {node_hex(earlier[1])[:6]}) did before it, and its leader did not know of it",
+                    f"voters of epoch {base[0]} round {base[2]}, as epoch {other[0]} round {other[2]} "
+                    f"(leader {node_hex(other[1])[:6]}) did before it, and the leader of epoch {later[0]} "
+                    f"round {later[2]}, proposed later, did not know of epoch {first[0]} round {first[2]}",
                     self.sim.now,
                 )
         won.append((key, covers))
