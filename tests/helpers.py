@@ -368,6 +368,28 @@ def rendezvous_all(handlers: Sequence[Any]) -> list[Any]:
         return list(pool.map(lambda h: h.next_rendezvous(), handlers))
 
 
+def rendezvous_as_agents(handlers: Sequence[Any], timeout: float = 60.0) -> list[Any]:
+    """As torch's agents do: every handler joins, and one whose round is told it will change
+    (``num_nodes_waiting() > 0``: a member joined again) joins again, until all hold one round
+    that nobody waits on; their RendezvousInfos, in order. A round can break as it forms (a
+    member's connection fails just as the round reaches it), and the agents then re-join."""
+    deadline = time.monotonic() + timeout
+
+    def agent(h: Any) -> Any:
+        info = h.next_rendezvous()
+        while time.monotonic() < deadline:
+            rounds = {x.diagnostics().round for x in handlers}
+            if len(rounds) == 1 and not any(x.num_nodes_waiting() for x in handlers):
+                return info
+            if h.num_nodes_waiting() > 0:
+                info = h.next_rendezvous()
+            time.sleep(0.05)
+        raise AssertionError(f"the handlers held no one round within {timeout:g}s")
+
+    with ThreadPoolExecutor(max_workers=len(handlers)) as pool:
+        return list(pool.map(agent, handlers))
+
+
 def rounds_training_at_once(trace: Path) -> str | None:
     """Two rounds whose steps interleave in rank 0's step log, if any: each round (epoch,
     round) trained from its first logged step to its last; a later round may only start after."""

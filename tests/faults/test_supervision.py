@@ -18,6 +18,7 @@ from tests.helpers import (
     finish_all,
     random_port,
     rendezvous_all,
+    rendezvous_as_agents,
     start_agent,
     torchrun_cmd,
     unique_job,
@@ -111,10 +112,12 @@ def test_a_client_that_cannot_connect_ahead_costs_nothing_but_the_connect(make_h
 
 
 def test_an_error_in_a_followers_session_makes_it_join_again(make_handler, caplog):
+    """If the error meets the frame that brings the round, the round breaks as it forms: the
+    others re-join as torch's agents would (``rendezvous_as_agents``)."""
     handlers, _ = _three_with_a_leader(make_handler, "rejoin")
     _faults.arm("follower.frame", times=1)
     with caplog.at_level(logging.ERROR, logger="torch_mingle"):
-        infos = rendezvous_all(handlers)
+        infos = rendezvous_as_agents(handlers)
     assert sorted(i.rank for i in infos) == [0, 1, 2]
     assert _faults.remaining("follower.frame") == 0
     assert len(_recovered(handlers)) == 1
