@@ -59,6 +59,7 @@ from torch_mingle._rounds import (
     keep_delivered,
     node_id,
     round_key_to_json,
+    seen_of,
 )
 from torch_mingle._wire import Invalid, Seal, check, encode_frame
 
@@ -432,7 +433,7 @@ class FollowerSession:
         self.status = _status(msg["status"])
         self.phase = "ready"
         self._next_beat = now + self.interval_s
-        self._events.append(Welcomed(self.status or Status(), seen=_seen_of(msg)))
+        self._events.append(Welcomed(self.status or Status(), seen=seen_of(msg.get("seen"))))
 
     def _ready_frame(self, kind: str, msg: dict[str, Any]) -> None:
         if kind == "hb":
@@ -465,8 +466,8 @@ class FollowerSession:
             # The store named stays the next round's (the leader names each store once per node).
             self._events.append(Answer(kind, int(msg["id"]), text=str(msg["why"])))
         elif kind == "wait":
-            text, parked = str(msg["reason"]), bool(msg["parked"])
-            self._events.append(Answer("wait", int(msg["id"]), text=text, parked=parked, seen=_seen_of(msg)))
+            text, parked, seen = str(msg["reason"]), bool(msg["parked"]), seen_of(msg.get("seen"))
+            self._events.append(Answer("wait", int(msg["id"]), text=text, parked=parked, seen=seen))
         elif kind == "closed":
             why = msg.get("why")
             self._events.append(
@@ -512,9 +513,3 @@ def _status(raw: Any) -> Status | None:
         return Status.from_json(raw)
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def _seen_of(msg: dict[str, Any]) -> int:
-    """A frame's ``seen``: the highest round its sender knows of (0 if absent or not a count)."""
-    seen = msg.get("seen")
-    return seen if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0 else 0

@@ -75,6 +75,7 @@ from torch_mingle._rounds import (
     peer_ip,
     quorum_met,
     round_key_of,
+    seen_of,
 )
 from torch_mingle._wire import Invalid, Seal, check, dumps_compact, encode_frame, frame_digest
 
@@ -639,7 +640,7 @@ class LeaderTerm:
                 place=_place(msg.get("place")),
                 restarted=msg.get("restarted") is True,
                 incarnation=m.incarnation,
-                seen=_seen(msg.get("seen")),
+                seen=seen_of(msg.get("seen")),
             )
             self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
         elif kind == "accept":
@@ -731,7 +732,7 @@ class LeaderTerm:
             self._forget(old, node)
         self._by_node[node] = m
         self._set_last(m, _last(msg.get("last")))
-        self.book.known_round = max(self.book.known_round, _seen(msg.get("seen")))
+        self.book.hear_round(seen_of(msg.get("seen")))
         self._hello_since_status.add(node)
         self.book.ips[node] = _ip(msg["ip"])
         status = self.book.status(now).to_json()
@@ -1354,11 +1355,6 @@ def _seconds(raw: Any) -> float:
         return 0.0
     value = float(raw)
     return max(MIN_JOIN_WAIT_S, value) if math.isfinite(value) and 0 < value < 1e9 else 0.0
-
-
-def _seen(raw: Any) -> int:
-    """A join's ``seen``: the highest round its node heard of (0 for none or garbage)."""
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_ROUND else 0
 
 
 def _port(raw: Any) -> int:

@@ -935,7 +935,7 @@ class Node:
         busy = False
         # What the node heard of the job since its term began counts too: a round that ran
         # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
-        term.book.known_round = max(term.book.known_round, self._heard_round())
+        term.book.hear_round(self._heard_round())
         for conn, frame in term.frames():
             self.net.send(conn, frame)
         for conn, _why in term.closes():
@@ -1169,8 +1169,9 @@ class Node:
 
     def _session_event(self, session: FollowerSession, ev: SessionEvent, now: float) -> None:
         if isinstance(ev, Welcomed | StatusChanged):
-            self.core.hear_round(max(ev.status.round, ev.seen if isinstance(ev, Welcomed) else 0))
+            self.core.hear_round(ev.status.round)
         if isinstance(ev, Welcomed):
+            self.core.hear_round(ev.seen)
             if ev.status.closed:
                 self._job_closed_seen("the job was closed")
                 return

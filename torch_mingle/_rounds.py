@@ -164,6 +164,11 @@ def age(key: RoundKey) -> tuple[int, int, int]:
     return (key[2], key[0], -key[1])
 
 
+def seen_of(raw: Any) -> int:
+    """A frame's ``seen``: the highest round its sender heard of (0 for none or garbage)."""
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_ROUND else 0
+
+
 def round_key_of(raw: Any) -> RoundKey:
     """A frame's round key, ``[epoch, leader, round]``; ``ValueError`` (or ``TypeError``) for garbage."""
     epoch, leader, number = raw
@@ -629,7 +634,7 @@ class RoundBook:
                 self._reported_epoch = max(self._reported_epoch, req.history.epoch)
         if req.accepted is not None:
             self.join_report(req.accepted)
-        self.known_round = max(self.known_round, req.seen)
+        self.hear_round(req.seen)
         was_member = req.history is not None and req.history.has(req.node)
         returning = (
             self.current is not None
@@ -844,6 +849,10 @@ class RoundBook:
     def proposed(self, number: int) -> None:
         """The term proposed round ``number`` (formed or not, no later round reuses it)."""
         self._proposed = max(self._proposed, number)
+
+    def hear_round(self, number: int) -> None:
+        """Round ``number`` of the job formed: a node of this term heard of it (``known_round``)."""
+        self.known_round = max(self.known_round, number)
 
     def highest_round(self) -> int:
         """The highest round of the job this leader knows formed: its own, the newest its

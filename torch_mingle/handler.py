@@ -509,7 +509,9 @@ class MingleRendezvousHandler(RendezvousHandler):
         """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins).
 
         Read from the node's last snapshot: the agent polls this every monitor interval, and
-        it must never wait on a leader that hangs.
+        it must never wait on a leader that hangs. The first poll after the leader said the
+        round will change is held, locally and briefly, for the other members' agents
+        (``_hold_for_the_others``).
         """
         self._time_poll()
         notes = self._board.take_notes()
