@@ -116,7 +116,8 @@ def test_a_spare_beyond_max_nodes_replaces_a_node_that_dies(tmp_path):
     # The first round of three (a start-up race may form a round of two first, which the third
     # node then joins at the next round): its members, and training in it.
     def round_of_three():
-        numbers = {int(n) for a in agents for n in re.findall(r"joined round (\d+) as rank \d of 3 ", a.output())}
+        joined = r"joined round (\d+) as rank \d of 3 "
+        numbers = {int(n) for a in agents for n in re.findall(joined, a.output())}
         if not numbers:
             return None
         marker = f"joined round {min(numbers)} as rank"
