@@ -113,6 +113,7 @@ def test_a_spare_beyond_max_nodes_replaces_a_node_that_dies(tmp_path):
     job = unique_job("spare")
     cmd = _cmd(job, "2:3", tmp_path, steps=40, step_time=0.15)
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(4)]
+
     # The first round of three (a start-up race may form a round of two first, which the third
     # node then joins at the next round): its members, and training in it.
     def round_of_three():
