@@ -758,7 +758,9 @@ class RoundBook:
 
     def formed(self, rnd: Round, now: float) -> None:
         """``rnd`` formed (a majority of its base's voters accepted it): it is the current round."""
+        base = self.base()
         self.current = rnd
+        self._forget_strangers(base.members if base is not None else ())
         self._current_history = History.of(rnd)
         self.formed_at = now
         self.last_round_number = max(self.last_round_number, rnd.number)
@@ -1020,9 +1022,14 @@ class RoundBook:
 
     # ---------------------------------------------------------------- helpers
 
-    def _forget_strangers(self) -> None:
-        """Bound what the book remembers per node id: keep the round's members and the joiners."""
-        keep = set(self.pending) | set(self.current.members if self.current else ()) | {self.leader}
+    def _forget_strangers(self, also: Collection[int] = ()) -> None:
+        """Bound what the book remembers per node id: keep the round's members, the joiners and
+        ``also`` (when a round forms: the members of the round it was formed from, whose drops
+        and departures still count for a while). Every other id goes: a job that runs for months,
+        its hosts replaced now and then under new node ids, keeps only what its rounds need."""
+        keep = (
+            set(self.pending) | set(self.current.members if self.current else ()) | set(also) | {self.leader}
+        )
         for table in (self.ips, self.drops, self.lost_why, self.restarted_at):
             for node in [n for n in table if n not in keep]:
                 del table[node]

@@ -208,7 +208,10 @@ class Simulation:
             node_id,
             timing=self.timing,
             codec=codec,
-            rng=random.Random(node_id),
+            # Each process draws its own nonces, as production's (seeded from the OS) do: a
+            # restarted process that repeated its predecessor's would have its datagrams dropped
+            # as replays by every node that heard the old one. The first keeps the seed it had.
+            rng=random.Random(node_id if incarnation == 1 else (node_id << 32) | incarnation),
             wall_offset_s=1.7e9,
             expected_nodes=self.max_nodes if self.expect_all else 0,
         )

@@ -48,7 +48,11 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   as a spare beside a full one) within ``recovery_bound_s()``. A member whose leave a live
   leader of that round heard is no voter (``_left_before``).
 * ``resources``: per-node state (peers, suspects, store ports, connections, pending joins,
-  remembered nonces) stays under bounds that do not grow with time or rounds.
+  what a leader keeps per node, remembered nonces) stays under bounds that do not grow with
+  time, rounds or the ids ever seen: the ids that are part of the job now (alive within
+  ``LINGER_S``, or members of a leader's round), or a cache's fixed cap. The long seeds
+  (``scenario.LONG_SHARE``: an hour of churn, hosts replaced under new ids) are where a slow
+  leak would show.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ from tests.swarm import scenario as sc
 from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import JOIN_GRACE_S, JobClosed, Joined, Ticket, TimedOut
 from torch_mingle._order import natural_key
-from torch_mingle._protocol import MAX_SUSPECTS, Timing
+from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS, Timing
 from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, age, node_hex
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._simnet import DROP, FIN, RESET, Delivery, Impairment
@@ -88,6 +92,10 @@ LEAVE_TIMEOUT_S = min(sc.CLOSE_TIMEOUT_S, 15.0)
 ARRIVE_TIMEOUT_S = min(5.0, sc.INTERVAL_S * sc.ATTEMPTS)
 #: Scheduling slack on top of a bound: the agent's own poll (``MONITOR_S``) and the loop.
 SLACK_S = 2 * MONITOR_S + 0.05
+#: How long a node id that no process runs under any longer may still be in other nodes'
+#: tables (``resources``): the longest fault (a partition or a freeze holds a dead node's
+#: connection open), its heartbeat timeout and its close, with room.
+LINGER_S = 30.0
 #: How long the swarm lets a job run in peace after recovery before it finishes.
 DWELL_S = 1.0
 #: A bad link spoils sends for this long before it goes dark (``_do_garble``).
@@ -223,8 +231,10 @@ class World:
         self._triggers: list[sc.Event] = []
         self._seq = itertools.count()
         self._cut_ids = itertools.count(1)
-        self.ids_ever: set[int] = set()
-        self.rogue_ids: set[int] = set()
+        #: When each node id (a process of it) was last seen alive, and each id a rogue used
+        #: last: the ids that are part of the job now (``resources``).
+        self.alive_at: dict[int, float] = {}
+        self.rogue_ids: dict[int, float] = {}
         self.rogue_ends: set[int] = set()
         self.captured: list[bytes] = []
         self.recovered_at: float | None = None
@@ -316,7 +326,7 @@ class World:
         agent.ticket = self.sim.join(node, sc.JOIN_TIMEOUT_S)
         self.agents.append(agent)
         self.by_host[host] = agent
-        self.ids_ever.add(node.core.node_id)
+        self.alive_at[node.core.node_id] = at
         self.said_left.pop(node.core.node_id, None)  # a new process of a node that left votes again
         self._quiet_since = max(self._quiet_since, at)
         self._note(agent, f"starts node {node_hex(node.core.node_id)[:6]}")
@@ -833,17 +843,27 @@ class World:
             self._call(agent, "arriving", ticket, ARRIVE_TIMEOUT_S)
 
     def _check_resources(self) -> None:
-        ids = len(self.ids_ever) + len(self.rogue_ids)
-        live_ids = len({a.node_id for a in self.agents if a.node.alive})
+        """Every table a node keeps per peer is bounded by the nodes that are part of the job now
+        (alive within ``LINGER_S``, or members of the round a leader runs), never by every id ever
+        seen: a long seed replaces hosts under new ids, and what the job has forgotten must go."""
+        now = self.sim.now
+        for agent in self.agents:
+            if agent.node.alive:
+                self.alive_at[agent.node_id] = now
+        rogues = {n for n, at in self.rogue_ids.items() if now - at <= LINGER_S}
+        recent = rogues | self._alive_since(now - LINGER_S)
+        ids = len(recent)
         for sim_node in self.sim.nodes:
             if not sim_node.alive or not sim_node.started:
                 continue
             node, core = sim_node.node, sim_node.node.core
             sizes: dict[str, tuple[int, int]] = {
-                "peers": (len(core.peers), ids),
-                "suspects": (len(core._suspects), live_ids + 8),
+                # Caches of every id heard (any datagram, forged ones too, without a secret),
+                # kept in order of use: their caps are the bound.
+                "peers": (len(core.peers), MAX_PEERS),
+                "candidates": (len(core._candidates), MAX_CANDIDATES),
+                "suspects": (len(core._suspects), ids + 8),
                 "suspected claims": (len(core._suspected_claims), MAX_SUSPECTS),
-                "candidates": (len(core._candidates), ids),
                 "store ports": (sum(map(len, node._store_ports.values())), 4 * (ROUND_STORES_KEPT + 1)),
                 "connects ahead": (len(node._ahead_pending), 8),
                 "arrivals": (len(node._arrivals), 4),
@@ -851,13 +871,28 @@ class World:
                 "readers": (len(sim_node.net.readers) if sim_node.net else 0, 2 * ids + 8),
             }
             if node.term is not None:
-                sizes.update(_term_sizes(node.term, ids))
+                sizes.update(_term_sizes(node.term, ids, len(rogues | self._kept_by(node.term.book, now))))
             self.checks += len(sizes)
             for what, (size, bound) in sizes.items():
                 if size > bound:
-                    raise Violation(
-                        "resources", f"{node.label} holds {size} {what}, more than {bound}", self.sim.now
-                    )
+                    raise Violation("resources", f"{node.label} holds {size} {what}, more than {bound}", now)
+
+    def _alive_since(self, t: float) -> set[int]:
+        return {n for n, at in self.alive_at.items() if at >= t}
+
+    def _kept_by(self, book: Any, now: float) -> set[int]:
+        """The ids a leader's book may keep now: its round's members and those of the round it
+        was formed from, and every node alive since that round formed (joiners, spares, its
+        own drops), with ``LINGER_S`` of room. Not the ids of rounds before: a job that runs for
+        months, its hosts replaced under new ids, must forget them (``_forget_strangers``)."""
+        kept = {book.leader}
+        since = 0.0
+        if book.current is not None:
+            kept |= set(book.current.members)
+            base = self.accepted.get(book.current.base) if book.current.base is not None else None
+            kept |= set(base[1]) if base is not None else set()
+            since = book.formed_at
+        return kept | self._alive_since(min(now, since) - LINGER_S)
 
     # ------------------------------------------------------------ faults
 
@@ -923,22 +958,23 @@ class World:
         self.sim.kill(agent.node)
         self._exit(agent, "crashed")
         if e.args:
-            self._at(e.ends, lambda: self._respawn(agent))
+            self._at(e.ends, lambda: self._respawn(agent, fresh="fresh" in e.args))
 
     def _do_power(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.power_off(agent.node)
         self._exit(agent, "powered off")
         if e.args:
-            self._at(e.ends, lambda: self._respawn(agent))
+            self._at(e.ends, lambda: self._respawn(agent, fresh="fresh" in e.args))
 
     def _do_restart(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.kill(agent.node)
         self._exit(agent, "restarted")
         self._at(e.ends, lambda: self._respawn(agent))
 
-    def _respawn(self, old: _Agent) -> None:
+    def _respawn(self, old: _Agent, *, fresh: bool = False) -> None:
+        """A new agent on ``old``'s host; ``fresh``: as a new node (its state is gone)."""
         if self.by_host.get(old.host) is old:
-            inherit = old.node.core.node_id if self.inherit_identity else None
+            inherit = old.node.core.node_id if self.inherit_identity and not fresh else None
             self._spawn(old.host, self.sim.now, node_id=inherit)
 
     def _do_unfit(self, e: sc.Event, agent: _Agent) -> None:
@@ -1116,19 +1152,23 @@ class World:
 
     def _rogue_id(self) -> int:
         node = self.rng.getrandbits(64) or 1
-        self.rogue_ids.add(node)
+        self.rogue_ids[node] = self.sim.now
         return node
 
 
-def _term_sizes(term: LeaderTerm, ids: int) -> dict[str, tuple[int, int]]:
+def _term_sizes(term: LeaderTerm, ids: int, kept: int) -> dict[str, tuple[int, int]]:
+    """A leader's tables: its joiners and connections are among the recent ids; what it keeps
+    per node besides, among ``kept`` (``World._kept_by``)."""
     book = term.book
     return {
         "leader's connections": (len(term.conns), 2 * ids + 8),
         "pending joins": (len(book.pending), ids),
-        "dead": (len(book.dead), ids),
-        "left": (len(book.left), ids),
-        "gone": (len(book.gone), ids),
-        "drops": (len(book.drops), ids),
+        "dead": (len(book.dead), kept),
+        "left": (len(book.left), kept),
+        "gone": (len(book.gone), kept),
+        "drops": (len(book.drops), kept),
+        "ips": (len(book.ips), kept),
+        "restarts": (len(book.restarted_at), kept),
         "join deadlines": (len(term._deadlines), 4 * (len(term._by_node) + 16)),
     }
 

@@ -59,6 +59,19 @@ FIN_SALT = 0xF1F1F1
 #: until it heals, as a failing NIC or middlebox does. Drawn apart from ``KINDS``.
 GARBLE_SHARE = 0.3
 GARBLE_SALT = 0x6A7B1E
+#: A share of the seeds (``LONG_SHARE``, drawn apart from ``KINDS``) run for an hour of
+#: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S`` on average, every
+#: host that crashes or loses power started again (by its scheduler), some of them as a new
+#: node (``FRESH_SHARE``: a pod rescheduled elsewhere, its state gone, a new node id). What a
+#: minute does not show: a slow leak, a table that grows with every id ever seen, a job that
+#: recovers once but not the fortieth time.
+LONG_SHARE = 0.005
+LONG_SALT = 0x10A6
+LONG_S = 3600.0
+CHURN_GAP_S = (20.0, 120.0)
+FRESH_SHARE = 0.3
+#: The faults of the churn: all but those that end the job or let an agent go for good.
+CHURN_KINDS = tuple(k for k in KINDS if k not in ("shutdown", "sigterm", "sigterm_at_accept"))
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
 TRIGGERS = frozenset(k for k in KINDS if k.endswith("_at_accept"))
@@ -114,6 +127,7 @@ class Scenario:
         shape = f"{self.hosts} hosts, min {self.min_nodes} max {self.max_nodes}"
         shape += ", secret" if self.secret else ", no secret"
         shape += ", places" if self.places else ""
+        shape += ", long" if self.heal_at > FAULTS_UNTIL_S + max(CHURN_GAP_S) + TRIGGER_S + 10.0 else ""
         late = [f"{i}@{t:.1f}s" for i, t in enumerate(self.starts) if t > 1.0]
         if late:
             shape += f", late {' '.join(late)}"
@@ -160,7 +174,7 @@ def generate(seed: int) -> Scenario:
     kinds = [k for k in KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
-    events = _with_fins(seed, events) + _garbles(seed, hosts)
+    events = _with_fins(seed, events) + _garbles(seed, hosts) + _churn(seed, hosts, secret)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
     return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events), places=seed % 2 == 1)
@@ -187,6 +201,28 @@ def _garbles(seed: int, hosts: int) -> list[Event]:
     at = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3)
     sends = rng.randint(1, 3)
     return [Event(at, "garble", rng.randrange(hosts), dur=round(rng.uniform(0.5, 6.0), 3), args=(sends,))]
+
+
+def _churn(seed: int, hosts: int, secret: bool) -> list[Event]:
+    """The hour of faults of a long seed (``LONG_SHARE``), from a stream of its own: the seeds
+    drawn before it keep every other event they had."""
+    rng = random.Random(seed ^ LONG_SALT)
+    if rng.random() >= LONG_SHARE:
+        return []
+    kinds = [k for k in CHURN_KINDS if secret or k != "rogue"]
+    weights = [KINDS[k] for k in kinds]
+    events = []
+    at = FAULTS_UNTIL_S + rng.uniform(*CHURN_GAP_S)
+    while at < LONG_S:
+        e = replace(_event(rng, rng.choices(kinds, weights)[0], hosts), at=round(at, 3))
+        if e.kind in ("crash", "power"):
+            back = round(rng.uniform(1.0, 6.0), 3)
+            e = replace(
+                e, dur=back, args=("restart", "fresh") if rng.random() < FRESH_SHARE else ("restart",)
+            )
+        events.append(e)
+        at += rng.uniform(*CHURN_GAP_S)
+    return events
 
 
 def _event(rng: random.Random, kind: str, hosts: int) -> Event:

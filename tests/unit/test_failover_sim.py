@@ -14,6 +14,7 @@ from torch_mingle._node import Joined
 from torch_mingle._protocol import BecomeLeader, Dest, LeaderFound, LeaderLost, SteppedDown, Timing
 from torch_mingle._sim import SimNode, Simulation
 from torch_mingle._simnet import Route
+from torch_mingle._wire import derive_key
 
 FAST = Timing(beacon_interval_s=1.0, leader_timeout_s=3.0, suspect_ttl_s=3.0, successor_wait_s=1.25)
 MONITOR_S = 0.1
@@ -410,3 +411,19 @@ def test_a_spare_that_joined_before_the_first_round_never_founds_a_job_of_its_ow
     ticket = agents.tickets.get(spare.index)
     assert ticket is not None and not ticket.done, "the spare alone formed a round of its own"
     assert all(spare.core.node_id not in r[2] for r in agents.rounds)
+
+
+def test_a_restarted_process_draws_nonces_of_its_own():
+    """Production seeds each process's nonces from the OS. The simulator must not give a new
+    process of a node its predecessor's: every node that heard the old one would drop the new
+    one's datagrams as replays (a long swarm seed, 3000, found it: a node restarted at 1,256 s
+    of simulated time was unheard in the election that followed its leader's death at 2,920 s,
+    and the job split between two claims)."""
+    sim, _ = _running(3, seed=3, key=derive_key(b"a-secret"))
+    (old,) = sim.leaders()  # it sent datagrams (its announcements) that the others remember
+    sim.kill(old)
+    new = sim.restart(old, sim.now + 0.1, node_id=old.node.settings.node_id)
+    sim.run_until(sim.now + 3.0)
+    assert new.core.stats.sent > 0, "the new process sent nothing: nothing tested"
+    replayed = {n.node.label: n.core.stats.invalid.get("replayed", 0) for n in sim.nodes if n.alive}
+    assert not any(replayed.values()), replayed
