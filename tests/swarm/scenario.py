@@ -60,11 +60,11 @@ FIN_SALT = 0xF1F1F1
 GARBLE_SHARE = 0.3
 GARBLE_SALT = 0x6A7B1E
 #: A share of the seeds (``LONG_SHARE``, drawn apart from ``KINDS``) run for an hour of
-#: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S`` on average, every
-#: host that crashes or loses power started again (by its scheduler), some of them as a new
-#: node (``FRESH_SHARE``: a pod rescheduled elsewhere, its state gone, a new node id). What a
-#: minute does not show: a slow leak, a table that grows with every id ever seen, a job that
-#: recovers once but not the fortieth time.
+#: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S``, no agent that
+#: leaves for good (no SIGTERM, no shutdown), every host that crashes or loses power started
+#: again (by its scheduler), some as a new node (``FRESH_SHARE``: a pod rescheduled
+#: elsewhere, its state gone, a new node id). What a minute does not show: a slow leak, a
+#: table that grows with every id ever seen, a job that recovers once but not the fortieth.
 LONG_SHARE = 0.005
 LONG_SALT = 0x10A6
 LONG_S = 3600.0
@@ -174,7 +174,7 @@ def generate(seed: int) -> Scenario:
     kinds = [k for k in KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
-    events = _with_fins(seed, events) + _garbles(seed, hosts) + _churn(seed, hosts, secret)
+    events = _long(seed, hosts, max_nodes, secret, _with_fins(seed, events) + _garbles(seed, hosts))
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
     return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events), places=seed % 2 == 1)
@@ -203,26 +203,34 @@ def _garbles(seed: int, hosts: int) -> list[Event]:
     return [Event(at, "garble", rng.randrange(hosts), dur=round(rng.uniform(0.5, 6.0), 3), args=(sends,))]
 
 
-def _churn(seed: int, hosts: int, secret: bool) -> list[Event]:
-    """The hour of faults of a long seed (``LONG_SHARE``), from a stream of its own: the seeds
-    drawn before it keep every other event they had."""
+def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Event]) -> list[Event]:
+    """A long seed (``LONG_SHARE``, from a stream of its own: the seeds drawn before it keep
+    every event they had): its first minute's faults, none that lets an agent go for good,
+    then an hour of churn. Hosts come back as new nodes only where rounds have three members
+    or more: one of two that never returns takes a vote the job can never win again (it
+    waits, and ends at its join timeout, as it should: nothing left to run an hour)."""
     rng = random.Random(seed ^ LONG_SALT)
     if rng.random() >= LONG_SHARE:
-        return []
+        return events
     kinds = [k for k in CHURN_KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
-    events = []
+    out = [_lasting(rng, e, fresh=False) for e in events if e.kind in CHURN_KINDS or e.kind == "garble"]
     at = FAULTS_UNTIL_S + rng.uniform(*CHURN_GAP_S)
     while at < LONG_S:
         e = replace(_event(rng, rng.choices(kinds, weights)[0], hosts), at=round(at, 3))
-        if e.kind in ("crash", "power"):
-            back = round(rng.uniform(1.0, 6.0), 3)
-            e = replace(
-                e, dur=back, args=("restart", "fresh") if rng.random() < FRESH_SHARE else ("restart",)
-            )
-        events.append(e)
+        if e.kind in ("partition", "partition_at_accept") and rng.random() < FIN_SHARE:
+            e = replace(e, args=("fin", *e.args[1:]))
+        out.append(_lasting(rng, e, fresh=rng.random() < FRESH_SHARE and max_nodes >= 3))
         at += rng.uniform(*CHURN_GAP_S)
-    return events
+    return out
+
+
+def _lasting(rng: random.Random, e: Event, *, fresh: bool) -> Event:
+    """``e``, with a host that crashes or loses power started again (``fresh``: as a new node)."""
+    if e.kind not in ("crash", "power"):
+        return e
+    back = e.dur if e.args else round(rng.uniform(1.0, 6.0), 3)
+    return replace(e, dur=back, args=("restart", "fresh") if fresh else ("restart",))
 
 
 def _event(rng: random.Random, kind: str, hosts: int) -> Event:
