@@ -29,7 +29,7 @@ from typing import Protocol
 
 from torch_mingle import _faults
 from torch_mingle._events import MAX_PENDING_NOTES, Note, Sink, ignore
-from torch_mingle._evidence import Evidence, judge
+from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     Answer,
     FollowerSession,
@@ -217,7 +217,6 @@ class Diagnostics:
     stats: Stats = field(default_factory=Stats)
     recoveries: int = 0
     last_error: str | None = None
-    fence_epoch: int = 0
     max_epoch_seen: int = 0
     remembered_nonces: int = 0
     loop_alive: bool = True
@@ -825,7 +824,7 @@ class Node:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
         if self.session is not None and self.session.claim == claim:
             self._end_session()
-            self.core.leader_failed(now, claim, why, fence=False)
+            self.core.leader_failed(now, claim, why)
         self._flush(now)
 
     # ------------------------------------------------------------ flush
@@ -1118,7 +1117,7 @@ class Node:
         try:
             conn = self.net.connect(ip, view.store_port)
         except OSError as exc:
-            self.core.leader_failed(now, view.claim, f"cannot connect to the leader {ip}: {exc}", fence=False)
+            self.core.leader_failed(now, view.claim, f"cannot connect to the leader {ip}: {exc}")
             return
         self.session = FollowerSession(
             claim=view.claim,
@@ -1202,7 +1201,6 @@ class Node:
                     self._connect(view, now)
             else:
                 log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
-                verdict = judge(ev.evidence)
                 # Each with the newest round it was in or voted for, the leader itself too if it
                 # left (then the next leader does not wait for it there). Never a guess: a
                 # departure filed under an older round than its node's newest would let that
@@ -1210,7 +1208,7 @@ class Node:
                 for node, key in session.leader_reported_gone:
                     if (newest := newest_key(key, self._gone.get(node))) is not None:
                         self._gone[node] = newest
-                self.core.leader_failed(now, session.claim, ev.reason, fence=verdict.fence)
+                self.core.leader_failed(now, session.claim, ev.reason)
 
     def _own_key(self) -> RoundKey | None:
         """The newest round this node was in or voted for: where its departure counts."""
@@ -1589,7 +1587,6 @@ class Node:
                 stats=self.core.stats.copy(),
                 recoveries=self.recoveries,
                 last_error=self.last_error,
-                fence_epoch=self.core.fence.epoch if self.core.fence else 0,
                 max_epoch_seen=self.core.max_epoch_seen,
                 remembered_nonces=self.core.codec.remembered,
                 store_ahead=self._ahead_client is not None,

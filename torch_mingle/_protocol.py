@@ -30,15 +30,13 @@ run hundreds of nodes on a fake network in milliseconds.
   epoch; and before the first round (nothing is established yet) a newcomer whose answer
   came late claims the same epoch as the running leader, which its followers outweigh (and a
   member of a round knows its leader is established before any announcement says so). A
-  node that fenced a live leader still wins with its higher epoch, so a false fence never
+  node that suspected a live leader still wins with its higher epoch, so a false suspicion never
   strands it alone.
-* Losing a leader: the leader's own word (it resigned, it said ``bye``, it rejected our claim)
-  *fences* its claim: that leader's announcements at or below that epoch are never followed
-  again (another leader's older claim still may be: a newer claim can step down for an older,
-  established one). Anything else
-  (silence, a connection closed, reset or refused, which a partition produces as well:
-  ``_evidence.judge``) only *suspects* the claim for ``suspect_ttl_s``: if it speaks again
-  later it was alive all along, and it may be followed once more if nothing better is known.
+* Losing a leader, by any evidence (it resigned, it said ``bye``, it rejected our claim; or
+  silence, a connection closed, reset or refused, which a partition produces as well), only
+  *suspects* its claim for ``suspect_ttl_s``: if it speaks again later it was alive all along,
+  and it may be followed once more if nothing better is known. A leader that gave a claim up
+  never announces it again, so its word needs no more than that.
 * Epochs are bounded: a datagram whose epoch is more than ``MAX_EPOCH_STEP`` above
   everything this node knows is dropped, so forged datagrams cannot exhaust the epoch space.
 """
@@ -324,11 +322,6 @@ class Discovery:
         self.leader: LeaderView | None = None
         #: When the leader we follow was last heard (announcement or, through the shell, heartbeat).
         self.leader_heard_at = 0.0
-        #: The newest claim whose leader said it is over (for diagnostics and the epoch ceiling).
-        self.fence: Claim | None = None
-        #: Per leader, the newest epoch whose claim its leader said is over: its claims up to it
-        #: are never followed again (another leader's older, established claim still may be).
-        self._fenced: OrderedDict[int, int] = OrderedDict()
         self.max_epoch_seen = 0
         #: The highest round of this job this node heard of: one it was in, or one any authentic
         #: word named (an announcement or a query, one outside the replay window too; the
@@ -345,7 +338,7 @@ class Discovery:
         self._queried = False
         self._suspects: dict[int, float] = {}  # candidates that did not claim, until when
         # Claims heard announced (most recent last): only those can be resigned (a forged
-        # resignation of a claim nobody made yet must not fence it in advance).
+        # resignation of a claim nobody made yet must not suspect it in advance).
         self._heard_claims: OrderedDict[Claim, None] = OrderedDict()
         self._suspected_claims: OrderedDict[Claim, float] = OrderedDict()  # lost by silence, until
         self._awaiting: tuple[int, float] | None = None
@@ -466,7 +459,7 @@ class Discovery:
             and now >= self.leader_heard_at + self.timing.leader_timeout_s
         ):
             self.leader_failed(
-                now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s", fence=False
+                now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s"
             )
 
     def leader_ready(
@@ -545,15 +538,12 @@ class Discovery:
             )
             self._next_announce = min(self._next_announce, soon)
 
-    def leader_failed(self, now: float, claim: Claim, reason: str, *, fence: bool) -> None:
-        """The shell lost ``claim``'s leader: ``fence`` when the leader itself said that its claim
-        is over (``_evidence.judge``), else it is only suspected (it may speak again)."""
+    def leader_failed(self, now: float, claim: Claim, reason: str) -> None:
+        """The shell lost ``claim``'s leader, whatever it saw: the claim is suspected for
+        ``suspect_ttl_s`` (it may speak again; one it gave up it never announces again)."""
         if claim.leader == self.node_id:
             return  # we know we are alive; our own store failing is the shell's business
-        if fence:
-            self._raise_fence(claim)
-        else:
-            self._suspect_claim(claim, now)
+        self._suspect_claim(claim, now)
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self._lose_leader(now, reason)
 
@@ -740,8 +730,8 @@ class Discovery:
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
         following = self.leader is not None and self.leader.claim == claim
         if claim not in self._heard_claims and not following:
-            return  # never announced: nothing to fence (and a forgery cannot fence it in advance)
-        self._raise_fence(claim)
+            return  # never announced: nothing to suspect (and a forgery cannot in advance)
+        self._suspect_claim(claim, now)
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self._lose_leader(now, RESIGNED)
 
@@ -882,8 +872,7 @@ class Discovery:
         self._election_deadline = self._awaiting[1]
 
     def _epoch_ceiling(self) -> int:
-        known = max(self.max_epoch_seen, self.fence.epoch if self.fence else 0)
-        return min(EPOCH_MAX, known + MAX_EPOCH_STEP)
+        return min(EPOCH_MAX, self.max_epoch_seen + MAX_EPOCH_STEP)
 
     @staticmethod
     def _epoch_of(d: Datagram) -> int:
@@ -899,7 +888,7 @@ class Discovery:
         claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
         _remember(self._heard_claims, claim, None)
-        if self.fenced(claim) or self._suspected_claims.get(claim, float("-inf")) > now:
+        if self._suspected_claims.get(claim, float("-inf")) > now:
             self.stats.stale_claims += 1
             return None
         return claim
@@ -940,20 +929,6 @@ class Discovery:
             hold = now + SPARE_HOLD_SUCCESSORS * self.timing.successor_wait_s
             self._hold_claims_until = max(self._hold_claims_until, hold)
         self._enter_discovery(now)
-
-    def fenced(self, claim: Claim) -> bool:
-        """Whether ``claim``'s leader said that this claim (or a later one of its) is over."""
-        return claim.epoch <= self._fenced.get(claim.leader, 0)
-
-    def _raise_fence(self, claim: Claim) -> None:
-        if claim.beats(self.fence):
-            self.fence = claim
-        if claim.epoch > self._fenced.get(claim.leader, 0):
-            self._fenced[claim.leader] = claim.epoch
-            self._fenced.move_to_end(claim.leader)
-            while len(self._fenced) > MAX_SUSPECTS:
-                self._fenced.popitem(last=False)
-        self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
 
     def _suspect_claim(self, claim: Claim, now: float) -> None:
         _remember(self._suspected_claims, claim, now + self.timing.suspect_ttl_s)

@@ -126,8 +126,6 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a departure counts for its round only", "RoundBook.voters_of",
                "a node that left any round votes on none", (_attr(RoundBook, "voters_of",
                                                                 _voters_without_anyone_who_left_anything),)),
-        Mutant("a stepped-down leader is fenced", "_evidence.judge(STEPPED_DOWN)",
-               "a leader that said bye is followed again", (_verdict(Evidence.STEPPED_DOWN, fence=False),)),
         Mutant("a node accepts only what accounts for what it knows", "_rounds.may_accept",
                "it accepts every proposal", (_attr(_node, "may_accept", lambda *a: True),)),
         Mutant("a vote is on the disk before it goes out", "Node._accept",
@@ -155,7 +153,6 @@ MUTANTS: dict[str, Mutant] = {
 #: schedule the generator does not draw (see there), and is an open finding, not an excuse.
 SURVIVING = frozenset(
     {
-        "a stepped-down leader is fenced",
         "a node accepts only what accounts for what it knows",
     }
 )

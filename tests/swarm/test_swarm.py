@@ -181,7 +181,7 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     "one-round": (_spare_that_heard, [(_rounds.RoundBook, "_no_quorum", _no_quorum)]),
     # A crash takes the vote (the kernel's close taken for the node's word): the half left forms.
     "quorum": (_half_the_job_crashes, [(_evidence, "_VERDICTS", {
-        **_evidence._VERDICTS, Evidence.CLOSED: Verdict(votes=False, fence=False)})]),
+        **_evidence._VERDICTS, Evidence.CLOSED: Verdict(votes=False)})]),
     # A vote goes out before it is on the disk: the voter's power loss forgets it, and a new term
     # forms a second successor of the round without knowing of the first.
     "successors": (_voter_loses_power, [(Node, "_accept", mutants._accept_without_persisting)]),

@@ -91,7 +91,7 @@ class ElectionUnderForgeries(RuleBasedStateMachine):
 
 # Derandomized: CI runs the same 60 sequences every time. Random search still finds open
 # liveness gaps under forgery without a secret (a forged epoch far ahead, or the same
-# claim fenced on one node only, can leave two leaders of different epochs); see
+# claim suspected on one node only, can leave two leaders of different epochs); see
 # docs/security.md#without-a-secret. Run with derandomize=False to hunt for them.
 ElectionUnderForgeries.TestCase.settings = settings(
     max_examples=60,

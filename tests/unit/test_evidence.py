@@ -17,12 +17,9 @@ from torch_mingle._evidence import Evidence, Verdict, judge, of_errno
 REGRESSIONS = json.loads((Path(__file__).parents[1] / "swarm" / "regressions.json").read_text())
 
 
-def test_only_the_peers_own_word_takes_its_vote_or_fences_its_claim():
-    said = {Evidence.LEFT, Evidence.STEPPED_DOWN}
+def test_only_the_peers_own_word_takes_its_vote():
     for evidence in Evidence:
-        verdict = judge(evidence)
-        assert verdict.votes is (evidence is not Evidence.LEFT), evidence
-        assert verdict.fence is (evidence in said), evidence
+        assert judge(evidence).votes is (evidence is not Evidence.LEFT), evidence
 
 
 def test_socket_errors_are_reported_as_what_the_kernel_saw():
@@ -43,7 +40,7 @@ def test_a_rule_that_trusted_a_reset_would_let_a_partition_split_the_job(name, m
     scenario = sc.Scenario.from_json(json.dumps(case["scenario"]))
     assert run(scenario).violation is None
     for seen in (Evidence.RESET, Evidence.CLOSED):
-        monkeypatch.setitem(_evidence._VERDICTS, seen, Verdict(votes=False, fence=True))
+        monkeypatch.setitem(_evidence._VERDICTS, seen, Verdict(votes=False))
     outcome = run(scenario)
     assert outcome.violation is not None and outcome.violation.invariant in ("quorum", "one-round"), outcome
 
@@ -59,6 +56,6 @@ def test_a_partition_that_closes_with_a_fin_proves_nothing_either(oneway, monkey
         seed=7, hosts=4, min_nodes=1, max_nodes=4, secret=False, starts=(0.0,) * 4, events=(split,)
     )
     assert run(scenario).violation is None
-    monkeypatch.setitem(_evidence._VERDICTS, Evidence.CLOSED, Verdict(votes=False, fence=False))
+    monkeypatch.setitem(_evidence._VERDICTS, Evidence.CLOSED, Verdict(votes=False))
     outcome = run(scenario)
     assert outcome.violation is not None and outcome.violation.invariant in ("quorum", "one-round"), outcome

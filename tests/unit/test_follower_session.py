@@ -82,14 +82,14 @@ def test_a_leader_that_steps_down_alive_is_not_gone():
     s.closed("closed by the peer", Evidence.CLOSED, now=0.4)
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
     verdict = judge(over.evidence)
-    assert verdict.fence and verdict.votes  # fenced (its term is over), but it still votes
+    assert over.evidence is Evidence.STEPPED_DOWN and verdict.votes  # its term is over; it votes
 
 
 @pytest.mark.parametrize("leaving", [True, False])
 def test_a_bye_before_the_welcome_is_the_leader_leaving_not_a_protocol_error(leaving):
     """A leader that shuts down or steps down says bye to every connection, also to one whose
     hello it has not answered yet: that node must read it as the leader leaving (or alive and
-    fenced), not as a broken leader."""
+    stepped down), not as a broken leader."""
     s = _session_to(Claim(1, LEADER))
     s.connected(0.1)
     s.received([{"t": "bye", "leaving": leaving, "gone": ["00000000000000aa"]}], 0.2)
@@ -98,7 +98,8 @@ def test_a_bye_before_the_welcome_is_the_leader_leaving_not_a_protocol_error(lea
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
     assert "protocol error" not in over.reason
     verdict = judge(over.evidence)
-    assert verdict.fence and verdict.votes is not leaving
+    assert over.evidence is (Evidence.LEFT if leaving else Evidence.STEPPED_DOWN)
+    assert verdict.votes is not leaving
     assert s.leader_reported_gone == ((0xAA, None),)
 
 
@@ -124,7 +125,7 @@ def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_c
     assert not late.over
     late.handle_timer(1.0)  # never accepted: lost at the connect timeout
     (over,) = [e for e in late.events() if isinstance(e, SessionOver)]
-    assert "did not accept our connection within 1s" in over.reason and not judge(over.evidence).fence
+    assert "did not accept our connection within 1s" in over.reason and judge(over.evidence).votes
     silent = FollowerSession(
         claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x4, own_ip="198.18.0.4", history=None,
         interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0, label="", started=0.0,
@@ -132,7 +133,7 @@ def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_c
     silent.connected(0.5)
     silent.handle_timer(3.5)
     (over,) = [e for e in silent.events() if isinstance(e, SessionOver)]
-    assert "did not answer our hello within 3s" in over.reason and not judge(over.evidence).fence
+    assert "did not answer our hello within 3s" in over.reason and judge(over.evidence).votes
 
 
 def _frames(data: list[bytes]) -> list[dict[str, Any]]:
@@ -206,7 +207,7 @@ def test_a_join_behind_a_rejected_hello_is_dropped_by_the_leader_and_the_session
     assert term.book.pending.keys() == {LEADER}
     s.received(answers, 0.2)
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
-    assert judge(over.evidence).fence  # it leads another claim: never follow this one again
+    assert over.evidence is Evidence.STEPPED_DOWN  # it leads another claim (and still votes)
 
 
 def test_a_node_that_leaves_before_its_connection_is_up_sends_its_leave_and_no_join():

@@ -173,16 +173,16 @@ def test_a_stale_leader_is_never_followed_again():
     assert all(n.core.stats.stale_claims >= 1 for n in sim.live() if n.core.role is Role.FOLLOWING)
 
 
-def test_reported_leader_failure_fences_that_claim():
+def test_a_reported_leader_failure_suspects_that_claim():
     sim = Simulation(3, seed=4, timing=FAST)
     assert sim.run_until_converged(deadline=5.0) is not None
     old = leader_claim(sim)
     follower = next(n for n in sim.live() if n.core.role is Role.FOLLOWING)
-    follower.core.leader_failed(sim.now, old, "store refused the connection", fence=True)
+    follower.core.leader_failed(sim.now, old, "store refused the connection")
     assert follower.core.role is Role.DISCOVERING
-    assert follower.core.fence == old
+    assert old in follower.core._suspected_claims
     sim.run_until(sim.now + 5.0)
-    # The old leader is alive, so the fenced follower elects itself with a higher epoch and
+    # The old leader is alive, so the follower that suspects it elects itself with a higher epoch and
     # the whole job moves to that better claim: never two leaders for long, never a stale one.
     assert sim.converged()
     assert leader_claim(sim).beats(old)
@@ -342,7 +342,7 @@ def test_a_new_claim_never_announces_the_standing_of_the_nodes_previous_term():
     assert core.role is Role.FOLLOWING and SteppedDown in [type(e) for e in core.events()]
     core.datagrams_to_send(1.0)
     assert core.leader is not None
-    core.leader_failed(1.1, core.leader.claim, "cannot connect: no route to host", fence=False)
+    core.leader_failed(1.1, core.leader.claim, "cannot connect: no route to host")
     t = 1.1
 
     def role() -> Role:  # read afresh (the timers change it)
