@@ -106,7 +106,8 @@ class Proposed:
 
 @record
 class SessionOver:
-    """The session ended: the leader is lost (``evidence``: what was seen, for ``_evidence.judge``),
+    """The session ended: the leader is lost (``evidence``: what was seen; no rule reads it since
+    the fence went: the leader's departure reaches the node through ``leader_reported_gone``),
     or it evicted us."""
 
     reason: str

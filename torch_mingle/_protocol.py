@@ -340,7 +340,7 @@ class Discovery:
         # Claims heard announced (most recent last): only those can be resigned (a forged
         # resignation of a claim nobody made yet must not suspect it in advance).
         self._heard_claims: OrderedDict[Claim, None] = OrderedDict()
-        self._suspected_claims: OrderedDict[Claim, float] = OrderedDict()  # lost by silence, until
+        self._suspected_claims: OrderedDict[Claim, float] = OrderedDict()  # lost claims, until when
         self._awaiting: tuple[int, float] | None = None
         self._next_query = 0.0
         self._query_gap = self.timing.query_retry_s
