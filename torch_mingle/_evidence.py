@@ -12,13 +12,14 @@ reports *what it saw* (``Evidence``), and ``judge`` alone decides what that prov
 * only the peer's own word takes its vote away: it said it leaves (a ``leave`` frame, a leader's
   ``bye`` that says it leaves) (``LEFT``). A restarted agent does not lose its host's vote: it
   comes back under the same node id (``_identity``), so the vote is its again at once;
-* everything else (a leader that says ``bye`` alive or rejects our claim: ``STEPPED_DOWN``;
-  closed, reset, refused, silent, unreachable, a protocol error) ends the connection and the
-  round it served, and proves nothing about the process: the node keeps its vote. The claim
-  that connection served is only suspected for a while (``Discovery.leader_failed``), as any
-  lost claim is: a leader that stepped down never announces that claim again, so nothing
-  more is needed (a rule that also fenced such claims for good was removed: broken on
-  purpose, in the swarm and in every seed of it, it changed nothing; docs/faults.md).
+* everything else (closed, reset, refused, silent, unreachable, a protocol error) ends the
+  connection and the round it served, and proves nothing about the process: the node keeps
+  its vote. The claim that connection served is only suspected for a while
+  (``Discovery.leader_failed``), as any lost claim is: a leader that stepped down never
+  announces that claim again, so nothing more is needed (a rule that also fenced such claims
+  for good was removed: broken on purpose, in the swarm and in every seed of it, it changed
+  nothing; docs/faults.md). A follower's session reads no evidence at all: a leader that
+  leaves names itself among the nodes gone in its ``bye`` (``leader_reported_gone``).
 
 Invariant: ``judge(e).votes`` is False only for evidence a partition cannot forge. The
 fault swarm checks what this rule protects (one round at a time) with every kind of
@@ -38,7 +39,6 @@ class Evidence(enum.Enum):
     """What a node saw of a peer (a connection's end, or silence)."""
 
     LEFT = "it said it leaves"
-    STEPPED_DOWN = "it said it no longer leads"
     CLOSED = "its end closed the connection"
     RESET = "the connection was reset"
     REFUSED = "the connection was refused"
@@ -56,7 +56,6 @@ class Verdict:
 
 _VERDICTS = {
     Evidence.LEFT: Verdict(votes=False),
-    Evidence.STEPPED_DOWN: Verdict(votes=True),
     Evidence.CLOSED: Verdict(votes=True),
     Evidence.RESET: Verdict(votes=True),
     Evidence.REFUSED: Verdict(votes=True),

@@ -43,7 +43,6 @@ from typing import Any
 
 from torch_mingle import _faults
 from torch_mingle._events import Note, Sink, ignore
-from torch_mingle._evidence import Evidence
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (
@@ -106,12 +105,11 @@ class Proposed:
 
 @record
 class SessionOver:
-    """The session ended: the leader is lost (``evidence``: what was seen; no rule reads it since
-    the fence went: the leader's departure reaches the node through ``leader_reported_gone``),
-    or it evicted us."""
+    """The session ended: the leader is lost, or it evicted us. What ended it is in ``reason``
+    only: a lost leader's claim is suspected whatever the cause (``Discovery.leader_failed``),
+    and who left reaches the node through ``leader_reported_gone``."""
 
     reason: str
-    evidence: Evidence
     evicted: bool = False
 
 
@@ -218,23 +216,23 @@ class FollowerSession:
     def _out(self, frame: bytes) -> None:
         self._frames.append(self.seal.seal(frame) if self.seal is not None else frame)
 
-    def closed(self, reason: str, evidence: Evidence, now: float) -> None:
-        """The connection ended; ``evidence``: what the transport saw."""
+    def closed(self, reason: str, now: float) -> None:
+        """The connection ended (``reason``: what the transport saw)."""
         self.conn_up = False
         if self.phase == "over":
             return
-        if self.leader_left:
-            evidence = Evidence.LEFT  # its bye said so before it closed
-        elif self.leader_said_bye:
-            evidence = Evidence.STEPPED_DOWN
-        self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}", evidence)
+        if self.leader_said_bye:  # its bye said why, before it closed
+            why = "it leaves" if self.leader_left else "it no longer leads"
+            self._end(f"the leader {self.ip}:{self.port} said bye: {why}")
+        else:
+            self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}")
 
     def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
         if self.phase in ("over", "connecting"):
             return
         _faults.hit("follower.frame")
         if isinstance(frames, Invalid):
-            self._end(f"protocol error from the leader: {frames.reason}", Evidence.BROKEN)
+            self._end(f"protocol error from the leader: {frames.reason}")
             return
         for msg in frames:
             if self.phase == "over":
@@ -243,14 +241,14 @@ class FollowerSession:
             if seal is not None and self.phase == "challenge":
                 hello = seal.hello(msg, **self._hello_fields()) if msg.get("t") == "challenge" else None
                 if hello is None:
-                    self._end("the leader did not open with a challenge (no secret there?)", Evidence.BROKEN)
+                    self._end("the leader did not open with a challenge (no secret there?)")
                     return
                 self.last_heard = now
                 self._say_hello(hello)
                 continue
             if seal is not None and not seal.open(msg):
                 why = "a frame from the leader without this connection's MAC (another secret?)"
-                self._end(why, Evidence.BROKEN)
+                self._end(why)
                 return
             self._dispatch(msg, now)
 
@@ -259,21 +257,19 @@ class FollowerSession:
             if now >= self.started + self.connect_timeout_s:
                 self._end(
                     f"the leader {self.ip}:{self.port} did not accept our connection "
-                    f"within {self.connect_timeout_s:g}s",
-                    Evidence.UNREACHABLE,
+                    f"within {self.connect_timeout_s:g}s"
                 )
             return
         if self.phase in ("challenge", "hello"):
             if now >= self.last_heard + self.timeout_s:  # last_heard: the accept
                 self._end(
-                    f"the leader {self.ip}:{self.port} did not answer our hello within {self.timeout_s:g}s",
-                    Evidence.SILENT,
+                    f"the leader {self.ip}:{self.port} did not answer our hello within {self.timeout_s:g}s"
                 )
             return
         if self.phase != "ready":
             return
         if now >= self.last_heard + self.timeout_s:  # the same sum as next_timer(): no float gap
-            self._end(f"no heartbeat from the leader for {self.timeout_s:g}s", Evidence.SILENT)
+            self._end(f"no heartbeat from the leader for {self.timeout_s:g}s")
             return
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
@@ -410,25 +406,23 @@ class FollowerSession:
     def _dispatch(self, msg: dict[str, Any], now: float) -> None:
         kind = check(msg)
         if kind is None:
-            self._end(
-                f"protocol error from the leader: a bad {str(msg.get('t'))[:20]!r} frame", Evidence.BROKEN
-            )
+            self._end(f"protocol error from the leader: a bad {str(msg.get('t'))[:20]!r} frame")
             return
         self.last_heard = now
         if self.phase == "hello":
             if kind == "welcome" and msg["epoch"] == self.claim.epoch:
                 self._welcome(msg, now)
             elif kind == "reject":
-                self._end(f"the leader rejected us: {msg['why']}", Evidence.STEPPED_DOWN)
+                self._end(f"the leader rejected us: {msg['why']}")
             elif kind == "bye":  # it stepped down or shuts down with our hello in flight
                 self._said_bye(msg)
             else:
-                self._end(f"protocol error: {kind} before welcome", Evidence.BROKEN)
+                self._end(f"protocol error: {kind} before welcome")
             return
         try:
             self._ready_frame(kind, msg)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            self._end(f"protocol error from the leader: bad {kind} frame ({exc})", Evidence.BROKEN)
+            self._end(f"protocol error from the leader: bad {kind} frame ({exc})")
 
     def _welcome(self, msg: dict[str, Any], now: float) -> None:
         self.status = _status(msg["status"])
@@ -486,9 +480,9 @@ class FollowerSession:
         elif kind == "bye":
             self._said_bye(msg)
         elif kind == "evicted":
-            self._end(f"the leader declared this node dead: {msg['why']}", Evidence.SILENT, evicted=True)
+            self._end(f"the leader declared this node dead: {msg['why']}", evicted=True)
         else:
-            self._end(f"protocol error: unexpected {kind} from the leader", Evidence.BROKEN)
+            self._end(f"protocol error: unexpected {kind} from the leader")
 
     def _keep_proposal(self, rnd: Round) -> None:
         self.proposals.pop(rnd.number, None)  # the newest last
@@ -502,11 +496,11 @@ class FollowerSession:
         self.leader_left = msg.get("leaving") is True
         self.leader_reported_gone = gone_of(msg.get("gone"))
 
-    def _end(self, reason: str, evidence: Evidence, *, evicted: bool = False) -> None:
+    def _end(self, reason: str, *, evicted: bool = False) -> None:
         self.phase = "over"
         self._queued.clear()
         self._queued_join = None
-        self._events.append(SessionOver(reason, evidence, evicted=evicted))
+        self._events.append(SessionOver(reason, evicted=evicted))
 
 
 def _status(raw: Any) -> Status | None:

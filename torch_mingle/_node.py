@@ -529,7 +529,7 @@ class Node:
     def on_closed(self, conn: int, reason: str, evidence: Evidence, now: float) -> None:
         """A connection ended; ``evidence``: what the transport saw (``_evidence.judge`` decides)."""
         if self.session is not None and self.session.conn == conn:
-            self.session.closed(reason, evidence, now)
+            self.session.closed(reason, now)
         elif self.term is not None:
             self.term.closed(conn, reason, now, evidence)
         self._flushed_later(now)
