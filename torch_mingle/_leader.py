@@ -217,7 +217,7 @@ class _Proposal:
             for i, voters in enumerate(constraints):
                 if node in voters:
                     self._have[i] += 1
-        return quorum_met(constraints, self.accepted, self._have)
+        return quorum_met(constraints, self.accepted, self._have, every=self.form.unanimous)
 
     def stands(self, form: Form) -> bool:
         """Whether the proposal stands against the newer decision ``form``: the same voters to

@@ -87,17 +87,24 @@ MAX_IP_CHARS = 64
 
 
 def quorum_met(
-    constraints: tuple[frozenset[int], ...], accepted: set[int], counts: Collection[int] | None = None
+    constraints: tuple[frozenset[int], ...],
+    accepted: set[int],
+    counts: Collection[int] | None = None,
+    *,
+    every: bool = False,
 ) -> bool:
     """Whether the nodes that ``accepted`` a proposal hold a strict majority of every voter set
-    it must win (``Form.constraints``): then the round is formed. ``counts``: how many of each
-    voter set accepted, where the caller keeps them per accept (``_leader._Proposal``).
+    it must win (``Form.constraints``), or all of it (``every``: a first round, whose members
+    must each know of it, ``Form.unanimous``): then the round is formed. ``counts``: how many
+    of each voter set accepted, where the caller keeps them per accept (``_leader._Proposal``).
 
     Invariant: two proposals that both meet a voter set's majority share a node that accepted
     both, and a node accepts a second only if its leader accounted for the first
     (``may_accept``): so no two rounds form from one base without the second knowing of the first.
     """
     have = counts if counts is not None else [len(voters & accepted) for voters in constraints]
+    if every:
+        return all(n == len(voters) for n, voters in zip(have, constraints, strict=True))
     return all(2 * n > len(voters) for n, voters in zip(have, constraints, strict=True))
 
 
@@ -530,8 +537,10 @@ class Form:
     #: The round's number: after every round the leader knows of.
     number: int = 0
     #: Whose acceptance forms it: a majority of each of these voter sets (the base's, and each
-    #: proposal of another term it must account for); empty for a first round.
+    #: proposal of another term it must account for), or, ``unanimous``, all of its one set.
     constraints: tuple[frozenset[int], ...] = ()
+    #: A first round: every member accepts it before it forms (``_form``).
+    unanimous: bool = False
     #: The proposals of other terms it accounts for: (epoch, leader, round).
     covers: tuple[tuple[int, int, int], ...] = ()
     #: The round it is formed from: its number (0: none) and which it is (epoch, leader, round).
@@ -818,9 +827,14 @@ class RoundBook:
         joins = [self.pending[m] for m in admit]
         bases = [h for h in (base, *uncertain) if h is not None] if self.quorum else []
         constraints = tuple(v for v in (self.voters_of(h.members, h.key) for h in bases) if v)
-        if self.quorum and not bases:
-            # A first round is accepted by a majority of its own members before it forms: if its
-            # leader is lost before the members heard that it formed, they still know of it.
+        first = self.quorum and not bases
+        if first:
+            # A first round is accepted by every one of its members before it forms: if its
+            # leader is lost before they heard that it formed, each still knows of it, so none
+            # founds another job beside it (a member that never heard of the round it was
+            # counted in, cut off one way, founded one with nodes that had heard of nothing:
+            # seed 3037179). A member that never answers is dropped as any lost node is, and
+            # the round is proposed again without it.
             constraints = (frozenset(admit),)
         return Form(
             members=admit,
@@ -830,6 +844,7 @@ class RoundBook:
             pports=tuple(j.pport for j in joins),
             number=self.next_number(),
             constraints=constraints,
+            unanimous=first,
             covers=tuple(p.key for p in uncertain),
             base=base.round if base is not None else 0,
             base_key=base.key if base is not None else None,

@@ -222,6 +222,8 @@ class World:
         self.proposed_at: dict[tuple[int, int, int], float] = {}
         self.trained: list[_Round] = []
         self._lineages = itertools.count(1)
+        #: The members of every round of each lineage that an agent ran (``one-round``).
+        self.lineage_members: dict[int, set[int]] = {}
         #: Rounds of two causally isolated lineages that trained at the same time (counted).
         self.isolated_overlaps = 0
         self.faults: Counter[str] = Counter()
@@ -481,6 +483,7 @@ class World:
         log = self.rounds.get(key)
         if log is None:
             log = self.rounds[key] = _Round(key, members, self._lineage_of(rnd.base))
+            self.lineage_members.setdefault(log.lineage, set()).update(members)
             self._check_quorum(key, rnd.base, where)
         elif log.members != members:
             raise Violation("ranks", f"{where}: members differ from the same round's elsewhere", now)
@@ -631,6 +634,16 @@ class World:
         process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
         founds = not any(r.lineage == log.lineage for r in self.trained)  # the lineage's first round
         for beside in (r for r in training if r.lineage != log.lineage):
+            # A node counted in a round of each: one job split in two, whatever anyone heard.
+            both = self.lineage_members[log.lineage] & self.lineage_members[beside.lineage]
+            if both:
+                raise Violation(
+                    "one-round",
+                    f"{_show(log)} trains beside {_show(beside)} (training since "
+                    f"{beside.training_since:.3f}s), and {', '.join(node_hex(m)[:6] for m in sorted(both))} "
+                    "is a member of a round of each lineage: a fork",
+                    now,
+                )
             # (the job it continues is not for it to stop: only a lineage's first round is judged)
             heard = self._heard_of(log, beside.lineage, process) if founds else []
             if heard:

@@ -99,6 +99,10 @@ def _leave_keeping_the_vote(self: RoundBook, node: int, said: Any = None) -> Non
         self._broken_by.add(node)
 
 
+def _quorum_met_by_a_majority(constraints: Any, accepted: Any, counts: Any = None, **_: Any) -> bool:
+    return _rounds.quorum_met(constraints, accepted, counts)
+
+
 _sound_no_quorum = RoundBook._no_quorum
 
 
@@ -136,7 +140,10 @@ MUTANTS: dict[str, Mutant] = {
                (_attr(_sim.SimNet, "persist", _persist_without_led),)),
         Mutant("a round needs a majority of its base's voters", "RoundBook._no_quorum",
                "no quorum is needed", (_attr(RoundBook, "_no_quorum", lambda self, *a: None),
-                                       _attr(_leader, "quorum_met", lambda *a: True))),
+                                       _attr(_leader, "quorum_met", lambda *a, **k: True))),
+        Mutant("every member of a first round accepts it", "RoundBook._form (unanimous)",
+               "a majority of its members forms it",
+               (_attr(_leader, "quorum_met", _quorum_met_by_a_majority),)),
         Mutant("a restarted node keeps the quorum", "NodeSettings.quorum",
                "a leader whose process was restarted forms without a quorum",
                (_attr(Node, "_lead", _lead_without_quorum_after_a_restart),)),

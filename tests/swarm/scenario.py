@@ -59,6 +59,12 @@ FIN_SALT = 0xF1F1F1
 #: until it heals, as a failing NIC or middlebox does. Drawn apart from ``KINDS``.
 GARBLE_SHARE = 0.3
 GARBLE_SALT = 0x6A7B1E
+#: A share of the seeds (``STARTUP_SHARE``, drawn apart from ``KINDS``) split the network the
+#: moment the job's first round is proposed (a ``partition_at_accept`` armed from the start: a
+#: switch that reboots as the job starts): a first round whose proposal reaches only some of
+#: its members.
+STARTUP_SHARE = 0.2
+STARTUP_SALT = 0x57A27
 #: A share of the seeds (``LONG_SHARE``, drawn apart from ``KINDS``) run for an hour of
 #: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S``, no agent that
 #: leaves for good (no SIGTERM, no shutdown), every host that crashes or loses power started
@@ -174,7 +180,8 @@ def generate(seed: int) -> Scenario:
     kinds = [k for k in KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
-    events = _long(seed, hosts, max_nodes, secret, _with_fins(seed, events) + _garbles(seed, hosts))
+    events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts)
+    events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
     return Scenario(seed, hosts, min_nodes, max_nodes, secret, starts, tuple(events), places=seed % 2 == 1)
@@ -201,6 +208,15 @@ def _garbles(seed: int, hosts: int) -> list[Event]:
     at = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3)
     sends = rng.randint(1, 3)
     return [Event(at, "garble", rng.randrange(hosts), dur=round(rng.uniform(0.5, 6.0), 3), args=(sends,))]
+
+
+def _startup(seed: int, hosts: int) -> list[Event]:
+    """A split armed from the job's start (``STARTUP_SHARE``), from a stream of its own."""
+    rng = random.Random(seed ^ STARTUP_SALT)
+    if rng.random() >= STARTUP_SHARE:
+        return []
+    cut = _event(rng, "partition", hosts)
+    return [Event(0.0, "partition_at_accept", dur=TRIGGER_S + cut.dur, args=(*cut.args, cut.dur))]
 
 
 def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Event]) -> list[Event]:
