@@ -41,7 +41,10 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   ``_rounds`` makes for its quorum ("the second one's leader knew of the first"), checked
   when the second wins, not when a fork trains. Proposed later, not won later: a frozen voter
   may complete the older proposal's majority after the newer one formed (seed 3035215), and
-  the newer one, which accounted for it, is its successor.
+  the newer one, which accounted for it, is its successor. And the step of that claim at
+  each vote: a node's vote for a proposal of another term than its previous vote, built on a
+  base older than that vote, names it (or a later proposal of its term) in ``covers``; its
+  previous vote is the truth's, across its processes, not what its state file kept.
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound).
 * ``recovery``: after the last fault heals, if a majority of the last round's voters are
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
@@ -205,6 +208,8 @@ class World:
         #: Who accepted each proposal (by node id), and each node that said it leaves, with the
         #: newest round it was in or voted for when it did (``quorum``).
         self.acceptors: dict[tuple[int, int, int], set[int]] = {}
+        #: Each node's last vote (by node id, across its processes) (``successors``).
+        self.last_vote: dict[int, tuple[int, int, int]] = {}
         self.said_left: dict[int, tuple[int, int, int] | None] = {}
         #: Per base round, the proposals formed from it that won a majority of its voters, each
         #: with the proposals its leader accounted for (``successors``).
@@ -343,6 +348,7 @@ class World:
             ok = inner(rnd, base, covers)
             if ok:
                 key = (rnd.epoch, rnd.members[0], rnd.number)
+                self._check_vote(node.core.node_id, key, base, covers)
                 self.accepted.setdefault(key, (rnd.base, rnd.members))
                 self.proposed_at.setdefault(key, self.sim.now)
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
@@ -515,6 +521,26 @@ class World:
             return True
         said = self.said_left[member]
         return said is not None and age(said) > age(base)
+
+    def _check_vote(
+        self, node: int, key: tuple[int, int, int], base: int, covers: frozenset[tuple[int, int, int]]
+    ) -> None:
+        """``successors`` at each vote (module doc): the step of the quorum's proof that two
+        winning proposals share a voter whose second vote accounted for its first. The node's
+        previous vote is the truth's (every process of its id), not its state file's."""
+        before = self.last_vote.get(node)
+        self.last_vote[node] = key
+        if before is None or before[:2] == key[:2] or before[2] <= base:
+            return  # none, the same term's, or not newer than the base it builds on
+        self.checks += 1
+        if not any(e == before[0] and l_ == before[1] and n >= before[2] for e, l_, n in covers):
+            raise Violation(
+                "successors",
+                f"{node_hex(node)[:6]} voted for {_key(key)} (from round {base}) after it voted for "
+                f"{_key(before)}, which that proposal's leader did not account for (covers "
+                f"{sorted(_key(c) for c in covers) or 'nothing'})",
+                self.sim.now,
+            )
 
     def _check_successors(
         self,
@@ -1195,3 +1221,8 @@ def _show(r: _Round | None) -> str:
 
 def run(scenario: sc.Scenario, **kw: Any) -> Outcome:
     return World(scenario, **kw).run()
+
+
+def _key(key: tuple[int, int, int]) -> str:
+    epoch, leader, number = key
+    return f"epoch {epoch} round {number} of {node_hex(leader)[:6]}"
