@@ -223,7 +223,8 @@ class _Proposal:
         """Whether the proposal stands against the newer decision ``form``: the same voters to
         win and the same rounds to cover, and every member still in it. Nodes that joined since
         wait for the next round (as they would after it formed): proposing again for each join
-        that trickles in would send every member the round again, and might never form it."""
+        that trickles in would send every member the round again, and might never form it. A
+        first round's voters are its members, so one that gains a member is proposed again."""
         f = self.form
         return (f.constraints, f.covers) == (form.constraints, form.covers) and (
             f.members == form.members or set(f.members) <= set(form.members)
@@ -589,6 +590,12 @@ class LeaderTerm:
         self.counters.jobs += len(out)
         return out
 
+    def needs_every_vote(self, number: int) -> bool:
+        """Whether proposal ``number`` stands and forms only once every member voted (a first
+        round: ``Form.unanimous``)."""
+        proposal = self._proposal
+        return proposal is not None and proposal.round.number == number and proposal.form.unanimous
+
     def local(self) -> list[LocalAnswer]:
         self._settle()
         out, self._local = self._local, []
@@ -924,6 +931,13 @@ class LeaderTerm:
         )  # fmt: skip
         self.book.learn(history, accepted)
         proposal = self._proposal
+        if history is None and accepted is None and proposal is not None and proposal.form.unanimous:
+            log.warning(
+                "%s node %s refused the first round and knows of no other: it cannot record its "
+                "vote (its state directory?); the round forms without it, it joins the next one",
+                self.label, node_hex(m.node),
+            )  # fmt: skip
+            self.book.abstain(m.node)
         if proposal is not None and msg.get("round") == proposal.round.number:
             self._withdraw_proposal()  # (a refusal of one given up since changes nothing)
         self._decide(now)

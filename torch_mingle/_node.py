@@ -941,14 +941,24 @@ class Node:
             self.net.close(conn)
         for job in term.jobs():
             self.net.submit(job, self._term_tag)
+        cannot_vote = False
         for answer in term.local():
             busy = True
             if answer.kind == "propose" and answer.round is not None:
                 # The leader's own node votes for its term's proposal as any member does.
                 if self._accept(answer.round, answer.base, answer.covers):
                     term.accept_local(answer.round.number, now)
+                elif term.needs_every_vote(answer.round.number):
+                    cannot_vote = True
                 continue
             self._answer(answer, None, now)
+        if term is self.term and cannot_vote:
+            # Its own first round waits for its vote, which it cannot record (``_accept``): a
+            # node that can vote leads instead; this one joins it, and a later round takes it in.
+            log.warning("%s cannot record its own vote: it gives up leading", self.label)
+            self._unlead("the leader cannot record its vote", now)
+            self.core.resign(now)
+            return True
         if term is self.term and term.outdated_by is not None:
             epoch, term.outdated_by = term.outdated_by, None
             self._give_way(epoch, now)

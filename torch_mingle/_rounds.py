@@ -25,7 +25,12 @@ only from the leader it follows, and only a proposal that accounts for what it a
 before. A proposal that some joiner accepted from another term, newer than the base, may
 have formed without our knowing: a majority of its voters must accept ours too
 (``constraints``). So any two rounds that form from one base share a node that accepted
-both, and the second one's leader knew of the first (``may_form``, ``quorum_met``).
+both, and the second one's leader knew of the first (``may_accept``, ``quorum_met``). A
+job's *first* round is proposed to its members and forms once every one of them accepted it
+(``Form.unanimous``): each then knows of it, and none founds another job beside it if the
+leader is lost before they hear that it formed. A member that never answers is dropped as
+any lost node is; one that refuses without a reason (it cannot record a vote) is left out
+of it (``abstain``) and taken into the next round.
 
 A node *returning* to a job that runs without it (it was dropped: frozen, cut off, or it led
 an older term) does not restart a healthy round at once: it is counted in
@@ -572,6 +577,10 @@ class RoundBook:
     #: that announced it): with no member of it among the joiners, there is no quorum to count.
     known_round: int = 0
     pending: dict[int, JoinRequest] = field(default_factory=dict)
+    #: Joiners that refused a first round without a reason (a node that cannot record its vote
+    #: refuses every proposal): left out of first rounds, which every member must accept; a
+    #: later round, which a majority of its base's voters forms, takes them in (``abstain``).
+    abstained: set[int] = field(default_factory=set)
     current: Round | None = None
     formed_at: float = 0.0
     closed: bool = False
@@ -769,6 +778,7 @@ class RoundBook:
         """``rnd`` formed (a majority of its base's voters accepted it): it is the current round."""
         base = self.base()
         self.current = rnd
+        self.abstained.clear()
         self._forget_strangers(base.members if base is not None else ())
         self._current_history = History.of(rnd)
         self.formed_at = now
@@ -819,6 +829,9 @@ class RoundBook:
         wait, made once per batch of joins, sorts nothing), if it has a quorum."""
         admit = self._rank_order()
         base, uncertain = self.base(), self.uncertain()
+        first = self.quorum and base is None and not uncertain
+        if first and self.abstained:
+            admit = tuple(m for m in admit if m not in self.abstained)
         # Every joiner votes, a member of the new round or not (a spare that leads takes a place
         # at rank 0; the voters it leaves out accept the round all the same: ``quorum_met``).
         short = self._no_quorum(self.pending.keys(), base, uncertain)
@@ -827,7 +840,6 @@ class RoundBook:
         joins = [self.pending[m] for m in admit]
         bases = [h for h in (base, *uncertain) if h is not None] if self.quorum else []
         constraints = tuple(v for v in (self.voters_of(h.members, h.key) for h in bases) if v)
-        first = self.quorum and not bases
         if first:
             # A first round is accepted by every one of its members before it forms: if its
             # leader is lost before they heard that it formed, each still knows of it, so none
@@ -849,6 +861,12 @@ class RoundBook:
             base=base.round if base is not None else 0,
             base_key=base.key if base is not None else None,
         )
+
+    def abstain(self, node: int) -> None:
+        """``node`` refused a first round and said nothing it knows: it cannot record a vote
+        (``Identity.save``), so a first round that waits for its vote never forms."""
+        if node in self.pending:
+            self.abstained.add(node)
 
     def learn(self, history: History | None, accepted: History | None) -> None:
         """What a node told when it refused a proposal: a round it knows formed (the base may be
@@ -1126,6 +1144,7 @@ class RoundBook:
 
     def _unpend(self, node: int) -> JoinRequest | None:
         req = self.pending.pop(node, None)
+        self.abstained.discard(node)
         if req is not None:
             if self.current is not None and node in self.current.member_set:
                 self._rejoined -= 1

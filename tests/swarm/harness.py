@@ -16,8 +16,10 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   again, dies, leaves, or its workers finish). The one exception is causal: a round may
   found a lineage (``_Round.lineage``: a first round) beside a training round of another only
   if none of its members could have heard of that lineage, directly or through anything any
-  node sent it, transitively (``Simulation.track_knowledge``): islands that never heard of
-  each other. (Once they meet, the lineage that continues is not the fork.)
+  node sent it, transitively (``Simulation.track_knowledge``), and no node is a member of a
+  round of each (a member counted in a round it never heard of is still in that job):
+  islands that never heard of each other. (Once they meet, the lineage that continues is
+  not the fork.)
 * ``ranks``: a round's ranks are 0..n-1, each node once; rank 0 is the leader that formed
   it, and the store is at rank 0's address.
 * ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
@@ -660,8 +662,11 @@ class World:
         process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
         founds = not any(r.lineage == log.lineage for r in self.trained)  # the lineage's first round
         for beside in (r for r in training if r.lineage != log.lineage):
-            # A node counted in a round of each: one job split in two, whatever anyone heard.
-            both = self.lineage_members[log.lineage] & self.lineage_members[beside.lineage]
+            # A lineage's first round beside another that shares a node with it (the node was
+            # counted in a round of each): one job split in two, whatever anyone heard.
+            both = (
+                self.lineage_members[log.lineage] & self.lineage_members[beside.lineage] if founds else set()
+            )
             if both:
                 raise Violation(
                     "one-round",

@@ -215,8 +215,7 @@ def _startup(seed: int, hosts: int) -> list[Event]:
     rng = random.Random(seed ^ STARTUP_SALT)
     if rng.random() >= STARTUP_SHARE:
         return []
-    cut = _event(rng, "partition", hosts)
-    return [Event(0.0, "partition_at_accept", dur=TRIGGER_S + cut.dur, args=(*cut.args, cut.dur))]
+    return [replace(_event(rng, "partition_at_accept", hosts), at=0.0)]
 
 
 def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Event]) -> list[Event]:

@@ -427,3 +427,29 @@ def test_a_restarted_process_draws_nonces_of_its_own():
     assert new.core.stats.sent > 0, "the new process sent nothing: nothing tested"
     replayed = {n.node.label: n.core.stats.invalid.get("replayed", 0) for n in sim.nodes if n.alive}
     assert not any(replayed.values()), replayed
+
+
+@pytest.mark.parametrize("who", ["a member", "the leader"])
+def test_a_node_that_cannot_record_its_vote_keeps_no_first_round_from_forming(who):
+    """A first round forms only once every member voted for it; a node whose state directory
+    can neither be written nor cleared votes no more (``Identity.save``) and refuses every
+    proposal. Left out of the first round (or, leading, giving the lead up), it is taken into
+    the next one, which a majority of the first round's voters forms."""
+
+    def cluster() -> Simulation:
+        return Simulation(3, seed=7, timing=FAST, min_nodes=2, max_nodes=3, last_call_timeout_s=0.5)
+
+    probe = cluster()
+    Agents(probe, list(probe.nodes)).run_until(3.0)
+    (leader,) = probe.leaders()
+    sim = cluster()
+    broken = sim.nodes[leader.index if who == "the leader" else (leader.index + 1) % 3]
+    broken.node.net.persist = lambda state: False  # type: ignore[method-assign]
+    agents = Agents(sim, list(sim.nodes))
+    agents.run_until(15.0)
+    assert agents.rounds, "no round formed"
+    first = agents.rounds[0]
+    assert broken.core.node_id not in first[2], first
+    assert any(len(members) == 3 for _, _, members in agents.rounds), agents.rounds
+    if who == "the leader":
+        assert broken not in sim.leaders()
