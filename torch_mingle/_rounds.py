@@ -124,10 +124,12 @@ def may_accept(
     ``proposal`` (formed from round ``base``, accounting for the proposals ``covers``).
 
     Invariant: a node never accepts a proposal whose leader did not know what the node knows:
-    a round it knows formed must be older than the proposal, and a proposal it accepted must be
-    the same term's, older than the proposal's base, or accounted for.
+    a round it knows formed must be older than the proposal and no newer than its base (a
+    proposal built on an older base was made without it: the node's accept of that round is
+    cleared once the round reaches it), and a proposal it accepted must be the same term's,
+    older than the proposal's base, or accounted for.
     """
-    if history is not None and not proposal.newer_than(history):
+    if history is not None and (not proposal.newer_than(history) or history.round > base):
         return False
     if accepted is None or accepted.term == proposal.term or accepted.round <= base:
         return True

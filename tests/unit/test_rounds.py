@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, Wait
+from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, Wait, may_accept
 from torch_mingle._wire import deflated
 
 LEADER = 0x10
@@ -530,3 +530,43 @@ def test_with_first_round_majority_no_side_of_a_split_below_half_of_max_nodes_st
     b.decide(10.0)
     d = b.decide(11.0)
     assert isinstance(d, Form) and len(d.members) == 3
+
+
+A, D, X = 0xA, 0xD, 0x7
+
+
+@pytest.mark.parametrize(
+    ("history", "accepted", "proposal", "base", "covers", "ok"),
+    [
+        # Round 5 of epoch 1 formed and reached X (its accept is cleared then): a proposal of
+        # epoch 2 built on round 4 was made without it, whatever its number.
+        (History(1, 5, (A, D, X)), None, History(2, 6, (D, X)), 4, frozenset(), False),
+        (History(1, 5, (A, D, X)), None, History(2, 5, (D, X)), 4, frozenset(), False),
+        (History(1, 5, (A, D, X)), None, History(2, 6, (D, X)), 5, frozenset(), True),
+        (History(1, 5, (A, D, X)), None, History(1, 4, (A, X)), 3, frozenset(), False),  # older
+        # X voted for epoch 1's round 5 (not known to have formed): epoch 2's proposal from
+        # round 4 must account for it, or build on a base at least as new.
+        (History(1, 4, (A, D, X)), History(1, 5, (A, X)), History(2, 5, (D, X)), 4, frozenset(), False),
+        (
+            History(1, 4, (A, D, X)),
+            History(1, 5, (A, X)),
+            History(2, 6, (D, X)),
+            4,
+            frozenset({(1, A, 5)}),
+            True,
+        ),
+        (
+            History(1, 4, (A, D, X)),
+            History(1, 5, (A, X)),
+            History(1, 6, (A, X)),
+            4,
+            frozenset(),
+            True,
+        ),  # its term
+        (None, None, History(1, 1, (A, D, X)), 0, frozenset(), True),
+    ],
+)
+def test_a_node_accepts_only_a_proposal_whose_leader_knew_what_it_knows(
+    history, accepted, proposal, base, covers, ok
+):
+    assert may_accept(history, accepted, proposal, base, covers) is ok
