@@ -87,7 +87,10 @@ def test_a_node_that_writes_slowly_is_answered_and_blocks_nobody(make_handler):
         while answer is None and time.monotonic() < deadline:
             got = reader.feed(slow.recv(65536))
             assert isinstance(got, list)
-            proposed.update({m["round"]["round"]: m["round"] for m in got if m.get("t") == "propose"})
+            for m in got:
+                if m.get("t") == "propose":  # it votes, as every member of a first round must
+                    proposed[m["round"]["round"]] = m["round"]
+                    slow.sendall(encode_frame("accept", round=m["round"]["round"], ok=True))
             answer = next((m for m in got if m.get("t") == "round"), None)
     joiner.join(timeout=30)
     stalled.close()
