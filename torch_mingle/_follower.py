@@ -409,20 +409,23 @@ class FollowerSession:
             self._end(f"protocol error from the leader: a bad {str(msg.get('t'))[:20]!r} frame")
             return
         self.last_heard = now
-        if self.phase == "hello":
-            if kind == "welcome" and msg["epoch"] == self.claim.epoch:
-                self._welcome(msg, now)
-            elif kind == "reject":
-                self._end(f"the leader rejected us: {msg['why']}")
-            elif kind == "bye":  # it stepped down or shuts down with our hello in flight
-                self._said_bye(msg)
+        try:  # a bad field of any frame, before the welcome too, is the leader's protocol error
+            if self.phase == "hello":
+                self._hello_frame(kind, msg, now)
             else:
-                self._end(f"protocol error: {kind} before welcome")
-            return
-        try:
-            self._ready_frame(kind, msg)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                self._ready_frame(kind, msg)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             self._end(f"protocol error from the leader: bad {kind} frame ({exc})")
+
+    def _hello_frame(self, kind: str, msg: dict[str, Any], now: float) -> None:
+        if kind == "welcome" and msg["epoch"] == self.claim.epoch:
+            self._welcome(msg, now)
+        elif kind == "reject":
+            self._end(f"the leader rejected us: {msg['why']}")
+        elif kind == "bye":  # it stepped down or shuts down with our hello in flight
+            self._said_bye(msg)
+        else:
+            self._end(f"protocol error: {kind} before welcome")
 
     def _welcome(self, msg: dict[str, Any], now: float) -> None:
         self.status = _status(msg["status"])
@@ -506,5 +509,5 @@ class FollowerSession:
 def _status(raw: Any) -> Status | None:
     try:
         return Status.from_json(raw)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None

@@ -297,3 +297,23 @@ def test_a_round_formed_without_votes_goes_once_as_members_and_each_answer_names
     for s in sessions.values():
         (answer,) = [e for e in s.events() if isinstance(e, Answer)]
         assert answer.kind == "round" and answer.round == term.book.current
+
+
+@pytest.mark.parametrize(
+    ("before_welcome", "frame"),
+    [
+        (True, {"t": "bye", "leaving": True, "gone": [["not an id"]]}),
+        (True, {"t": "bye", "leaving": False, "gone": "everyone"}),
+        (False, {"t": "closed", "id": float("inf"), "why": "x"}),  # JSON's 1e400
+    ],
+)
+def test_a_bad_field_from_the_leader_ends_the_session_as_its_protocol_error(before_welcome, frame):
+    """Not an exception out of the session (an internal error of the node's loop)."""
+    if before_welcome:
+        s = _session_to(Claim(1, LEADER))
+        s.connected(0.1)
+    else:
+        s = _ready_session()
+    s.received([frame], 0.3)
+    (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
+    assert over.reason.startswith("protocol error from the leader: bad ")
