@@ -43,24 +43,42 @@ from typing import Any
 
 from torch_mingle import _faults
 from torch_mingle._events import Note, Sink, ignore
+from torch_mingle._frames import (
+    Accept,
+    Ack,
+    Arrive,
+    Beat,
+    Bye,
+    Close,
+    Closed,
+    Evicted,
+    Formed,
+    Hello,
+    Join,
+    LeaderFrame,
+    Leave,
+    Members,
+    Next,
+    Propose,
+    Reject,
+    Retry,
+    StatusPush,
+    TimedOut,
+    Wait,
+    Welcome,
+    from_leader,
+)
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (
-    MAX_ROUND,
     Gone,
     History,
     Round,
     RoundKey,
     Status,
-    bounded_int,
-    gone_of,
-    gone_to_json,
     keep_delivered,
-    node_id,
-    round_key_to_json,
-    seen_of,
 )
-from torch_mingle._wire import Invalid, Seal, check, encode_frame
+from torch_mingle._wire import Invalid, Seal, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -186,22 +204,21 @@ class FollowerSession:
         if self.seal is not None:
             self.phase = "challenge"  # the hello answers the leader's challenge
             return
-        self._say_hello(encode_frame("hello", **self._hello_fields()))
+        self._say_hello(self._hello().encode())
 
-    def _hello_fields(self) -> dict[str, Any]:
+    def _hello(self) -> Hello:
         hist = self.history
-        # Only what the leader needs to count its support: which round we were last in, and its size.
-        last = {"epoch": hist.epoch, "round": hist.round, "size": len(hist.members)} if hist else None
-        return {
-            "node": f"{self.node:016x}",
-            "epoch": self.claim.epoch,
-            "leader": f"{self.claim.leader:016x}",
-            "ip": self.own_ip,
-            "last": last,
-            "inc": self.incarnation,
-            "seen": self.seen or None,
-            "ahead": True,  # send ``next``: this node connects to the next round's store ahead
-        }
+        return Hello(
+            node=self.node,
+            epoch=self.claim.epoch,
+            leader=self.claim.leader,
+            ip=self.own_ip,
+            # Only what the leader needs to count its support: which round we were last in, and its size.
+            last=(hist.epoch, hist.round, len(hist.members)) if hist else None,
+            inc=self.incarnation,
+            seen=self.seen,
+            ahead=True,  # send ``next``: this node connects to the next round's store ahead
+        )
 
     def _say_hello(self, hello: bytes) -> None:
         self.phase = "hello"
@@ -239,7 +256,7 @@ class FollowerSession:
                 return
             seal = self.seal
             if seal is not None and self.phase == "challenge":
-                hello = seal.hello(msg, **self._hello_fields()) if msg.get("t") == "challenge" else None
+                hello = seal.hello(msg, **self._hello().fields()) if msg.get("t") == "challenge" else None
                 if hello is None:
                     self._end("the leader did not open with a challenge (no secret there?)")
                     return
@@ -250,7 +267,11 @@ class FollowerSession:
                 why = "a frame from the leader without this connection's MAC (another secret?)"
                 self._end(why)
                 return
-            self._dispatch(msg, now)
+            frame = from_leader(msg)
+            if isinstance(frame, Invalid):
+                self._end(f"protocol error from the leader: {frame.reason}")
+                return
+            self._dispatch(frame, now)
 
     def handle_timer(self, now: float) -> None:
         if self.phase == "connecting":
@@ -312,22 +333,21 @@ class FollowerSession:
         """
         self.history = history
         ref = self._delivered_number(history)
-        frame = encode_frame(
-            "join",
+        frame = Join(
             id=ticket,
             ip=ip,
-            dport=dport,
-            pport=pport,
-            gone=gone_to_json(gone),
-            history=history.to_json() if history and ref is None else None,
+            history=history,
             ref=ref,
-            accepted=accepted.to_json() if accepted else None,
-            place=place or None,
-            restarted=restarted or None,
-            seen=seen or None,
+            accepted=accepted,
             timeout_s=timeout_s,
             remaining_s=remaining_s,
-        )
+            dport=dport,
+            pport=pport,
+            gone=gone,
+            place=place,
+            restarted=restarted,
+            seen=seen,
+        ).encode()
         if self.phase in ("hello", "ready"):
             self._out(frame)
         elif self.phase != "over":
@@ -346,22 +366,14 @@ class FollowerSession:
 
     def accept(self, number: int) -> None:
         """This node recorded proposal ``number``: its vote for it."""
-        self._out(encode_frame("accept", round=number, ok=True))
+        self._out(Accept(number, ok=True).encode())
 
     def refuse(self, number: int, history: History | None, accepted: History | None) -> None:
         """This node may not accept proposal ``number``: what it knows, for the leader to account for."""
-        self._out(
-            encode_frame(
-                "accept",
-                round=number,
-                ok=False,
-                history=history.to_json() if history else None,
-                accepted=accepted.to_json() if accepted else None,
-            )
-        )
+        self._out(Accept(number, ok=False, history=history, accepted=accepted).encode())
 
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
-        self._request(encode_frame("arrive", id=ticket, round=round_number, epoch=epoch))
+        self._request(Arrive(ticket, round_number, epoch).encode())
 
     def bye(self) -> bytes | None:
         """The frame to send before this node closes the connection itself (it gave up on the
@@ -377,13 +389,10 @@ class FollowerSession:
         """Leave the job; ``own_key``: the newest round this node was in or voted for (its
         departure counts for that round's successor only, ``RoundBook.voters_of``)."""
         self._queued_join = None  # a node that leaves asks for no round (the join is answered)
-        if own_key is None:
-            self._request(encode_frame("leave"))
-        else:
-            self._request(encode_frame("leave", left=round_key_to_json(own_key)))
+        self._request(Leave(own_key).encode())
 
     def close_job(self, why: str = "", *, failed: bool = False, job_failed: bool = False) -> None:
-        self._request(encode_frame("close", why=why, failed=failed, job_failed=job_failed))
+        self._request(Close(why, failed, job_failed).encode())
 
     # ------------------------------------------------------------ outputs
 
@@ -403,89 +412,81 @@ class FollowerSession:
         elif self.phase != "over":
             self._queued.append(frame)  # sent with the hello, once the connection is up
 
-    def _dispatch(self, msg: dict[str, Any], now: float) -> None:
-        kind = check(msg)
-        if kind is None:
-            self._end(f"protocol error from the leader: a bad {str(msg.get('t'))[:20]!r} frame")
-            return
+    def _dispatch(self, frame: LeaderFrame, now: float) -> None:
         self.last_heard = now
-        try:  # a bad field of any frame, before the welcome too, is the leader's protocol error
-            if self.phase == "hello":
-                self._hello_frame(kind, msg, now)
-            else:
-                self._ready_frame(kind, msg)
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            self._end(f"protocol error from the leader: bad {kind} frame ({exc})")
-
-    def _hello_frame(self, kind: str, msg: dict[str, Any], now: float) -> None:
-        if kind == "welcome" and msg["epoch"] == self.claim.epoch:
-            self._welcome(msg, now)
-        elif kind == "reject":
-            self._end(f"the leader rejected us: {msg['why']}")
-        elif kind == "bye":  # it stepped down or shuts down with our hello in flight
-            self._said_bye(msg)
+        if self.phase == "hello":
+            self._hello_frame(frame, now)
         else:
-            self._end(f"protocol error: {kind} before welcome")
+            self._ready_frame(frame)
 
-    def _welcome(self, msg: dict[str, Any], now: float) -> None:
-        self.status = _status(msg["status"])
-        self.phase = "ready"
-        self._next_beat = now + self.interval_s
-        self._events.append(Welcomed(self.status or Status(), seen=seen_of(msg.get("seen"))))
+    def _hello_frame(self, frame: LeaderFrame, now: float) -> None:
+        match frame:
+            case Welcome(epoch=epoch) if epoch == self.claim.epoch:
+                self.status = frame.status
+                self.phase = "ready"
+                self._next_beat = now + self.interval_s
+                self._events.append(Welcomed(self.status or Status(), seen=frame.seen))
+            case Reject():
+                self._end(f"the leader rejected us: {frame.why}")
+            case Bye():  # it stepped down or shuts down with our hello in flight
+                self._said_bye(frame)
+            case _:
+                self._end(f"protocol error: {type(frame).__name__.lower()} before welcome")
 
-    def _ready_frame(self, kind: str, msg: dict[str, Any]) -> None:
-        if kind == "hb":
-            return
-        if kind == "status":
-            status = _status(msg["status"])
-            if status is not None:
-                self.status = status
-                self._events.append(StatusChanged(status))
-        elif kind == "members":
-            # A formed round this node did not get as a proposal: the answer that follows names it.
-            rnd = Round.from_json(msg["round"])
-            self._keep_proposal(rnd)
-        elif kind == "propose":
-            rnd = Round.from_json(msg["round"])
-            self._keep_proposal(rnd)
-            covers = frozenset((int(e), node_id(leader), int(r)) for e, leader, r in msg.get("covers") or ())
-            self._events.append(Proposed(rnd, bounded_int(msg["base"], MAX_ROUND), covers))
-        elif kind == "round":
-            # The round itself, or (when it was proposed on this connection) its number.
-            rnd = Round.from_json(msg["round"]) if "round" in msg else self.proposals[int(msg["number"])]
-            status = _status(msg.get("status"))  # the status the round runs under (leader's _form)
-            if status is not None:
-                self.status = status
-                self._events.append(StatusChanged(status))
-            self.next_store_port = None  # used by this round, or not by any: named again if due
-            keep_delivered(self.delivered, rnd)
-            self._events.append(Answer("round", int(msg["id"]), round=rnd))
-        elif kind in ("retry", "timeout"):
-            # The store named stays the next round's (the leader names each store once per node).
-            self._events.append(Answer(kind, int(msg["id"]), text=str(msg["why"])))
-        elif kind == "wait":
-            text, parked, seen = str(msg["reason"]), bool(msg["parked"]), seen_of(msg.get("seen"))
-            self._events.append(Answer("wait", int(msg["id"]), text=text, parked=parked, seen=seen))
-        elif kind == "closed":
-            why = msg.get("why")
-            self._events.append(
-                Answer(
-                    "closed",
-                    int(msg.get("id", 0)),
-                    text=why if isinstance(why, str) else "",
-                    failed=msg.get("failed") is True,
+    def _ready_frame(self, frame: LeaderFrame) -> None:
+        match frame:
+            case Beat():
+                pass
+            case StatusPush(status=status) if status is not None:
+                self._status_changed(status)
+            case StatusPush():
+                pass  # a status this node cannot read: it keeps the one it knows
+            case Members():
+                # A formed round this node did not get as a proposal: the answer that follows names it.
+                self._keep_proposal(frame.round)
+            case Propose():
+                self._keep_proposal(frame.round)
+                self._events.append(Proposed(frame.round, frame.base, frame.covers))
+            case Formed():
+                # The round itself, or (when it was proposed on this connection) its number.
+                rnd = frame.round
+                if rnd is None:
+                    assert frame.number is not None  # noqa: S101 - ``_frames._formed``: one of the two
+                    rnd = self.proposals.get(frame.number)
+                    if rnd is None:
+                        self._end(
+                            f"protocol error from the leader: round {frame.number} was not proposed here"
+                        )
+                        return
+                if frame.status is not None:  # the status the round runs under (leader's _form)
+                    self._status_changed(frame.status)
+                self.next_store_port = None  # used by this round, or not by any: named again if due
+                keep_delivered(self.delivered, rnd)
+                self._events.append(Answer("round", frame.id, round=rnd))
+            case Retry() | TimedOut():
+                # The store named stays the next round's (the leader names each store once per node).
+                kind = "retry" if isinstance(frame, Retry) else "timeout"
+                self._events.append(Answer(kind, frame.id, text=frame.why))
+            case Wait():
+                self._events.append(
+                    Answer("wait", frame.id, text=frame.reason, parked=frame.parked, seen=frame.seen)
                 )
-            )
-        elif kind == "ack":
-            self._events.append(Answer("ack", int(msg["id"])))
-        elif kind == "next":
-            self.next_store_port = bounded_int(msg["port"], 65535, low=1)
-        elif kind == "bye":
-            self._said_bye(msg)
-        elif kind == "evicted":
-            self._end(f"the leader declared this node dead: {msg['why']}", evicted=True)
-        else:
-            self._end(f"protocol error: unexpected {kind} from the leader")
+            case Closed():
+                self._events.append(Answer("closed", frame.id, text=frame.why, failed=frame.failed))
+            case Ack():
+                self._events.append(Answer("ack", frame.id))
+            case Next():
+                self.next_store_port = frame.port
+            case Bye():
+                self._said_bye(frame)
+            case Evicted():
+                self._end(f"the leader declared this node dead: {frame.why}", evicted=True)
+            case _:
+                self._end(f"protocol error: unexpected {type(frame).__name__.lower()} from the leader")
+
+    def _status_changed(self, status: Status) -> None:
+        self.status = status
+        self._events.append(StatusChanged(status))
 
     def _keep_proposal(self, rnd: Round) -> None:
         self.proposals.pop(rnd.number, None)  # the newest last
@@ -493,21 +494,14 @@ class FollowerSession:
         while len(self.proposals) > MAX_PROPOSALS_KEPT:
             del self.proposals[next(iter(self.proposals))]
 
-    def _said_bye(self, msg: dict[str, Any]) -> None:
+    def _said_bye(self, bye: Bye) -> None:
         """The leader closes our connection itself; the close that follows ends the session."""
         self.leader_said_bye = True
-        self.leader_left = msg.get("leaving") is True
-        self.leader_reported_gone = gone_of(msg.get("gone"))
+        self.leader_left = bye.leaving
+        self.leader_reported_gone = bye.gone
 
     def _end(self, reason: str, *, evicted: bool = False) -> None:
         self.phase = "over"
         self._queued.clear()
         self._queued_join = None
         self._events.append(SessionOver(reason, evicted=evicted))
-
-
-def _status(raw: Any) -> Status | None:
-    try:
-        return Status.from_json(raw)
-    except (KeyError, TypeError, ValueError, OverflowError):
-        return None

@@ -42,7 +42,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import math
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -50,13 +49,10 @@ from typing import Any
 from torch_mingle import _faults
 from torch_mingle._events import Note, Sink, ignore
 from torch_mingle._evidence import Evidence, judge
-from torch_mingle._order import MAX_PLACE_CHARS
+from torch_mingle._frames import Accept, Arrive, Beat, Bye, Close, Hello, Join, Leave, NodeFrame, from_node
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (
-    MAX_EPOCH,
-    MAX_MEMBERS,
-    MAX_ROUND,
     Form,
     Gone,
     History,
@@ -65,19 +61,13 @@ from torch_mingle._rounds import (
     RoundBook,
     RoundKey,
     Status,
-    bounded_int,
-    gone_of,
     gone_to_json,
     keep_delivered,
     newest_key,
     node_hex,
-    node_id,
-    peer_ip,
     quorum_met,
-    round_key_of,
-    seen_of,
 )
-from torch_mingle._wire import Invalid, Seal, check, dumps_compact, encode_frame, frame_digest
+from torch_mingle._wire import Invalid, Seal, dumps_compact, encode_frame, frame_digest
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +78,6 @@ MAX_CONNECTIONS = 65536
 #: one: the oldest of the address that holds the most (``_make_room``), so a host that opens
 #: connections and never says hello (it lacks the secret) only ever pushes out its own.
 MAX_UNIDENTIFIED = 1024
-#: A join waits at least this long (a peer's tiny or absent timeout must not spin the timers).
-MIN_JOIN_WAIT_S = 0.5
 STORE_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: The next round's store is opened (and offered to every member, who connects to it ahead)
 #: this long after a round formed, not at once: a thousand members connecting to it would
@@ -191,7 +179,7 @@ class _Member:
 #: Frames after which the book decides nothing new: heartbeats (a thousand members' beats are
 #: a thousand batches per interval, and a decision looks at every pending join) and accepts
 #: (``_accepted`` decides once the round forms).
-_NO_DECISION = frozenset({"hb", "accept"})
+_NO_DECISION = frozenset({Beat, Accept})
 
 
 @record(frozen=False)
@@ -409,6 +397,7 @@ class LeaderTerm:
             self._drop(member, f"protocol error from the node: {frames.reason}", now)
             return
         self.counters.frames_in += len(frames)
+        decides = False
         for msg in frames:
             if self.conns.get(conn) is not member:
                 return  # dropped by an earlier frame
@@ -418,15 +407,18 @@ class LeaderTerm:
                 # does not know the secret, a frame added or replayed on the way) ends it.
                 self._drop(member, "a frame without this connection's MAC (not authenticated)", now)
                 return
-            try:
-                self._dispatch(member, msg, now)
-            except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+            frame = from_node(msg)
+            if isinstance(frame, Invalid):
                 # The peer broke the protocol: that costs it its connection, never our term.
-                self._drop(
-                    member, f"protocol error from the node: {type(exc).__name__}: {str(exc)[:80]}", now
-                )
+                self._drop(member, f"protocol error from the node: {frame.reason}", now)
                 return
-        if any(msg.get("t") not in _NO_DECISION for msg in frames):
+            try:
+                self._dispatch(member, frame, now)
+            except ValueError as exc:  # a join that names a round not answered here (``_history_of``)
+                self._drop(member, f"protocol error from the node: {str(exc)[:120]}", now)
+                return
+            decides = decides or type(frame) not in _NO_DECISION
+        if decides:
             self._decide_due = now
 
     def job_done(self, job: Job, result: object, error: str | None, now: float) -> None:
@@ -617,100 +609,83 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ frames in
 
-    def _dispatch(self, m: _Member, msg: dict[str, Any], now: float) -> None:
-        kind = check(msg)
-        if kind is None:
-            self._drop(m, f"protocol error from the node: a bad {str(msg.get('t'))[:20]!r} frame", now)
-            return
+    def _dispatch(self, m: _Member, frame: NodeFrame, now: float) -> None:
         m.last_heard = now
         if m.node is None:
-            if kind == "hello":
-                self._hello(m, msg, now)
+            if isinstance(frame, Hello):
+                self._hello(m, frame, now)
             else:
-                self._drop(m, f"protocol error: {kind} before hello", now)
+                self._drop(m, f"protocol error: {type(frame).__name__.lower()} before hello", now)
             return
-        if kind == "hb":
-            self.counters.beats_in += 1
-            return
-        if kind == "join":
-            history = self._history_of(m, msg)
-            timeout_s, remaining_s = _seconds(msg.get("timeout_s")), _seconds(msg.get("remaining_s"))
-            accepted = History.from_json(msg["accepted"]) if msg.get("accepted") is not None else None
-            req = JoinRequest(
-                node=m.node,
-                ip=_ip(msg["ip"]),
-                history=history,
-                dport=_port(msg.get("dport")),
-                pport=_port(msg.get("pport")),
-                gone=gone_of(msg.get("gone")),
-                accepted=accepted,
-                place=_place(msg.get("place")),
-                restarted=msg.get("restarted") is True,
-                incarnation=m.incarnation,
-                seen=seen_of(msg.get("seen")),
-            )
-            self._join(m, int(msg["id"]), req, timeout_s, remaining_s or timeout_s, now)
-        elif kind == "accept":
-            if msg.get("ok") is True:
-                self._accepted(m.node, int(msg["round"]), now)
-            else:
-                self._refused(m, msg, now)
-        elif kind == "arrive":
-            if msg.get("epoch", self.claim.epoch) == self.claim.epoch:
-                self._arrive(m.node, int(msg["round"]))
-            self._send(m, "ack", id=int(msg["id"]))
-        elif kind == "bye":
-            m.said_bye = True
-            if m.join_id is not None:
-                # Its join goes with the connection (the node joins again where it goes): the
-                # decision at the end of this batch must not put it in a round. A node that
-                # gives up on a slow welcome sends hello, join and bye before we read any.
-                m.join_id = None
-                self._set_deadline(m, None)
-                self.book.withdraw(m.node)
-        elif kind == "leave":
-            try:
-                said: RoundKey | None = round_key_of(msg["left"]) if "left" in msg else None
-            except (TypeError, ValueError):
-                said = None  # (its departure then counts for no round: it keeps its vote)
-            self._left(m.node, said)
-            self._after_departure(now)
-        elif kind == "close":
-            why = msg.get("why")
-            failed, job_failed = msg.get("failed") is True, msg.get("job_failed") is True
-            text = why[:2000] if isinstance(why, str) else ""
-            self.close_job(m.node, text, now, failed=failed, job_failed=job_failed)
-        else:
-            self._drop(m, f"protocol error: unexpected {kind}", now)
+        match frame:
+            case Beat():
+                self.counters.beats_in += 1
+            case Join():
+                req = JoinRequest(
+                    node=m.node,
+                    ip=frame.ip,
+                    history=self._history_of(m, frame),
+                    dport=frame.dport,
+                    pport=frame.pport,
+                    gone=frame.gone,
+                    accepted=frame.accepted,
+                    place=frame.place,
+                    restarted=frame.restarted,
+                    incarnation=m.incarnation,
+                    seen=frame.seen,
+                )
+                self._join(m, frame.id, req, frame.timeout_s, frame.remaining_s, now)
+            case Accept(ok=True):
+                self._accepted(m.node, frame.round, now)
+            case Accept():
+                self._refused(m, frame, now)
+            case Arrive():
+                if frame.epoch is None or frame.epoch == self.claim.epoch:
+                    self._arrive(m.node, frame.round)
+                self._send(m, "ack", id=frame.id)
+            case Bye():
+                m.said_bye = True
+                if m.join_id is not None:
+                    # Its join goes with the connection (the node joins again where it goes): the
+                    # decision at the end of this batch must not put it in a round. A node that
+                    # gives up on a slow welcome sends hello, join and bye before we read any.
+                    m.join_id = None
+                    self._set_deadline(m, None)
+                    self.book.withdraw(m.node)
+            case Leave():
+                self._left(m.node, frame.left)  # (None: it counts for no round: it keeps its vote)
+                self._after_departure(now)
+            case Close():
+                self.close_job(m.node, frame.why, now, failed=frame.failed, job_failed=frame.job_failed)
+            case Hello():
+                self._drop(m, "protocol error: a second hello", now)
 
-    def _history_of(self, m: _Member, msg: dict[str, Any]) -> History | None:
+    def _history_of(self, m: _Member, join: Join) -> History | None:
         """A join's last round: sent whole, or (``ref``) by the number of a round answered on
         this connection (``_Member.delivered``); any other number is a protocol error."""
-        if msg.get("ref") is not None:
-            number = bounded_int(msg["ref"], MAX_ROUND)
-            rnd = m.delivered.get(number)
-            if rnd is None:  # the follower names only what it got here: a broken peer
-                raise ValueError(f"its join names round {number}, which was not answered on this connection")
-            # A History of its own per join, as a parsed one is (the round book tells joins
-            # apart by identity), sharing the round's members and their set: O(1) a join.
-            return History.of(rnd)
-        return History.from_json(msg["history"]) if msg.get("history") is not None else None
+        if join.ref is None:
+            return join.history
+        rnd = m.delivered.get(join.ref)
+        if rnd is None:  # the follower names only what it got here: a broken peer
+            raise ValueError(f"its join names round {join.ref}, which was not answered on this connection")
+        # A History of its own per join, as a parsed one is (the round book tells joins
+        # apart by identity), sharing the round's members and their set: O(1) a join.
+        return History.of(rnd)
 
-    def _hello(self, m: _Member, msg: dict[str, Any], now: float) -> None:
-        node, leader = node_id(msg["node"]), node_id(msg["leader"])
+    def _hello(self, m: _Member, hello: Hello, now: float) -> None:
+        node, leader = hello.node, hello.leader
         if node == self.claim.leader:
             self._drop(m, "protocol error: a hello with the leader's own node id", now)
             return
-        if Claim(epoch=int(msg["epoch"]), leader=leader) != self.claim:
+        if Claim(epoch=hello.epoch, leader=leader) != self.claim:
             self._send(
                 m,
                 "reject",
-                why=f"this node leads {self.claim}, not epoch {msg['epoch']} leader {leader:016x}",
+                why=f"this node leads {self.claim}, not epoch {hello.epoch} leader {leader:016x}",
             )
             self._close(m, "wrong claim")
             return
-        inc = msg.get("inc")
-        inc = inc if isinstance(inc, int) and not isinstance(inc, bool) and inc > 0 else 1
+        inc = hello.inc
         old = self._by_node.get(node)
         if old is not None and old is not m and old.incarnation > inc:
             # An older process of a node whose newer one is connected (it was frozen, say): the
@@ -734,14 +709,14 @@ class LeaderTerm:
                 self.book.died(node, f"a new process of the node started (incarnation {inc})")
         m.node = node
         self._identified(m)
-        m.connects_ahead = msg.get("ahead") is True
+        m.connects_ahead = hello.ahead
         if old is not None:
             self._forget(old, node)
         self._by_node[node] = m
-        self._set_last(m, _last(msg.get("last")))
-        self.book.hear_round(seen_of(msg.get("seen")))
+        self._set_last(m, hello.last)
+        self.book.hear_round(hello.seen)
         self._hello_since_status.add(node)
-        self.book.ips[node] = _ip(msg["ip"])
+        self.book.ips[node] = hello.ip
         status = self.book.status(now).to_json()
         self._send(m, "welcome", epoch=self.claim.epoch, status=status, seen=self.book.highest_round())
         if not self.book.parked(node):
@@ -919,15 +894,14 @@ class LeaderTerm:
             self._commit(now)
             self._decide(now)
 
-    def _refused(self, m: _Member, msg: dict[str, Any], now: float) -> None:
+    def _refused(self, m: _Member, refusal: Accept, now: float) -> None:
         """A node did not accept: the proposal did not account for what it knows (a newer round,
         or a proposal of another term it accepted). The book learns it; the leader decides again."""
-        history = History.from_json(msg["history"]) if msg.get("history") is not None else None
-        accepted = History.from_json(msg["accepted"]) if msg.get("accepted") is not None else None
+        history, accepted = refusal.history, refusal.accepted
         assert m.node is not None  # noqa: S101 - only identified members answer proposals
         log.info(
             "%s node %s refused round %s: it knows %s and accepted %s",
-            self.label, node_hex(m.node), msg.get("round"), history, accepted,
+            self.label, node_hex(m.node), refusal.round, history, accepted,
         )  # fmt: skip
         self.book.learn(history, accepted)
         proposal = self._proposal
@@ -938,7 +912,7 @@ class LeaderTerm:
                 self.label, node_hex(m.node),
             )  # fmt: skip
             self.book.abstain(m.node)
-        if proposal is not None and msg.get("round") == proposal.round.number:
+        if proposal is not None and refusal.round == proposal.round.number:
             self._withdraw_proposal()  # (a refusal of one given up since changes nothing)
         self._decide(now)
 
@@ -1361,43 +1335,3 @@ def _status_key(status: Status) -> tuple[object, ...]:
 def conn_of(m: _Member) -> ConnId:
     assert m.conn is not None  # noqa: S101 - a follower's member has its connection
     return m.conn
-
-
-def _seconds(raw: Any) -> float:
-    """A join's timeout from a peer: at least ``MIN_JOIN_WAIT_S``; 0 (none) for no or a bad value."""
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        return 0.0
-    value = float(raw)
-    return max(MIN_JOIN_WAIT_S, value) if math.isfinite(value) and 0 < value < 1e9 else 0.0
-
-
-def _port(raw: Any) -> int:
-    """A join's discovery port, if it is one, else 0 (unknown)."""
-    try:
-        return bounded_int(raw, 65535)
-    except ValueError:
-        return 0
-
-
-def _place(raw: Any) -> str:
-    """A join's place in rank order (``_order``), if it is a short string, else "" (none)."""
-    return raw if isinstance(raw, str) and len(raw) <= MAX_PLACE_CHARS else ""
-
-
-def _ip(raw: Any) -> str:
-    """A peer's address as it reported it, if it is one (short and canonical), else ``?``."""
-    try:
-        return peer_ip(raw)
-    except ValueError:
-        return "?"
-
-
-def _last(raw: Any) -> tuple[int, int, int] | None:
-    """A hello's ``last``: (epoch, round, size) of the node's last round, or None."""
-    if raw is None:
-        return None
-    return (
-        bounded_int(raw["epoch"], MAX_EPOCH),
-        bounded_int(raw["round"], MAX_ROUND),
-        bounded_int(raw["size"], MAX_MEMBERS, 1),
-    )

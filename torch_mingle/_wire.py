@@ -19,8 +19,8 @@ its scope: a scope is local to each host, so the receiver gives it the scope of 
 interface the datagram arrived on (``with_scope_of``).
 
 Control frames (TCP, node <-> leader): a u32 length, then one JSON object with a type
-``t``. ``FrameReader`` splits a stream into frames and never raises either; ``check``
-validates a frame's fields against ``SCHEMA``.
+``t``. ``FrameReader`` splits a stream into frames and never raises either; ``Seal`` checks
+each frame's MAC, and ``_frames`` reads what it says into a typed record.
 """
 
 from __future__ import annotations
@@ -442,35 +442,6 @@ FRAME_HEADER = struct.Struct("!I")
 #: A round of a few thousand members (ids and addresses) fits with room to spare.
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 
-#: Every control message type and the fields it must carry, with their JSON types.
-#: Node to leader: hello, join, accept, arrive, leave, close, hb. Leader to node: welcome,
-#: reject, propose, round, wait, retry, timeout, closed, status, ack, hb, evicted, next (the
-#: next round's store).
-SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "hello": {"node": str, "epoch": int, "leader": str, "ip": str},
-    "join": {"id": int, "ip": str},
-    "arrive": {"id": int, "round": int},
-    "leave": {},
-    "bye": {},  # either side: "I close this connection myself, alive" (not a death)
-    "close": {},
-    "hb": {},
-    "welcome": {"epoch": int, "status": dict},
-    "reject": {"why": str},
-    "round": {"id": int},  # and the round itself, or the number of the one proposed
-    "propose": {"round": dict, "base": int},
-    "members": {"round": dict},  # a formed round, before the answers that name it by number
-    "accept": {"round": int, "ok": bool},
-    "wait": {"id": int, "reason": str, "parked": bool},
-    "retry": {"id": int, "why": str},
-    "timeout": {"id": int, "why": str},
-    "closed": {},
-    "status": {"status": dict},
-    "ack": {"id": int},
-    "evicted": {"why": str},
-    "next": {"port": int},
-    "challenge": {"n": str},  # with a secret: the leader's first frame (``Seal``)
-}
-
 
 def encode_frame(kind: str, *, encoded: Mapping[str, str] | None = None, **fields: Any) -> bytes:
     """One control message: its length, then the JSON object ``{"t": kind, **fields}``.
@@ -515,19 +486,6 @@ def inflated(raw: Any, max_bytes: int) -> bytes:
     if not inflater.eof or inflater.unused_data:
         raise ValueError("truncated or trailing zlib data")
     return data
-
-
-def check(msg: dict[str, Any]) -> str | None:
-    """The message's type if it carries every field its type needs, else None."""
-    kind = msg.get("t")
-    fields = SCHEMA.get(kind) if isinstance(kind, str) else None
-    if fields is None:
-        return None
-    for name, typ in fields.items():
-        value = msg.get(name)
-        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            return None
-    return str(kind)
 
 
 def _no_constant(name: str) -> Any:

@@ -1,0 +1,566 @@
+"""The control frames as typed records: what a node and its leader may say to each other.
+
+``_wire`` carries a control connection's bytes (``FrameReader``: a length, then a JSON object
+with a type ``t``; ``Seal``: the MAC of every frame). This module is the other half of the
+boundary: ``from_node`` and ``from_leader`` turn each JSON object into one frozen record of
+the kinds its sender may send, or an ``Invalid`` that names what is wrong with it, so that
+no dict and no optional field is read past this point. A field whose value only informs
+(``timeout_s``, ``dport``, ``place``, ``seen``...) falls back to "unknown" when it is bad, as
+an older node may send it without; a field the protocol decides on (a round, a history, a
+``gone`` list, an id) makes the frame invalid, and the receiver ends the connection as the
+peer's protocol error.
+
+The node's frames are also built here (``encode``), so that one record says what a join or
+a hello carries on both sides. Why a module of its own and not ``_wire``: the records hold
+``_rounds``' values (``Round``, ``History``, ``Status``), and ``_rounds`` builds on ``_wire``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from torch_mingle._order import MAX_PLACE_CHARS
+from torch_mingle._record import record
+from torch_mingle._rounds import (
+    MAX_EPOCH,
+    MAX_MEMBERS,
+    MAX_ROUND,
+    Gone,
+    History,
+    Round,
+    RoundKey,
+    Status,
+    bounded_int,
+    gone_of,
+    gone_to_json,
+    node_hex,
+    node_id,
+    peer_ip,
+    round_key_of,
+    round_key_to_json,
+    seen_of,
+)
+from torch_mingle._wire import Invalid, encode_frame
+
+#: A join's wait, as its node says it, is at least this long (a shorter one is a busy loop).
+MIN_JOIN_WAIT_S = 0.5
+#: The longest text of a peer's reason that is kept (a job's close, a reject).
+MAX_WHY_CHARS = 2000
+
+#: What reading a peer's field may raise; the frame is then invalid.
+_BAD_FIELD = (KeyError, TypeError, ValueError, OverflowError, AttributeError, IndexError)
+
+
+# --------------------------------------------------------------------------- node -> leader
+
+
+@record
+class Hello:
+    """The node's first frame (after the seal's challenge): who it is and whom it follows."""
+
+    node: int
+    epoch: int
+    leader: int
+    ip: str
+    #: (epoch, round, size) of the node's last round: the leader counts its support by it.
+    last: tuple[int, int, int] | None = None
+    #: Which process of its node id (``_identity``): a newer one replaces an older one.
+    inc: int = 1
+    #: The highest round the node heard of.
+    seen: int = 0
+    #: The node connects to the next round's store ahead: the leader names it (``Next``).
+    ahead: bool = False
+
+    def fields(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "node": node_hex(self.node),
+            "epoch": self.epoch,
+            "leader": node_hex(self.leader),
+            "ip": self.ip,
+            "last": {"epoch": last[0], "round": last[1], "size": last[2]} if last else None,
+            "inc": self.inc,
+            "seen": self.seen or None,
+            "ahead": self.ahead,
+        }
+
+    def encode(self) -> bytes:
+        return encode_frame("hello", **self.fields())
+
+
+@record
+class Join:
+    """Ask for a place in the next round (``_rounds.JoinRequest`` is what the leader makes of it)."""
+
+    id: int
+    ip: str
+    #: The node's last round, sent whole, or (``ref``) by the number of a round the leader
+    #: answered on this connection: the leader holds its members.
+    history: History | None = None
+    ref: int | None = None
+    accepted: History | None = None
+    #: The agent's ``join_timeout`` and what is left of it (0: none said).
+    timeout_s: float = 0.0
+    remaining_s: float = 0.0
+    dport: int = 0
+    pport: int = 0
+    gone: Gone = ()
+    place: str = ""
+    restarted: bool = False
+    seen: int = 0
+
+    def encode(self) -> bytes:
+        return encode_frame(
+            "join",
+            id=self.id,
+            ip=self.ip,
+            dport=self.dport,
+            pport=self.pport,
+            gone=gone_to_json(self.gone),
+            history=self.history.to_json() if self.history and self.ref is None else None,
+            ref=self.ref,
+            accepted=self.accepted.to_json() if self.accepted else None,
+            place=self.place or None,
+            restarted=self.restarted or None,
+            seen=self.seen or None,
+            timeout_s=self.timeout_s,
+            remaining_s=self.remaining_s,
+        )
+
+
+@record
+class Accept:
+    """The node's answer to proposal ``round``: recorded (``ok``), or refused with what it knows."""
+
+    round: int
+    ok: bool
+    history: History | None = None
+    accepted: History | None = None
+
+    def encode(self) -> bytes:
+        if self.ok:
+            return encode_frame("accept", round=self.round, ok=True)
+        return encode_frame(
+            "accept",
+            round=self.round,
+            ok=False,
+            history=self.history.to_json() if self.history else None,
+            accepted=self.accepted.to_json() if self.accepted else None,
+        )
+
+
+@record
+class Arrive:
+    """The node's workers reached round ``round`` of ``epoch`` (None: the leader's own)."""
+
+    id: int
+    round: int
+    epoch: int | None = None
+
+    def encode(self) -> bytes:
+        return encode_frame("arrive", id=self.id, round=self.round, epoch=self.epoch)
+
+
+@record
+class Leave:
+    """The node leaves the job; ``left``: the newest round it was in or voted for (None: unknown)."""
+
+    left: RoundKey | None = None
+
+    def encode(self) -> bytes:
+        if self.left is None:
+            return encode_frame("leave")
+        return encode_frame("leave", left=round_key_to_json(self.left))
+
+
+@record
+class Close:
+    """The node closes the job (``failed``: its workers failed; ``job_failed``: for good)."""
+
+    why: str = ""
+    failed: bool = False
+    job_failed: bool = False
+
+    def encode(self) -> bytes:
+        return encode_frame("close", why=self.why, failed=self.failed, job_failed=self.job_failed)
+
+
+# --------------------------------------------------------------------------- both ways
+
+
+@record
+class Beat:
+    """A heartbeat."""
+
+
+@record
+class Bye:
+    """The sender closes this connection itself, alive (not a death). From the leader:
+    ``leaving`` (it leaves the job, else it no longer leads) and the nodes it knows left."""
+
+    leaving: bool = False
+    gone: Gone = ()
+
+
+BEAT = Beat()
+BYE = Bye()
+
+
+# --------------------------------------------------------------------------- leader -> node
+
+
+@record
+class Welcome:
+    epoch: int
+    status: Status | None = None
+    seen: int = 0
+
+
+@record
+class Reject:
+    why: str
+
+
+@record
+class Propose:
+    """A round the leader proposes; ``base``: the round it builds on, ``covers``: the proposals
+    of other terms it accounts for, as (epoch, leader, round)."""
+
+    round: Round
+    base: int
+    covers: frozenset[RoundKey] = frozenset()
+
+
+@record
+class Members:
+    """A formed round, sent before the answers that name it by number."""
+
+    round: Round
+
+
+@record
+class Formed:
+    """The answer to join ``id``: the round itself, or the number of one sent before."""
+
+    id: int
+    round: Round | None = None
+    number: int | None = None
+    #: The status the round runs under.
+    status: Status | None = None
+
+
+@record
+class Wait:
+    """Join ``id`` waits (``parked``: as a spare of a running round)."""
+
+    id: int
+    reason: str
+    parked: bool
+    seen: int = 0
+
+
+@record
+class Retry:
+    """Join ``id`` must be asked again (the round it would have been in broke)."""
+
+    id: int
+    why: str
+
+
+@record
+class TimedOut:
+    """Join ``id`` waited its whole timeout."""
+
+    id: int
+    why: str
+
+
+@record
+class Closed:
+    """The job is closed (the answer to join ``id``, 0: to none)."""
+
+    id: int = 0
+    why: str = ""
+    failed: bool = False
+
+
+@record
+class StatusPush:
+    status: Status | None
+
+
+@record
+class Ack:
+    id: int
+
+
+@record
+class Evicted:
+    """The leader declared this node dead (or another connection took its id)."""
+
+    why: str
+
+
+@record
+class Next:
+    """The port of the next round's store, for a node that connects to it ahead."""
+
+    port: int
+
+
+NodeFrame = Hello | Join | Accept | Arrive | Leave | Close | Beat | Bye
+LeaderFrame = (
+    Welcome | Reject | Propose | Members | Formed | Wait | Retry | TimedOut | Closed
+    | StatusPush | Ack | Evicted | Next | Beat | Bye
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def from_node(msg: dict[str, Any]) -> NodeFrame | Invalid:
+    """A node's frame as its record, or ``Invalid`` saying what is wrong with it."""
+    frame: NodeFrame | Invalid = _decode(msg, _FROM_NODE, "leader")
+    return frame
+
+
+def from_leader(msg: dict[str, Any]) -> LeaderFrame | Invalid:
+    """A leader's frame as its record, or ``Invalid`` saying what is wrong with it."""
+    frame: LeaderFrame | Invalid = _decode(msg, _FROM_LEADER, "node")
+    return frame
+
+
+def _decode(msg: dict[str, Any], parsers: dict[str, Callable[[dict[str, Any]], Any]], to: str) -> Any:
+    kind = msg.get("t")
+    if kind == "hb":
+        return BEAT
+    parse = parsers.get(kind) if isinstance(kind, str) else None
+    if parse is None:
+        if isinstance(kind, str) and kind in _KINDS:
+            return Invalid(f"unexpected {kind} (a frame that no {to} receives)")
+        return Invalid(f"a bad {str(kind)[:20]!r} frame")
+    try:
+        return parse(msg)
+    except _BAD_FIELD as exc:
+        return Invalid(f"bad {kind} frame ({type(exc).__name__}: {str(exc)[:80]})")
+
+
+def _hello(m: dict[str, Any]) -> Hello:
+    raw_last = m.get("last")
+    last = None
+    if raw_last is not None:
+        last = (
+            bounded_int(raw_last["epoch"], MAX_EPOCH),
+            bounded_int(raw_last["round"], MAX_ROUND),
+            bounded_int(raw_last["size"], MAX_MEMBERS, 1),
+        )
+    inc = m.get("inc")
+    return Hello(
+        node=node_id(m["node"]),
+        epoch=bounded_int(m["epoch"], MAX_EPOCH),
+        leader=node_id(m["leader"]),
+        ip=_ip(m["ip"]),
+        last=last,
+        inc=inc if isinstance(inc, int) and not isinstance(inc, bool) and inc > 0 else 1,
+        seen=seen_of(m.get("seen")),
+        ahead=m.get("ahead") is True,
+    )
+
+
+def _join(m: dict[str, Any]) -> Join:
+    timeout_s, remaining_s = _seconds(m.get("timeout_s")), _seconds(m.get("remaining_s"))
+    ref = m.get("ref")
+    return Join(
+        id=_int(m["id"]),
+        ip=_ip(m["ip"]),
+        history=_history(m.get("history")) if ref is None else None,
+        ref=bounded_int(ref, MAX_ROUND) if ref is not None else None,
+        accepted=_history(m.get("accepted")),
+        timeout_s=timeout_s,
+        remaining_s=remaining_s or timeout_s,
+        dport=_port(m.get("dport")),
+        pport=_port(m.get("pport")),
+        gone=gone_of(m.get("gone")),
+        place=_place(m.get("place")),
+        restarted=m.get("restarted") is True,
+        seen=seen_of(m.get("seen")),
+    )
+
+
+def _accept(m: dict[str, Any]) -> Accept:
+    ok = _bool(m["ok"])
+    return Accept(
+        round=_int(m["round"]),
+        ok=ok,
+        history=None if ok else _history(m.get("history")),
+        accepted=None if ok else _history(m.get("accepted")),
+    )
+
+
+def _arrive(m: dict[str, Any]) -> Arrive:
+    epoch = m.get("epoch")
+    return Arrive(id=_int(m["id"]), round=_int(m["round"]), epoch=None if epoch is None else _int(epoch))
+
+
+def _leave(m: dict[str, Any]) -> Leave:
+    try:
+        left = round_key_of(m["left"]) if "left" in m else None
+    except (TypeError, ValueError):
+        left = None  # its departure then counts for no round: it keeps its vote
+    return Leave(left)
+
+
+def _close(m: dict[str, Any]) -> Close:
+    return Close(
+        why=_why(m.get("why")), failed=m.get("failed") is True, job_failed=m.get("job_failed") is True
+    )
+
+
+def _bye(m: dict[str, Any]) -> Bye:
+    leaving, gone = m.get("leaving") is True, gone_of(m.get("gone"))
+    return Bye(leaving, gone) if leaving or gone else BYE
+
+
+def _welcome(m: dict[str, Any]) -> Welcome:
+    return Welcome(epoch=_int(m["epoch"]), status=_status(_object(m["status"])), seen=seen_of(m.get("seen")))
+
+
+def _propose(m: dict[str, Any]) -> Propose:
+    covers = frozenset(
+        (bounded_int(e, MAX_EPOCH), node_id(leader), bounded_int(r, MAX_ROUND))
+        for e, leader, r in _list(m.get("covers") or [])
+    )
+    return Propose(Round.from_json(m["round"]), bounded_int(m["base"], MAX_ROUND), covers)
+
+
+def _formed(m: dict[str, Any]) -> Formed:
+    if "round" in m:
+        rnd, number = Round.from_json(m["round"]), None
+    else:
+        rnd, number = None, bounded_int(m["number"], MAX_ROUND)
+    return Formed(id=_int(m["id"]), round=rnd, number=number, status=_status(m.get("status")))
+
+
+def _closed(m: dict[str, Any]) -> Closed:
+    return Closed(id=_int(m.get("id", 0)), why=_why(m.get("why")), failed=m.get("failed") is True)
+
+
+_FROM_NODE: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "hello": _hello,
+    "join": _join,
+    "accept": _accept,
+    "arrive": _arrive,
+    "leave": _leave,
+    "close": _close,
+    "bye": lambda m: BYE,  # a node's bye says nothing more
+}
+_FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "welcome": _welcome,
+    "reject": lambda m: Reject(_text(m["why"])),
+    "propose": _propose,
+    "members": lambda m: Members(Round.from_json(m["round"])),
+    "round": _formed,
+    "wait": lambda m: Wait(_int(m["id"]), _text(m["reason"]), _bool(m["parked"]), seen_of(m.get("seen"))),
+    "retry": lambda m: Retry(_int(m["id"]), _text(m["why"])),
+    "timeout": lambda m: TimedOut(_int(m["id"]), _text(m["why"])),
+    "closed": _closed,
+    "status": lambda m: StatusPush(_status(_object(m["status"]))),
+    "ack": lambda m: Ack(_int(m["id"])),
+    "evicted": lambda m: Evicted(_text(m["why"])),
+    "next": lambda m: Next(bounded_int(m["port"], 65535, low=1)),
+    "bye": _bye,
+}
+#: Every kind of frame, "challenge" (``_wire.Seal``'s) and "hb" included.
+_KINDS = frozenset(_FROM_NODE) | frozenset(_FROM_LEADER) | {"challenge", "hb"}
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(value: Any) -> int:
+    """An integer a frame must carry (a ticket, a round number): any JSON integer."""
+    if not _is_int(value):
+        raise TypeError(f"not an integer: {str(value)[:40]!r}")
+    return int(value)
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"not true or false: {str(value)[:40]!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"not text: {str(value)[:40]!r}")
+    return value[:MAX_WHY_CHARS]
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list) or len(value) > MAX_MEMBERS:
+        raise TypeError("not a list")
+    return value
+
+
+def _why(raw: Any) -> str:
+    """A reason that only informs: its text (at most ``MAX_WHY_CHARS``), "" for anything else."""
+    return raw[:MAX_WHY_CHARS] if isinstance(raw, str) else ""
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"not an object: {str(value)[:40]!r}")
+    return value
+
+
+def _history(raw: Any) -> History | None:
+    return History.from_json(raw) if raw is not None else None
+
+
+def _status(raw: Any) -> Status | None:
+    """A status that only informs: None for a bad one (the node keeps what it knew)."""
+    try:
+        return Status.from_json(raw)
+    except _BAD_FIELD:
+        return None
+
+
+def _seconds(raw: Any) -> float:
+    """A join's timeout from a peer: at least ``MIN_JOIN_WAIT_S``; 0 (none) for no or a bad value."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return 0.0
+    try:
+        value = float(raw)
+    except OverflowError:
+        return 0.0
+    return max(MIN_JOIN_WAIT_S, value) if math.isfinite(value) and 0 < value < 1e9 else 0.0
+
+
+def _port(raw: Any) -> int:
+    """A join's discovery or probe port, if it is one, else 0 (unknown)."""
+    try:
+        return bounded_int(raw, 65535)
+    except ValueError:
+        return 0
+
+
+def _place(raw: Any) -> str:
+    """A join's place in rank order (``_order``), if it is a short string, else "" (none)."""
+    return raw if isinstance(raw, str) and len(raw) <= MAX_PLACE_CHARS else ""
+
+
+def _ip(raw: Any) -> str:
+    """A peer's address as it reported it, if it is one (short and canonical), else ``?``; the
+    field itself must be text."""
+    if not isinstance(raw, str):
+        raise TypeError(f"not an address: {str(raw)[:40]!r}")
+    try:
+        return peer_ip(raw)
+    except ValueError:
+        return "?"
