@@ -330,7 +330,8 @@ class Generator:
             self._after(m, now)
 
     def _after(self, m: Member, now: float) -> None:
-        from torch_mingle._follower import Answer, Proposed, SessionOver, Welcomed
+        from torch_mingle._follower import SessionOver, Welcomed
+        from torch_mingle._frames import Propose, RoundFormed
 
         for ev in m.session.events():
             if isinstance(ev, Welcomed):
@@ -338,9 +339,9 @@ class Generator:
             elif isinstance(ev, SessionOver) and not m.evicted:
                 m.evicted = ev.reason
                 self.evictions.append(ev.reason)
-            elif isinstance(ev, Proposed):  # small enough to come the common way
+            elif isinstance(ev, Propose):  # small enough to come the common way
                 m.session.accept(ev.round.number)
-            elif isinstance(ev, Answer) and ev.kind == "round" and ev.round is not None:
+            elif isinstance(ev, RoundFormed) and ev.round is not None:
                 m.round_at, m.round_number = now, ev.round.number
                 self.rounds[ev.round.number] = ev.round
         out = m.session.frames()

@@ -50,11 +50,12 @@ from torch_mingle._frames import (
     Beat,
     Bye,
     Close,
-    Closed,
     Evicted,
-    Formed,
     Hello,
+    JobClosed,
     Join,
+    JoinAnswer,
+    JoinTimedOut,
     LeaderFrame,
     Leave,
     Members,
@@ -62,8 +63,8 @@ from torch_mingle._frames import (
     Propose,
     Reject,
     Retry,
+    RoundFormed,
     StatusPush,
-    TimedOut,
     Wait,
     Welcome,
     from_leader,
@@ -93,32 +94,8 @@ class Welcomed:
 
 
 @record
-class Answer:
-    """The leader's answer to a join (round, retry, timeout, closed, wait) or to an arrive (ack)."""
-
-    kind: str
-    ticket: int
-    round: Round | None = None
-    text: str = ""
-    parked: bool = False
-    #: ``closed``: the job failed (a node still waiting for a place fails too).
-    failed: bool = False
-    #: ``wait``: the round the job runs (a spare now knows that the job ran).
-    seen: int = 0
-
-
-@record
 class StatusChanged:
     status: Status
-
-
-@record
-class Proposed:
-    """The leader proposes a round (``_rounds``: the node accepts it or says what it knows)."""
-
-    round: Round
-    base: int
-    covers: frozenset[tuple[int, int, int]]
 
 
 @record
@@ -131,7 +108,9 @@ class SessionOver:
     evicted: bool = False
 
 
-SessionEvent = Welcomed | Answer | StatusChanged | SessionOver | Proposed
+#: The leader's answers come as its frames read them (``_frames``: ``RoundFormed`` with its
+#: round in place), its proposals as ``Propose``.
+SessionEvent = Welcomed | JoinAnswer | Ack | StatusChanged | SessionOver | Propose
 
 
 @record(frozen=False)
@@ -334,7 +313,7 @@ class FollowerSession:
         self.history = history
         ref = self._delivered_number(history)
         frame = Join(
-            id=ticket,
+            ticket=ticket,
             ip=ip,
             history=history,
             ref=ref,
@@ -446,8 +425,8 @@ class FollowerSession:
                 self._keep_proposal(frame.round)
             case Propose():
                 self._keep_proposal(frame.round)
-                self._events.append(Proposed(frame.round, frame.base, frame.covers))
-            case Formed():
+                self._events.append(frame)
+            case RoundFormed():
                 # The round itself, or (when it was proposed on this connection) its number.
                 rnd = frame.round
                 if rnd is None:
@@ -462,19 +441,11 @@ class FollowerSession:
                     self._status_changed(frame.status)
                 self.next_store_port = None  # used by this round, or not by any: named again if due
                 keep_delivered(self.delivered, rnd)
-                self._events.append(Answer("round", frame.id, round=rnd))
-            case Retry() | TimedOut():
-                # The store named stays the next round's (the leader names each store once per node).
-                kind = "retry" if isinstance(frame, Retry) else "timeout"
-                self._events.append(Answer(kind, frame.id, text=frame.why))
-            case Wait():
-                self._events.append(
-                    Answer("wait", frame.id, text=frame.reason, parked=frame.parked, seen=frame.seen)
-                )
-            case Closed():
-                self._events.append(Answer("closed", frame.id, text=frame.why, failed=frame.failed))
-            case Ack():
-                self._events.append(Answer("ack", frame.id))
+                self._events.append(RoundFormed(frame.ticket, round=rnd))
+            case Retry() | JoinTimedOut() | Wait() | JobClosed() | Ack():
+                # (After a retry or a timeout the store named stays the next round's: the leader
+                # names each store once per node.)
+                self._events.append(frame)
             case Next():
                 self.next_store_port = frame.port
             case Bye():

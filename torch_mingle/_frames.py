@@ -92,9 +92,10 @@ class Hello:
 
 @record
 class Join:
-    """Ask for a place in the next round (``_rounds.JoinRequest`` is what the leader makes of it)."""
+    """Ask for a place in the next round (``_rounds.JoinRequest`` is what the leader makes of it);
+    ``ticket`` names the ask, the answer names it back."""
 
-    id: int
+    ticket: int
     ip: str
     #: The node's last round, sent whole, or (``ref``) by the number of a round the leader
     #: answered on this connection: the leader holds its members.
@@ -114,7 +115,7 @@ class Join:
     def encode(self) -> bytes:
         return encode_frame(
             "join",
-            id=self.id,
+            id=self.ticket,
             ip=self.ip,
             dport=self.dport,
             pport=self.pport,
@@ -155,12 +156,12 @@ class Accept:
 class Arrive:
     """The node's workers reached round ``round`` of ``epoch`` (None: the leader's own)."""
 
-    id: int
+    ticket: int
     round: int
     epoch: int | None = None
 
     def encode(self) -> bytes:
-        return encode_frame("arrive", id=self.id, round=self.round, epoch=self.epoch)
+        return encode_frame("arrive", id=self.ticket, round=self.round, epoch=self.epoch)
 
 
 @record
@@ -241,10 +242,11 @@ class Members:
 
 
 @record
-class Formed:
-    """The answer to join ``id``: the round itself, or the number of one sent before."""
+class RoundFormed:
+    """The answer to join ``ticket``: the round itself, or (on the wire) the number of one the
+    node got before as a proposal or ``members``; its session puts the round in its place."""
 
-    id: int
+    ticket: int
     round: Round | None = None
     number: int | None = None
     #: The status the round runs under.
@@ -253,37 +255,54 @@ class Formed:
 
 @record
 class Wait:
-    """Join ``id`` waits (``parked``: as a spare of a running round)."""
+    """Join ``ticket`` waits (``parked``: as a spare of a running round); ``seen``: the highest
+    round the leader knows of."""
 
-    id: int
+    ticket: int
     reason: str
-    parked: bool
+    parked: bool = False
     seen: int = 0
+
+    def encode(self) -> bytes:
+        return encode_frame("wait", id=self.ticket, reason=self.reason, parked=self.parked, seen=self.seen)
 
 
 @record
 class Retry:
-    """Join ``id`` must be asked again (the round it would have been in broke)."""
+    """Join ``ticket`` must be asked again (the round it would have been in broke)."""
 
-    id: int
+    ticket: int
     why: str
+
+    def encode(self) -> bytes:
+        return encode_frame("retry", id=self.ticket, why=self.why)
 
 
 @record
-class TimedOut:
-    """Join ``id`` waited its whole timeout."""
+class JoinTimedOut:
+    """Join ``ticket`` waited its whole timeout."""
 
-    id: int
+    ticket: int
     why: str
+
+    def encode(self) -> bytes:
+        return encode_frame("timeout", id=self.ticket, why=self.why)
 
 
 @record
-class Closed:
-    """The job is closed (the answer to join ``id``, 0: to none)."""
+class JobClosed:
+    """The job is closed (the answer to join ``ticket``, 0: to none); ``failed``: it failed."""
 
-    id: int = 0
+    ticket: int = 0
     why: str = ""
     failed: bool = False
+
+    def encode(self) -> bytes:
+        return encode_frame("closed", id=self.ticket, why=self.why, failed=self.failed)
+
+
+#: What a join is answered, by the leader's session or by the leader's own term.
+JoinAnswer = RoundFormed | Wait | Retry | JoinTimedOut | JobClosed
 
 
 @record
@@ -293,7 +312,12 @@ class StatusPush:
 
 @record
 class Ack:
-    id: int
+    """The answer to arrive ``ticket``."""
+
+    ticket: int
+
+    def encode(self) -> bytes:
+        return encode_frame("ack", id=self.ticket)
 
 
 @record
@@ -312,7 +336,7 @@ class Next:
 
 NodeFrame = Hello | Join | Accept | Arrive | Leave | Close | Beat | Bye
 LeaderFrame = (
-    Welcome | Reject | Propose | Members | Formed | Wait | Retry | TimedOut | Closed
+    Welcome | Reject | Propose | Members | RoundFormed | Wait | Retry | JoinTimedOut | JobClosed
     | StatusPush | Ack | Evicted | Next | Beat | Bye
 )  # fmt: skip
 
@@ -373,7 +397,7 @@ def _join(m: dict[str, Any]) -> Join:
     timeout_s, remaining_s = _seconds(m.get("timeout_s")), _seconds(m.get("remaining_s"))
     ref = m.get("ref")
     return Join(
-        id=_int(m["id"]),
+        ticket=_int(m["id"]),
         ip=_ip(m["ip"]),
         history=_history(m.get("history")) if ref is None else None,
         ref=bounded_int(ref, MAX_ROUND) if ref is not None else None,
@@ -401,7 +425,7 @@ def _accept(m: dict[str, Any]) -> Accept:
 
 def _arrive(m: dict[str, Any]) -> Arrive:
     epoch = m.get("epoch")
-    return Arrive(id=_int(m["id"]), round=_int(m["round"]), epoch=None if epoch is None else _int(epoch))
+    return Arrive(_int(m["id"]), round=_int(m["round"]), epoch=None if epoch is None else _int(epoch))
 
 
 def _leave(m: dict[str, Any]) -> Leave:
@@ -435,16 +459,16 @@ def _propose(m: dict[str, Any]) -> Propose:
     return Propose(Round.from_json(m["round"]), bounded_int(m["base"], MAX_ROUND), covers)
 
 
-def _formed(m: dict[str, Any]) -> Formed:
+def _formed(m: dict[str, Any]) -> RoundFormed:
     if "round" in m:
         rnd, number = Round.from_json(m["round"]), None
     else:
         rnd, number = None, bounded_int(m["number"], MAX_ROUND)
-    return Formed(id=_int(m["id"]), round=rnd, number=number, status=_status(m.get("status")))
+    return RoundFormed(_int(m["id"]), round=rnd, number=number, status=_status(m.get("status")))
 
 
-def _closed(m: dict[str, Any]) -> Closed:
-    return Closed(id=_int(m.get("id", 0)), why=_why(m.get("why")), failed=m.get("failed") is True)
+def _closed(m: dict[str, Any]) -> JobClosed:
+    return JobClosed(_int(m.get("id", 0)), why=_why(m.get("why")), failed=m.get("failed") is True)
 
 
 _FROM_NODE: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -464,7 +488,7 @@ _FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "round": _formed,
     "wait": lambda m: Wait(_int(m["id"]), _text(m["reason"]), _bool(m["parked"]), seen_of(m.get("seen"))),
     "retry": lambda m: Retry(_int(m["id"]), _text(m["why"])),
-    "timeout": lambda m: TimedOut(_int(m["id"]), _text(m["why"])),
+    "timeout": lambda m: JoinTimedOut(_int(m["id"]), _text(m["why"])),
     "closed": _closed,
     "status": lambda m: StatusPush(_status(_object(m["status"]))),
     "ack": lambda m: Ack(_int(m["id"])),

@@ -49,9 +49,28 @@ from typing import Any
 from torch_mingle import _faults
 from torch_mingle._events import Note, Sink, ignore
 from torch_mingle._evidence import Evidence, judge
-from torch_mingle._frames import Accept, Arrive, Beat, Bye, Close, Hello, Join, Leave, NodeFrame, from_node
+from torch_mingle._frames import (
+    Accept,
+    Ack,
+    Arrive,
+    Beat,
+    Bye,
+    Close,
+    Hello,
+    JobClosed,
+    Join,
+    JoinAnswer,
+    JoinTimedOut,
+    Leave,
+    NodeFrame,
+    Propose,
+    Retry,
+    RoundFormed,
+    Wait,
+    from_node,
+)
 from torch_mingle._protocol import Claim
-from torch_mingle._record import field, record
+from torch_mingle._record import assert_never, field, record
 from torch_mingle._rounds import (
     Form,
     Gone,
@@ -124,19 +143,9 @@ class OpenClient:
 Job = OpenStore | OpenExitBarrier | ReleaseStores | OpenClient
 
 
-# Answers for the leader's own node (it joins without a connection).
-@record
-class LocalAnswer:
-    kind: str  # round | retry | timeout | closed | wait | ack | propose
-    ticket: int
-    round: Round | None = None
-    text: str = ""
-    parked: bool = False
-    #: ``closed``: the job failed (those still waiting for a place fail too, they do not exit 0).
-    failed: bool = False
-    #: A proposal's base round and the proposals it accounts for (``propose``).
-    base: int = 0
-    covers: frozenset[tuple[int, int, int]] = frozenset()
+#: What the leader's own node is told (it joins without a connection): what a member's
+#: session reads from the frames, the proposals of its term included.
+LocalAnswer = JoinAnswer | Ack | Propose
 
 
 @record(frozen=False)
@@ -327,7 +336,7 @@ class LeaderTerm:
         self._stopped = True
         for m in list(self._members()):
             if m.join_id is not None:
-                self._answer(m, "retry", why=why)
+                self._answer(m, Retry, why=why)
         # Alive and staying: the members must not count this node as gone; leaving: they must.
         # Either way they learn who of the round is gone: the next leader's voting set.
         # Each with the newest round it was in or voted for: only that round's successor counts
@@ -512,7 +521,7 @@ class LeaderTerm:
 
     def arrive_local(self, ticket: int, round_number: int, now: float) -> None:
         self._arrive(self.claim.leader, round_number)
-        self._local.append(LocalAnswer("ack", ticket))
+        self._local.append(Ack(ticket))
 
     def leave_local(self, now: float, own_key: RoundKey | None = None) -> None:
         """The leader's own node leaves (its agent is done, whether its workers succeeded or
@@ -552,7 +561,7 @@ class LeaderTerm:
         for node in self.book.close(failed=self.closed_why if failed else ""):
             m = self._by_node.get(node) if node != self.claim.leader else self._self
             if m is not None:
-                self._answer(m, "closed", why=self.closed_why, failed=self.closed_failed)
+                self._answer(m, JobClosed, why=self.closed_why, failed=self.closed_failed)
         log.info("%s rendezvous closed: %s", self.label, self.closed_why)
         self.on_event(Note("closed", f"marked the rendezvous as closed: {self.closed_why}", "SUCCEEDED"))
         self._decide(now)
@@ -634,7 +643,7 @@ class LeaderTerm:
                     incarnation=m.incarnation,
                     seen=frame.seen,
                 )
-                self._join(m, frame.id, req, frame.timeout_s, frame.remaining_s, now)
+                self._join(m, frame.ticket, req, frame.timeout_s, frame.remaining_s, now)
             case Accept(ok=True):
                 self._accepted(m.node, frame.round, now)
             case Accept():
@@ -642,7 +651,7 @@ class LeaderTerm:
             case Arrive():
                 if frame.epoch is None or frame.epoch == self.claim.epoch:
                     self._arrive(m.node, frame.round)
-                self._send(m, "ack", id=frame.id)
+                self._send_record(m, Ack(frame.ticket))
             case Bye():
                 m.said_bye = True
                 if m.join_id is not None:
@@ -659,6 +668,8 @@ class LeaderTerm:
                 self.close_job(m.node, frame.why, now, failed=frame.failed, job_failed=frame.job_failed)
             case Hello():
                 self._drop(m, "protocol error: a second hello", now)
+            case _:
+                assert_never(frame)
 
     def _history_of(self, m: _Member, join: Join) -> History | None:
         """A join's last round: sent whole, or (``ref``) by the number of a round answered on
@@ -745,7 +756,7 @@ class LeaderTerm:
         if ticket in (m.answered, m.join_id):
             return  # the same request again: it was (or will be) answered once
         if m.join_id is not None:
-            self._answer(m, "retry", why="superseded by a newer join of the same node")
+            self._answer(m, Retry, why="superseded by a newer join of the same node")
         self.counters.joins += 1
         rnd = self.book.current
         if (
@@ -764,7 +775,7 @@ class LeaderTerm:
             self.book.revive(node)
             m.join_id = ticket
             self._send_members(m, rnd)
-            self._answer(m, "round", round=rnd)
+            self._answer(m, RoundFormed, round=rnd)
             self._mark_status(now)
             return
         m.join_id = ticket
@@ -776,7 +787,7 @@ class LeaderTerm:
         if history is not None and history.has(node):
             self._set_last(m, (history.epoch, history.round, len(history.members)))
         if self.book.closed:
-            self._answer(m, "closed", why=self.closed_why, failed=self.closed_failed)
+            self._answer(m, JobClosed, why=self.closed_why, failed=self.closed_failed)
             return
         self.book.join(req, now)
         self._offer_after_decide.append(m)
@@ -866,9 +877,7 @@ class LeaderTerm:
                 proposal.sent.add(m.conn)
                 self._out(m, frame, digest)
         if self.claim.leader in audience:
-            self._local.append(
-                LocalAnswer("propose", 0, round=rnd, base=form.base, covers=frozenset(form.covers))
-            )
+            self._local.append(Propose(rnd, form.base, frozenset(form.covers)))
         log.debug(
             "%s round %d proposed (%s): %d member(s), %d voter set(s) to win",
             self.label, rnd.number, form.reason, len(form.members), len(form.constraints),
@@ -941,7 +950,7 @@ class LeaderTerm:
                 self._delivered[node] = (m.incarnation, m.join_id)
                 if m.conn is not None and m.conn not in proposal.sent:
                     self._send_members(m, rnd)
-                self._answer(m, "round", round=rnd, status=status_json)
+                self._answer(m, RoundFormed, status_text=status_json, round=rnd)
                 m.told = key
         self._round_ports.append(port)
         old, self._round_ports = (
@@ -988,7 +997,7 @@ class LeaderTerm:
             elif m.parked and m.join_timeout_s > 0:
                 self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
-            self._answer(m, "wait", parked=parked, reason=self.book.explain(), seen=self.book.highest_round())
+            self._answer(m, Wait, parked=parked, reason=self.book.explain(), seen=self.book.highest_round())
             if not parked:
                 self._offer_spare(m)
 
@@ -1006,7 +1015,7 @@ class LeaderTerm:
                 continue
             why = self.book.explain()
             self.book.withdraw(m.node)
-            self._answer(m, "timeout", why=why)
+            self._answer(m, JoinTimedOut, why=why)
             withdrawn = True
         self._mark_status(now)
         if withdrawn:
@@ -1183,28 +1192,28 @@ class LeaderTerm:
             self._store_requested = True
             self._jobs.append(OpenStore())
 
-    def _answer(self, m: _Member, kind: str, **fields: Any) -> None:
-        """Answer a member's join (``round``, ``retry``, ``timeout``, ``closed``, ``wait``)."""
+    def _answer(
+        self, m: _Member, kind: type[JoinAnswer], *, status_text: str | None = None, **fields: Any
+    ) -> None:
+        """Answer a member's join with a ``kind`` of ``fields`` (``status_text``: the status a
+        round runs under, as JSON text encoded once for all its members)."""
         ticket = m.join_id if m.join_id is not None else 0
-        if kind != "wait":
+        if kind is not Wait:
             m.answered = m.join_id
             m.join_id = None
             self._set_deadline(m, None)
             m.parked = None
+        answer = kind(ticket, **fields)
         if m.conn is None:
-            rnd = fields.get("round")
-            text = str(fields.get("why") or fields.get("reason") or "")
-            self._local.append(
-                LocalAnswer(kind, ticket, rnd, text, bool(fields.get("parked")), bool(fields.get("failed")))
-            )
-            return
-        if kind == "round":  # by number: the member holds it (proposed, or ``members``)
-            rnd = fields["round"]
+            self._local.append(answer)
+        elif isinstance(answer, RoundFormed):  # by number: the member holds it (proposed, or ``members``)
+            rnd = answer.round
+            assert rnd is not None  # noqa: S101 - the leader answers with the round itself
             keep_delivered(m.delivered, rnd)  # as the follower records it (``_delivered_number``)
-            encoded = {"status": fields["status"]} if "status" in fields else {}
-            self._send(m, kind, id=ticket, number=rnd.number, encoded=encoded)
-            return
-        self._send(m, kind, id=ticket, **fields)
+            encoded = {"status": status_text} if status_text is not None else {}
+            self._send(m, "round", id=ticket, number=rnd.number, encoded=encoded)
+        else:
+            self._send_record(m, answer)
 
     def _send_members(self, m: _Member, rnd: Round) -> None:
         """The formed round ``rnd`` to a member that did not get it as a proposal; the answer
@@ -1241,6 +1250,10 @@ class LeaderTerm:
         if port is not None and m.conn is not None and m.connects_ahead and m.offered != port:
             m.offered = port
             self._send(m, "next", port=port)
+
+    def _send_record(self, m: _Member, frame: Wait | Retry | JoinTimedOut | JobClosed | Ack) -> None:
+        if m.conn is not None:
+            self._out(m, frame.encode())
 
     def _send(self, m: _Member, kind: str, *, encoded: dict[str, str] | None = None, **fields: Any) -> None:
         if m.conn is not None:

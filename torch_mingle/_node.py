@@ -31,20 +31,27 @@ from torch_mingle import _faults
 from torch_mingle._events import MAX_PENDING_NOTES, Note, Sink, ignore
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
-    Answer,
     FollowerSession,
-    Proposed,
     SessionEvent,
     SessionOver,
     StatusChanged,
     Welcomed,
 )
+from torch_mingle._frames import (
+    Ack,
+    JoinAnswer,
+    JoinTimedOut,
+    Propose,
+    Retry,
+    RoundFormed,
+    Wait,
+)
+from torch_mingle._frames import JobClosed as ClosedAnswer
 from torch_mingle._leader import (
     ROUND_STORES_KEPT,
     ControlCounters,
     Job,
     LeaderTerm,
-    LocalAnswer,
     OpenClient,
     ReleaseStores,
 )
@@ -62,7 +69,7 @@ from torch_mingle._protocol import (
     SteppedDown,
     Succession,
 )
-from torch_mingle._record import field, record, replace
+from torch_mingle._record import assert_never, field, record, replace
 from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, age, may_accept, newest_key
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
@@ -944,7 +951,7 @@ class Node:
         cannot_vote = False
         for answer in term.local():
             busy = True
-            if answer.kind == "propose" and answer.round is not None:
+            if isinstance(answer, Propose):
                 # The leader's own node votes for its term's proposal as any member does.
                 if self._accept(answer.round, answer.base, answer.covers):
                     term.accept_local(answer.round.number, now)
@@ -1192,9 +1199,9 @@ class Node:
         elif isinstance(ev, StatusChanged):
             if ev.status.closed:
                 self.job_closed = True
-        elif isinstance(ev, Answer):
+        elif isinstance(ev, RoundFormed | Wait | Retry | JoinTimedOut | ClosedAnswer | Ack):
             self._answer(ev, session, now)
-        elif isinstance(ev, Proposed):
+        elif isinstance(ev, Propose):
             if self._accept(ev.round, ev.base, ev.covers):
                 session.accept(ev.round.number)
             else:
@@ -1253,71 +1260,75 @@ class Node:
     def _persist(self) -> bool:
         return self.net.persist(NodeState(self.history, self.accepted, self._led))
 
-    def _answer(self, answer: Answer | LocalAnswer, session: FollowerSession | None, now: float) -> None:
+    def _answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None:
         """The leader's answer to the agent's join or arrive (its own term's, or by ``session``)."""
-        kind, ticket_id, rnd, text, parked = (
-            answer.kind,
-            answer.ticket,
-            answer.round,
-            answer.text,
-            answer.parked,
-        )
-        if kind == "ack":
-            ticket = self._arrivals.pop(ticket_id, None)
+        if isinstance(answer, Ack):
+            ticket = self._arrivals.pop(answer.ticket, None)
             if ticket is not None:
                 self.board.resolve(ticket, result=True)
             return
         join = self._open_join()
-        if join is None or (kind != "closed" and join.id != ticket_id):
+        if join is None or (not isinstance(answer, ClosedAnswer) and join.id != answer.ticket):
             return  # an answer to an older request
-        if kind == "round" and rnd is not None:
-            claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
-            if rnd.rank_of(self.settings.node_id) is None:
-                raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
-            self.history = History.of(rnd)
-            self.core.hear_round(rnd.number)
-            kept = self.accepted
-            if self.accepted is not None and not self.accepted.newer_than(self.history):
-                self.accepted = None
-            if not self._persist():
-                # The file still holds the proposal this node accepted for the round (``_accept``
-                # wrote it before the vote went out): a new process of it still accounts for the
-                # round. Keep it so in memory too; this node votes no more (``Identity.save``).
-                self.accepted = kept
-                log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
-            self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
-            self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
-            seen_via = session.ip if session else self.settings.advertised_ip
-            self.core.set_succession(
-                Succession(claim, rnd.number, rnd.members, rnd.ips, rnd.dports, seen_via=seen_via)
-            )
-            self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
-            if session is not None:
-                self._last_leader_ip = session.ip
-                self._remember_store(claim, rnd.store_port)
-            leader_ip = session.ip if session is not None else None
-            client = self._take_client_ahead(claim, rnd.store_port)
-            self._answer_join(Joined(rnd, claim, leader_ip, client))
-        elif kind == "retry":
-            log.info("%s asked to join again: %s", self.label, text)
-            self._send_join(now)
-        elif kind == "timeout":
-            if session is not None:
-                who = f"the leader is {session.ip} ({session.claim})"
-            else:
-                who = f"this node leads ({self.term.claim})" if self.term is not None else "this node led"
-            self._answer_join(TimedOut(f"{who}; {text}"))
-        elif kind == "closed":
-            self._job_closed_seen(text or "the job was closed while this node waited", failed=answer.failed)
-        elif kind == "wait":
-            if isinstance(answer, Answer):
-                self.core.hear_round(answer.seen)
-            self._wait_reason = text
-            self.parks += parked and not self.parked
-            self.parked = parked
-            self._set_deadline(join, None if parked else now + join.timeout_s)
-            if parked:
-                log.info("%s waiting while the job runs without this node: %s", self.label, text)
+        match answer:
+            case RoundFormed(round=Round() as rnd):
+                self._joined(rnd, session)
+            case RoundFormed():
+                raise MingleStateError(f"{self.label} a round answer without its round")
+            case Retry():
+                log.info("%s asked to join again: %s", self.label, answer.why)
+                self._send_join(now)
+            case JoinTimedOut():
+                if session is not None:
+                    who = f"the leader is {session.ip} ({session.claim})"
+                else:
+                    who = f"this node leads ({self.term.claim})" if self.term is not None else "this node led"
+                self._answer_join(TimedOut(f"{who}; {answer.why}"))
+            case ClosedAnswer():
+                why = answer.why or "the job was closed while this node waited"
+                self._job_closed_seen(why, failed=answer.failed)
+            case Wait():
+                if session is not None:
+                    self.core.hear_round(answer.seen)
+                text, parked = answer.reason, answer.parked
+                self._wait_reason = text
+                self.parks += parked and not self.parked
+                self.parked = parked
+                self._set_deadline(join, None if parked else now + join.timeout_s)
+                if parked:
+                    log.info("%s waiting while the job runs without this node: %s", self.label, text)
+            case _:
+                assert_never(answer)
+
+    def _joined(self, rnd: Round, session: FollowerSession | None) -> None:
+        """The round ``rnd`` answered this node's join: it is a member."""
+        claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
+        if rnd.rank_of(self.settings.node_id) is None:
+            raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
+        self.history = History.of(rnd)
+        self.core.hear_round(rnd.number)
+        kept = self.accepted
+        if self.accepted is not None and not self.accepted.newer_than(self.history):
+            self.accepted = None
+        if not self._persist():
+            # The file still holds the proposal this node accepted for the round (``_accept``
+            # wrote it before the vote went out): a new process of it still accounts for the
+            # round. Keep it so in memory too; this node votes no more (``Identity.save``).
+            self.accepted = kept
+            log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
+        self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
+        self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
+        seen_via = session.ip if session else self.settings.advertised_ip
+        self.core.set_succession(
+            Succession(claim, rnd.number, rnd.members, rnd.ips, rnd.dports, seen_via=seen_via)
+        )
+        self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
+        if session is not None:
+            self._last_leader_ip = session.ip
+            self._remember_store(claim, rnd.store_port)
+        leader_ip = session.ip if session is not None else None
+        client = self._take_client_ahead(claim, rnd.store_port)
+        self._answer_join(Joined(rnd, claim, leader_ip, client))
 
     # ------------------------------------------------------------ helpers
 

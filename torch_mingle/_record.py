@@ -23,14 +23,17 @@ from dataclasses import MISSING, Field, FrozenInstanceError, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 if TYPE_CHECKING or sys.version_info >= (3, 11):
-    from typing import dataclass_transform
+    from typing import assert_never, dataclass_transform
 else:  # Python 3.10: the decorator only informs type checkers
 
     def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
         return lambda f: f
 
+    def assert_never(value: Any) -> Any:  # a ``match`` over records that missed one
+        raise AssertionError(f"unhandled {type(value).__name__}: {value!r}")
 
-__all__ = ["field", "field_names", "record", "replace"]
+
+__all__ = ["assert_never", "field", "field_names", "record", "replace"]
 
 T = TypeVar("T")
 

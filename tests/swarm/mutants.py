@@ -134,7 +134,7 @@ MUTANTS: dict[str, Mutant] = {
                "it accepts every proposal", (_attr(_node, "may_accept", lambda *a: True),)),
         Mutant("a vote is on the disk before it goes out", "Node._accept",
                "the vote goes out unrecorded", (_attr(Node, "_accept", _accept_without_persisting),)),
-        Mutant("a round that formed is on the disk", "Node._answer (history)", "the history is not recorded",
+        Mutant("a round that formed is on the disk", "Node._joined (history)", "the history is not recorded",
                (_attr(_sim.SimNet, "persist", _persist_dropping("history")),)),
         Mutant("the terms a node led are on the disk", "Node._lead (led)", "led is not recorded",
                (_attr(_sim.SimNet, "persist", _persist_without_led),)),

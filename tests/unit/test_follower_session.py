@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from torch_mingle._follower import Answer, FollowerSession, Proposed, SessionOver
+from torch_mingle._follower import FollowerSession, SessionOver
+from torch_mingle._frames import Propose, RoundFormed
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, RoundBook, Status
@@ -171,15 +172,15 @@ def test_a_join_asked_before_the_connection_is_up_goes_out_with_the_hello_and_ge
     answers = _frames([frame for conn, frame in term.frames() if conn == 10])
     assert [f["t"] for f in answers if f["t"] in ("welcome", "propose")] == ["welcome", "propose"]
     s.received(answers, 0.2)
-    (proposed,) = [e for e in s.events() if isinstance(e, Proposed)]
+    (proposed,) = [e for e in s.events() if isinstance(e, Propose)]
     s.accept(proposed.round.number)  # the node records the proposal, then votes for it
     term.received(10, _frames(s.frames()), 0.2)
     for local in term.local():  # and so does the leader's own node
-        if local.kind == "propose" and local.round is not None:
+        if isinstance(local, Propose):
             term.accept_local(local.round.number, 0.2)
     s.received(_frames([frame for conn, frame in term.frames() if conn == 10]), 0.3)
-    (answer,) = [e for e in s.events() if isinstance(e, Answer)]
-    assert answer.kind == "round" and answer.ticket == 7 and answer.round == proposed.round
+    (answer,) = [e for e in s.events() if isinstance(e, RoundFormed)]
+    assert answer.ticket == 7 and answer.round == proposed.round
 
 
 def test_a_join_asked_while_the_hello_is_unanswered_is_sent_at_once():
@@ -225,11 +226,11 @@ def test_a_round_carries_the_status_it_starts_under_and_no_status_frame_follows_
     term.accepted(10, 0.1)
     term.received(10, _frames(s.frames()), 0.1)
     s.received(_frames([frame for conn, frame in term.frames() if conn == 10]), 0.15)
-    (proposed,) = [e for e in s.events() if isinstance(e, Proposed)]
+    (proposed,) = [e for e in s.events() if isinstance(e, Propose)]
     s.accept(proposed.round.number)
     term.received(10, _frames(s.frames()), 0.15)
     for local in term.local():
-        if local.kind == "propose" and local.round is not None:
+        if isinstance(local, Propose):
             term.accept_local(local.round.number, 0.15)
     answers = _frames([frame for conn, frame in term.frames() if conn == 10])
     assert [f["t"] for f in answers if f["t"] in ("round", "status")] == ["round"]
@@ -295,8 +296,8 @@ def test_a_round_formed_without_votes_goes_once_as_members_and_each_answer_names
     if key is None:
         assert members_frames[0] is members_frames[1]  # the same bytes, not built twice
     for s in sessions.values():
-        (answer,) = [e for e in s.events() if isinstance(e, Answer)]
-        assert answer.kind == "round" and answer.round == term.book.current
+        (answer,) = [e for e in s.events() if isinstance(e, RoundFormed)]
+        assert answer.round == term.book.current
 
 
 @pytest.mark.parametrize(

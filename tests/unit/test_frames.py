@@ -16,14 +16,14 @@ from torch_mingle._frames import (
     Accept,
     Arrive,
     Close,
-    Closed,
-    Formed,
     Hello,
+    JobClosed,
     Join,
     LeaderFrame,
     Leave,
     NodeFrame,
     Propose,
+    RoundFormed,
     StatusPush,
     Wait,
     Welcome,
@@ -48,12 +48,12 @@ ROUND = Round(
 NODE_FRAMES: list[NodeFrame] = [
     Hello(node=0xB, epoch=3, leader=0xA, ip="198.18.0.2", last=(3, 7, 3), inc=2, seen=7, ahead=True),
     Hello(node=0xB, epoch=3, leader=0xA, ip="fd00::2"),
-    Join(id=4, ip="198.18.0.2", history=HIST, accepted=HIST, timeout_s=600.0, remaining_s=12.5),
-    Join(id=5, ip="198.18.0.2", ref=7, dport=5001, pport=6001, gone=((0xC, (3, 0xA, 7)), (0xD, None))),
-    Join(id=6, ip="198.18.0.2", place="rack1", restarted=True, seen=9, timeout_s=1.0, remaining_s=1.0),
+    Join(ticket=4, ip="198.18.0.2", history=HIST, accepted=HIST, timeout_s=600.0, remaining_s=12.5),
+    Join(ticket=5, ip="198.18.0.2", ref=7, dport=5001, pport=6001, gone=((0xC, (3, 0xA, 7)), (0xD, None))),
+    Join(ticket=6, ip="198.18.0.2", place="rack1", restarted=True, seen=9, timeout_s=1.0, remaining_s=1.0),
     Accept(8, ok=True),
     Accept(8, ok=False, history=HIST, accepted=None),
-    Arrive(id=3, round=8, epoch=3),
+    Arrive(ticket=3, round=8, epoch=3),
     Leave(),
     Leave((3, 0xA, 7)),
     Close("done", failed=True, job_failed=False),
@@ -88,10 +88,10 @@ def test_the_leader_frames_read_as_records():
     assert from_leader({"t": "propose", "round": rnd, "base": 7, "covers": [[2, "0c", 5]]}) == Propose(
         ROUND, 7, frozenset({(2, 0xC, 5)})
     )
-    assert from_leader({"t": "round", "id": 4, "number": 8}) == Formed(4, None, 8)
-    assert from_leader({"t": "round", "id": 4, "round": rnd}) == Formed(4, ROUND)
+    assert from_leader({"t": "round", "id": 4, "number": 8}) == RoundFormed(4, None, 8)
+    assert from_leader({"t": "round", "id": 4, "round": rnd}) == RoundFormed(4, ROUND)
     assert from_leader({"t": "wait", "id": 4, "reason": "r", "parked": True}) == Wait(4, "r", True)
-    assert from_leader({"t": "closed"}) == Closed()
+    assert from_leader({"t": "closed"}) == JobClosed()
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_a_bad_frame_is_invalid_and_says_why(decode, msg, reason):
 
 def test_fields_that_only_inform_fall_back_to_unknown():
     join = {"t": "join", "id": 1, "ip": "not an ip", "timeout_s": -3, "dport": 70000, "place": "x" * 999}
-    assert from_node({**join, "seen": -1}) == Join(id=1, ip="?")
+    assert from_node({**join, "seen": -1}) == Join(ticket=1, ip="?")
     assert from_node({"t": "leave", "left": "garbage"}) == Leave(None)  # it keeps its vote
     assert from_node({"t": "close", "why": 5, "failed": "yes"}) == Close()
     hello = {"t": "hello", "node": "b", "epoch": 1, "leader": "a", "ip": "198.18.0.2", "inc": -4}

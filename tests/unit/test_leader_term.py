@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from torch_mingle._frames import Propose
 from torch_mingle._leader import MAX_UNIDENTIFIED, NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, RoundBook, node_hex
@@ -69,7 +70,7 @@ def _vote(term: LeaderTerm, now: float) -> None:
     while True:
         voted = False
         for answer in term.local():
-            if answer.kind == "propose" and answer.round is not None:
+            if isinstance(answer, Propose):
                 term.accept_local(answer.round.number, now)
                 voted = True
         for conn, frame in term.frames():
@@ -92,7 +93,7 @@ def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
     while True:
         voted = False
         for answer in term.local():
-            if answer.kind == "propose" and answer.round is not None:
+            if isinstance(answer, Propose):
                 term.accept_local(answer.round.number, term._now)
                 voted = True
         for conn, frame in term.frames():
@@ -390,7 +391,7 @@ def _proposed(term: LeaderTerm) -> list[tuple[int, dict[str, Any]]]:
     """The proposals the term sent (and what else it sent, dropped); the leader's own node
     accepts each at once."""
     for answer in term.local():
-        if answer.kind == "propose" and answer.round is not None:
+        if isinstance(answer, Propose):
             term.accept_local(answer.round.number, term._now)
     out: list[tuple[int, dict[str, Any]]] = []
     for conn, frame in term.frames():
