@@ -503,7 +503,7 @@ def _c10d_leader_loss(workdir: Path) -> str:
 
 
 def bench_sim(sizes: list[int], runs: int, tick: Any) -> list[Point]:
-    from torch_mingle._sim import Simulation
+    from torch_mingle.testing.sim import Simulation
 
     points = []
     for n in sizes:

@@ -9,7 +9,7 @@ what the shell reports (datagrams, connections, frames, finished jobs, the time)
 what they decide into calls on the shell's ``Net`` (send, connect, listen, submit a job).
 
 The same ``Node`` runs in production, where ``_loop.Loop`` is its ``Net`` and drives it from
-one thread over real sockets, and in ``_sim.Simulation``, which drives hundreds of them
+one thread over real sockets, and in ``testing.sim.Simulation``, which drives hundreds of them
 over an in-memory network on a fake clock. Every method is called on the shell's thread.
 
 The agent's thread never touches a ``Node``: it queues a request (``request_join``, ...)

@@ -1,4 +1,4 @@
-"""The datagram transport: real multicast sockets (the simulated network is ``_simnet``).
+"""The datagram transport: real multicast sockets (the simulated network is ``testing.net``).
 
 ``McastTransport`` wraps multicast-expert's sockets pinned to one interface: the receive
 socket joins the group on that interface only, and the send socket sets the outgoing

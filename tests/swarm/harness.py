@@ -73,12 +73,10 @@ from typing import Any
 
 from tests.swarm import scenario as sc
 from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
-from torch_mingle._node import JOIN_GRACE_S, JobClosed, Joined, Ticket, TimedOut
+from torch_mingle._node import Joined
 from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS, Timing
 from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, age, node_hex
-from torch_mingle._sim import SimNode, Simulation
-from torch_mingle._simnet import DROP, FIN, RESET, Delivery, Impairment
 from torch_mingle._wire import (
     MAX_REMEMBERED_NONCES,
     Announce,
@@ -88,6 +86,9 @@ from torch_mingle._wire import (
     derive_key,
     encode_frame,
 )
+from torch_mingle.testing.agents import Agent, Agents, Phase
+from torch_mingle.testing.net import DROP, FIN, RESET, Delivery, Impairment
+from torch_mingle.testing.sim import SimNode, Simulation
 
 MONITOR_S = 0.1
 ROGUE_ADDR = ("10.255.0.1", 29477)
@@ -167,26 +168,17 @@ class _Round:
 
 
 @dataclass
-class _Agent:
-    host: int
-    node: SimNode
-    state: str = "joining"  # joining, running, arriving, shutting, leaving, exited
-    ticket: Ticket | None = None
-    #: When the bound of the pending call started, and how long it is.
-    since: float = 0.0
-    bound_s: float = 0.0
-    round: _Round | None = None
+class _Agent(Agent):
+    """torch's agent (``testing.agents``), with what the harness checks of it."""
+
+    #: The fencing tokens (epoch, round) of the rounds it ran, in order (``token``).
     tokens: list[tuple[int, int]] = field(default_factory=list)
     thawed_at: float = 0.0
-    #: The node's count of parks when the harness last looked (``Node.parks``).
-    parks_seen: int = 0
-
-    @property
-    def node_id(self) -> int:
-        return self.node.core.node_id
 
 
-class World:
+class World(Agents[_Agent]):
+    agent_class = _Agent
+
     def __init__(self, scenario: sc.Scenario, *, inherit_identity: bool = True) -> None:
         self.sc = scenario
         self.inherit_identity = inherit_identity
@@ -202,8 +194,14 @@ class World:
             rejoin_delay_s=sc.REJOIN_DELAY_S,
             expect_all=True,
         )
-        self.agents: list[_Agent] = []
-        self.by_host: dict[int, _Agent] = {}
+        Agents.__init__(
+            self,
+            self.sim,
+            join_timeout_s=sc.JOIN_TIMEOUT_S,
+            close_timeout_s=sc.CLOSE_TIMEOUT_S,
+            leave_timeout_s=LEAVE_TIMEOUT_S,
+            arrive_timeout_s=ARRIVE_TIMEOUT_S,
+        )
         self.rounds: dict[tuple[int, int, int], _Round] = {}
         #: Each proposal a node accepted, by its key: the round it was formed from, its members.
         self.accepted: dict[tuple[int, int, int], tuple[tuple[int, int, int] | None, tuple[int, ...]]] = {}
@@ -252,10 +250,6 @@ class World:
         #: and how many faults are under way: recovery is expected after ``recovery_bound_s``.
         self._quiet_since = 0.0
         self._disturbances = 0
-        #: The job's work is done: every agent that runs a round arrives at its exit barrier.
-        self.finished = False
-        #: An agent shut down: the job is closed (the others run their last round to its end).
-        self.closed = False
         #: What the agents did (time, host, what): printed with a violation when replayed with -v.
         self.trace: list[tuple[float, int, str]] = []
         self._rogue_mimic = False
@@ -284,7 +278,7 @@ class World:
                 while self._actions and self._actions[0][0] <= self.sim.now:
                     _, _, fn = heapq.heappop(self._actions)
                     fn()
-                self._tick()
+                self.tick()
                 self._check(heal, bound)
                 if self._all_exited() and self.sim.now >= heal:
                     break
@@ -307,16 +301,16 @@ class World:
         )
 
     def _check_all_ended(self) -> None:
-        pending = [a for a in self.agents if a.state != "exited" and a.node.alive]
+        pending = [a for a in self.agents if a.phase is not Phase.EXITED and a.node.alive]
         if pending:
-            running = ", ".join(f"host {a.host} {a.state}" for a in pending)
+            running = ", ".join(f"host {a.host} {a.phase.value}" for a in pending)
             raise Violation("bounded-wait", f"agents still running at the end: {running}", self.sim.now)
 
     def _at(self, t: float, fn: Callable[[], object]) -> None:
         heapq.heappush(self._actions, (t, next(self._seq), fn))
 
     def _all_exited(self) -> bool:
-        return all(a.state == "exited" for a in self.agents)
+        return all(a.phase is Phase.EXITED for a in self.agents)
 
     # ------------------------------------------------------------ agents
 
@@ -331,10 +325,7 @@ class World:
             lineage = self._lineage_known(known.key) if known is not None else None
             if lineage is not None:
                 self.sim.learn(node, ("lineage", lineage))
-        agent = _Agent(host, node, since=at, bound_s=sc.JOIN_TIMEOUT_S + JOIN_GRACE_S)
-        agent.ticket = self.sim.join(node, sc.JOIN_TIMEOUT_S)
-        self.agents.append(agent)
-        self.by_host[host] = agent
+        agent = self.start(host, node, at)
         self.alive_at[node.core.node_id] = at
         self.said_left.pop(node.core.node_id, None)  # a new process of a node that left votes again
         self._quiet_since = max(self._quiet_since, at)
@@ -384,91 +375,27 @@ class World:
 
         node.node._lead = lead  # type: ignore[method-assign]
 
-    def _tick(self) -> None:
-        now = self.sim.now
-        for agent in self.agents:
-            node = agent.node
-            if agent.state == "exited" or not node.started:
-                continue
-            if not node.alive:
-                self._exit(agent, "died")
-                continue
-            if node.frozen:
-                continue
-            ticket = agent.ticket
-            if agent.state == "joining":
-                if node.node.parked or node.node.parks != agent.parks_seen:
-                    # It waits for the job, not for a timeout (docs/faults.md): its wait restarts when
-                    # it is no longer parked, also after a park shorter than a monitor step.
-                    agent.parks_seen, agent.since = node.node.parks, now
-                if ticket is not None and ticket.done:
-                    self._joined(agent, ticket)
-            elif agent.state == "running":
-                if self.finished:
-                    self._arrive_if_running(agent)  # a round that formed after the work was done
-                elif node.node.nodes_waiting(now) > 0:
-                    self._rejoin(agent)
-            elif agent.state in ("arriving", "shutting", "leaving") and ticket is not None and ticket.done:
-                if agent.state == "arriving":
-                    self._says_it_leaves(agent)
-                    self._call(
-                        agent, "shutting", self.sim.leave(node, sc.CLOSE_TIMEOUT_S), sc.CLOSE_TIMEOUT_S
-                    )
-                else:
-                    self._exit(agent, agent.state, kill=True)
+    # ------------------------------------------------------------ the agents' hooks
 
-    def _joined(self, agent: _Agent, ticket: Ticket) -> None:
-        result = ticket.result
-        if ticket.error is not None:
-            self._rejoin(agent)  # superseded: join again
-        elif isinstance(result, Joined):
-            self._deliver(agent, result)
-        elif isinstance(result, TimedOut | JobClosed):
-            # torch's launcher shuts the handler down when the agent fails (that closes the
-            # job for every node), and also after a closed rendezvous.
-            self._shut(agent)
-        else:
-            raise Violation("bounded-wait", f"host {agent.host}: join answered {result!r}", self.sim.now)
+    def unanswered(self, agent: _Agent, result: object) -> None:
+        raise Violation("bounded-wait", f"host {agent.host}: join answered {result!r}", self.sim.now)
 
-    def _shut(self, agent: _Agent) -> None:
-        self._says_it_leaves(agent)
-        self._call(agent, "shutting", self.sim.leave(agent.node, sc.CLOSE_TIMEOUT_S), sc.CLOSE_TIMEOUT_S)
-
-    def _says_it_leaves(self, agent: _Agent) -> None:
+    def will_leave(self, agent: _Agent) -> None:
         self.said_left[agent.node_id] = agent.node.node._own_key()
+
+    def noted(self, agent: _Agent, what: str) -> None:
+        self._note(agent, what)
 
     def _note(self, agent: _Agent | None, what: str) -> None:
         self.trace.append((self.sim.now, agent.host if agent is not None else -1, what))
 
-    def _rejoin(self, agent: _Agent) -> None:
-        self._note(agent, "joins again" + (f" (ends {_show(agent.round)})" if agent.round else ""))
-        self._end_round(agent)
-        agent.state = "joining"
-        agent.since, agent.bound_s = self.sim.now, sc.JOIN_TIMEOUT_S + JOIN_GRACE_S
-        agent.ticket = self.sim.join(agent.node, sc.JOIN_TIMEOUT_S)
+    def round_ended(self, agent: _Agent, rnd: Any) -> None:
+        rnd.ended = True
 
-    def _call(self, agent: _Agent, state: str, ticket: Ticket, bound_s: float) -> None:
-        self._note(agent, state)
-        if state == "shutting":
-            self.closed = True  # torch's contract: a handler's shutdown() closes the job for all
-        self._end_round(agent)
-        agent.state, agent.ticket, agent.since, agent.bound_s = state, ticket, self.sim.now, bound_s
+    def round_number(self, agent: _Agent) -> int | None:
+        return agent.round.key[2] if agent.round is not None else None
 
-    def _exit(self, agent: _Agent, why: str, *, kill: bool = False) -> None:
-        self._note(agent, f"exits ({why})")
-        self._end_round(agent)
-        agent.state, agent.ticket = "exited", None
-        if kill and agent.node.alive:
-            self.sim.kill(agent.node)  # the process exits: its kernel closes its sockets
-
-    def _end_round(self, agent: _Agent) -> None:
-        rnd, agent.round = agent.round, None
-        if rnd is not None and not rnd.ended:
-            rnd.ended = True
-
-    # ------------------------------------------------------------ rounds and safety
-
-    def _deliver(self, agent: _Agent, joined: Joined) -> None:
+    def delivered(self, agent: _Agent, joined: Joined) -> None:
         now = self.sim.now
         rnd, claim = joined.round, joined.claim
         members = rnd.members
@@ -498,7 +425,7 @@ class World:
         log.delivered.add(agent.node_id)
         self.sim.learn(agent.node, ("lineage", log.lineage))
         self._note(agent, f"runs {_show(log)}")
-        agent.state, agent.round, agent.ticket = "running", log, None
+        agent.round = log
         if log.delivered == set(members) and not log.ended:
             self._training(log)
 
@@ -729,7 +656,7 @@ class World:
     def _check(self, heal: float, bound: float) -> None:
         now = self.sim.now
         for agent in self.agents:
-            if agent.state in ("exited", "running") or not agent.node.alive or not agent.node.started:
+            if agent.phase in (Phase.EXITED, Phase.RUNNING) or not agent.node.alive or not agent.node.started:
                 continue
             if agent.node.frozen:
                 agent.thawed_at = now
@@ -739,7 +666,7 @@ class World:
             if now > start + agent.bound_s + SLACK_S:
                 raise Violation(
                     "bounded-wait",
-                    f"host {agent.host} ({agent.node.node.label}) {agent.state} since {start:.3f}s, "
+                    f"host {agent.host} ({agent.node.node.label}) {agent.phase.value} since {start:.3f}s, "
                     f"bound {agent.bound_s:g}s",
                     now,
                 )
@@ -782,7 +709,7 @@ class World:
         current = self.trained[-1] if self.trained else None
         if self._may_recover(current, live):
             states = ", ".join(
-                f"host {a.host} {a.state}"
+                f"host {a.host} {a.phase.value}"
                 + (f" in {_show(a.round)}" if a.round else f" ({a.node.node.board.diagnostics().status})")
                 for a in live
             )
@@ -799,7 +726,10 @@ class World:
         return [
             a
             for a in self.agents
-            if a.state in ("joining", "running") and a.node.alive and a.node.started and not a.node.frozen
+            if a.phase in (Phase.JOINING, Phase.RUNNING)
+            and a.node.alive
+            and a.node.started
+            and not a.node.frozen
         ]
 
     def _in_one_round(self, live: list[_Agent]) -> bool:
@@ -811,8 +741,8 @@ class World:
         members = set(current.members)
         full = len(current.members) >= self.sc.max_nodes
         return all(
-            (a.state == "running" and a.round is current)
-            or (full and a.state == "joining" and a.node_id not in members)
+            (a.phase is Phase.RUNNING and a.round is current)
+            or (full and a.phase is Phase.JOINING and a.node_id not in members)
             for a in live
         )
 
@@ -878,13 +808,7 @@ class World:
             self.recovered_at = self.sim.now - DWELL_S
         self.finished = True
         for agent in self.agents:
-            self._arrive_if_running(agent)
-
-    def _arrive_if_running(self, agent: _Agent) -> None:
-        """The job's work is done: an agent that runs a round enters its exit barrier."""
-        if agent.state == "running" and agent.round is not None and agent.node.alive:
-            ticket = self.sim.arrive(agent.node, agent.round.key[2], ARRIVE_TIMEOUT_S)
-            self._call(agent, "arriving", ticket, ARRIVE_TIMEOUT_S)
+            self.arrive_if_running(agent)
 
     def _check_resources(self) -> None:
         """Every table a node keeps per peer is bounded by the nodes that are part of the job now
@@ -1000,19 +924,19 @@ class World:
 
     def _do_crash(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.kill(agent.node)
-        self._exit(agent, "crashed")
+        self.exit(agent, "crashed")
         if e.args:
             self._at(e.ends, lambda: self._respawn(agent, fresh="fresh" in e.args))
 
     def _do_power(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.power_off(agent.node)
-        self._exit(agent, "powered off")
+        self.exit(agent, "powered off")
         if e.args:
             self._at(e.ends, lambda: self._respawn(agent, fresh="fresh" in e.args))
 
     def _do_restart(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.kill(agent.node)
-        self._exit(agent, "restarted")
+        self.exit(agent, "restarted")
         self._at(e.ends, lambda: self._respawn(agent))
 
     def _respawn(self, old: _Agent, *, fresh: bool = False) -> None:
@@ -1095,17 +1019,16 @@ class World:
         self._at(e.ends, functools.partial(self.sim.step_clock, agent.node, -step))
 
     def _do_workers_fail(self, e: sc.Event, agent: _Agent) -> None:
-        if agent.state == "running":
-            self._rejoin(agent)
+        if agent.phase is Phase.RUNNING:
+            self.rejoin(agent)
 
     def _do_sigterm(self, e: sc.Event, agent: _Agent) -> None:
-        if agent.state in ("joining", "running"):
-            self._says_it_leaves(agent)
-            self._call(agent, "leaving", self.sim.preempt(agent.node, LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S)
+        if agent.phase in (Phase.JOINING, Phase.RUNNING):
+            self.preempt(agent)
 
     def _do_shutdown(self, e: sc.Event, agent: _Agent) -> None:
-        if agent.state in ("joining", "running"):
-            self._shut(agent)
+        if agent.phase in (Phase.JOINING, Phase.RUNNING):
+            self.shut(agent)
 
     def _addr(self, host: int) -> tuple[str, int]:
         return self.by_host[host].node.addr

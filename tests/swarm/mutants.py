@@ -26,11 +26,12 @@ from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _evidence, _leader, _node, _rounds, _sim
+from torch_mingle import _evidence, _leader, _node, _rounds
 from torch_mingle._evidence import Evidence
 from torch_mingle._node import Node
 from torch_mingle._record import replace
 from torch_mingle._rounds import History, RoundBook
+from torch_mingle.testing import sim as _sim
 
 Patch = Callable[[], contextlib.AbstractContextManager[Any]]
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from torch_mingle._protocol import Role, Timing
-from torch_mingle._sim import Simulation
 from torch_mingle._wire import EPOCH_MAX, Announce, Body, Codec, Datagram, Query, Resign
+from torch_mingle.testing.sim import Simulation
 
 FAST = Timing(beacon_interval_s=0.5, leader_timeout_s=1.5, suspect_ttl_s=1.5)
 NODES = 4

@@ -12,38 +12,28 @@ import pytest
 
 from torch_mingle._node import Joined
 from torch_mingle._protocol import BecomeLeader, Dest, LeaderFound, LeaderLost, SteppedDown, Timing
-from torch_mingle._sim import SimNode, Simulation
-from torch_mingle._simnet import Route
 from torch_mingle._wire import derive_key
+from torch_mingle.testing import agents
+from torch_mingle.testing.net import Route
+from torch_mingle.testing.sim import SimNode, Simulation
 
 FAST = Timing(beacon_interval_s=1.0, leader_timeout_s=3.0, suspect_ttl_s=3.0, successor_wait_s=1.25)
-MONITOR_S = 0.1
 
 
-class Agents:
-    """torch's elastic agents, reduced to what the rendezvous sees of them."""
+class Agents(agents.TorchAgents):
+    """torch's agents (``testing.agents``), with the rounds they ran: (time, round, members)."""
 
     def __init__(self, sim: Simulation, nodes: list[SimNode]) -> None:
-        self.sim = sim
-        self.nodes = nodes
-        self.tickets = {n.index: sim.join(n) for n in nodes}
-        self.rounds: list[tuple[float, int, tuple[int, ...]]] = []  # (time, round, members)
+        super().__init__(sim)
+        self.rounds: list[tuple[float, int, tuple[int, ...]]] = []
+        for node in nodes:
+            self.start(node.index, node, node.start_at)
 
-    def run_until(self, t: float) -> None:
-        while self.sim.now < t:
-            self.sim.run_until(min(t, self.sim.now + MONITOR_S))
-            for node in self.nodes:
-                if not node.alive or node.frozen:
-                    continue
-                ticket = self.tickets.get(node.index)
-                if ticket is not None and ticket.done:
-                    if isinstance(ticket.result, Joined):
-                        rnd = ticket.result.round
-                        if not self.rounds or self.rounds[-1][1] != rnd.number:
-                            self.rounds.append((self.sim.now, rnd.number, rnd.members))
-                    del self.tickets[node.index]
-                if node.index not in self.tickets and node.node.nodes_waiting(self.sim.now) > 0:
-                    self.tickets[node.index] = self.sim.join(node)
+    def delivered(self, agent: agents.Agent, joined: Joined) -> None:
+        super().delivered(agent, joined)
+        rnd = joined.round
+        if not self.rounds or self.rounds[-1][1] != rnd.number:
+            self.rounds.append((self.sim.now, rnd.number, rnd.members))
 
     def round_formed_after(self, t: float) -> tuple[float, int, tuple[int, ...]] | None:
         return next((r for r in self.rounds if r[0] > t), None)
@@ -277,9 +267,11 @@ def test_a_preempted_node_leaves_and_the_others_re_form_without_a_timeout(who):
     (leader,) = sim.leaders()
     ranks = agents.rounds[-1][2]
     victim = leader if who == "leader" else next(n for n in sim.nodes if n is not leader)
-    agents.nodes.remove(victim)  # its agent stops once the leave returns
     t0 = sim.now
-    ticket = sim.preempt(victim)
+    agent = agents.by_host[victim.index]
+    agents.preempt(agent)  # its agent stops once the leave returns
+    ticket = agent.ticket
+    assert ticket is not None
     agents.run_until(t0 + 1.0)
     new = agents.round_formed_after(t0)
     assert new is not None, f"no round within 1 s of the leave; rounds {agents.rounds}"
@@ -316,8 +308,7 @@ def test_a_node_that_left_does_not_vote_after_its_leader_left_too():
     ranks = agents.rounds[-1][2]
     other = next(n for n in sim.nodes if n is not leader and n.core.node_id != ranks[1])
     for victim in (other, leader):
-        agents.nodes.remove(victim)
-        sim.preempt(victim)
+        agents.preempt(agents.by_host[victim.index])
     t0 = sim.now
     agents.run_until(t0 + 3.0)
     last = agents.rounds[-1]
@@ -408,7 +399,7 @@ def test_a_spare_that_joined_before_the_first_round_never_founds_a_job_of_its_ow
     t0 = sim.now
     sim.net.partition([n.addr for n in sim.nodes if n is not spare], [spare.addr])
     agents.run_until(t0 + 30.0)
-    ticket = agents.tickets.get(spare.index)
+    ticket = agents.by_host[spare.index].ticket
     assert ticket is not None and not ticket.done, "the spare alone formed a round of its own"
     assert all(spare.core.node_id not in r[2] for r in agents.rounds)
 

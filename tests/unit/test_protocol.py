@@ -19,9 +19,9 @@ from torch_mingle._protocol import (
     Succession,
     Timing,
 )
-from torch_mingle._sim import Simulation
 from torch_mingle._wire import Announce, Codec, Datagram, MsgType, Probe, Query, Resign
 from torch_mingle.errors import MingleStateError
+from torch_mingle.testing.sim import Simulation
 
 FAST = Timing(beacon_interval_s=0.5, leader_timeout_s=1.5)
 

@@ -19,8 +19,8 @@ from torch_mingle._leader import Job, OpenStore
 from torch_mingle._node import Node, NodeSettings, NodeState, Ticket
 from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
 from torch_mingle._record import field, record
-from torch_mingle._simnet import Delivery, InMemoryNetwork, RouteHook
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
+from torch_mingle.testing.net import Delivery, InMemoryNetwork, RouteHook
 
 STORE_OPEN_S = 0.002
 
