@@ -384,6 +384,8 @@ class World(Agents[_Agent]):
         self.said_left[agent.node_id] = agent.node.node._own_key()
 
     def noted(self, agent: _Agent, what: str) -> None:
+        if what == "joins again" and agent.round is not None:
+            what += f" (ends {_show(agent.round)})"
         self._note(agent, what)
 
     def _note(self, agent: _Agent | None, what: str) -> None:

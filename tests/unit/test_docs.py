@@ -50,6 +50,7 @@ def _copy(tmp_path: Path) -> Path:
     # Links to files outside the docs (examples, benchmark results) must find them too.
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    shutil.copytree(ROOT / "tests" / "transcripts", tmp_path / "tests" / "transcripts")
     return tmp_path
 
 

@@ -155,7 +155,7 @@ class Agents(Generic[A]):
 
     def rejoin(self, agent: A) -> None:
         """Its workers restart: it asks for the next round."""
-        self.noted(agent, "joins again" + (f" (ends {agent.round})" if agent.round is not None else ""))
+        self.noted(agent, "joins again")
         self._end_round(agent)
         agent.phase = Phase.JOINING
         agent.since, agent.bound_s = self.sim.now, self.join_timeout_s + JOIN_GRACE_S
