@@ -757,18 +757,25 @@ class World(Agents[_Agent]):
         if len(live) < self.sc.min_nodes:
             return False
         alive = {a.node_id for a in live}
+        # What the live nodes can know formed: a round delivered to one of them (its state file
+        # has it). A round delivered only to nodes that are gone is, for them, a proposal they
+        # accepted, no more: they cannot tell it from one that never formed.
+        known = [r for r in self.rounds.values() if r.delivered & alive]
         newest: dict[int, _Round] = {}
-        for r in self.rounds.values():
-            if r.delivered and (r.lineage not in newest or r.key[2] > newest[r.lineage].key[2]):
+        for r in known:
+            if r.lineage not in newest or r.key[2] > newest[r.lineage].key[2]:
                 newest[r.lineage] = r
-        # A proposal a node accepted, at least as new as every round an agent ran, may have
-        # formed (its leader had the votes and was lost before it told anyone): a leader that
-        # heard of it may not go on without a majority of its members either
+        # A proposal a node accepted, at least as new as every round a live node knows formed,
+        # may have formed (its leader had the votes and was lost before it told anyone): a
+        # leader that heard of it may not go on without a majority of its members either
         # (``RoundBook.uncertain``), whether or not it formed. "At least": a term on another
         # side of a partition may propose a round of the same number as the one that ran.
-        ran = max((r.key[2] for r in self.rounds.values() if r.delivered), default=0)
+        ran = max((r.key[2] for r in known), default=0)
         for key, (_, members) in self.accepted.items():
-            if key not in self.rounds and key[2] >= ran and 2 * len(alive & set(members)) <= len(members):
+            formed = self.rounds.get(key)
+            if formed is not None and formed.delivered & alive:
+                continue
+            if key[2] >= ran and 2 * len(alive & set(members)) <= len(members):
                 return False
         if not newest:
             return True  # no round yet: the first one needs no majority of anything
