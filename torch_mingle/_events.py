@@ -21,39 +21,16 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from torch.distributed.elastic.events import NodeState, RdzvEvent, record_rdzv_event
 from torch.distributed.elastic.events.handlers import get_logging_handler
 
-from torch_mingle._record import record
+from torch_mingle._notes import Note
 
 log = logging.getLogger(__name__)
 
-#: Notes the loop may post before the agent's thread records them; older ones are dropped.
-MAX_PENDING_NOTES = 1024
 DESTINATION = "dynamic_rendezvous"
-
-
-@record
-class Note:
-    """One rendezvous event, as the node saw it."""
-
-    name: str
-    message: str
-    #: torch's ``NodeState`` by name: INIT, RUNNING, SUCCEEDED or FAILED.
-    state: str = "RUNNING"
-    rank: int | None = None
-    #: ``host:port`` of the round's store, where known.
-    master_endpoint: str = ""
-
-
-#: Where the parts of a node put their notes.
-Sink = Callable[[Note], None]
-
-
-def ignore(note: Note) -> None:
-    """The sink of a part nobody listens to."""
 
 
 def enabled() -> bool:

@@ -42,7 +42,6 @@ import logging
 from typing import Any
 
 from torch_mingle import _faults
-from torch_mingle._events import Note, Sink, ignore
 from torch_mingle._frames import (
     Accept,
     Ack,
@@ -69,6 +68,7 @@ from torch_mingle._frames import (
     Welcome,
     from_leader,
 )
+from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record
 from torch_mingle._rounds import (

@@ -47,7 +47,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from torch_mingle import _faults
-from torch_mingle._events import Note, Sink, ignore
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._frames import (
     Accept,
@@ -69,6 +68,7 @@ from torch_mingle._frames import (
     Wait,
     from_node,
 )
+from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import Claim
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._rounds import (

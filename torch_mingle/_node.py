@@ -21,14 +21,10 @@ and every ticket carries a deadline.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from torch_mingle import _faults
-from torch_mingle._events import MAX_PENDING_NOTES, Note, Sink, ignore
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     FollowerSession,
@@ -55,6 +51,7 @@ from torch_mingle._leader import (
     OpenClient,
     ReleaseStores,
 )
+from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import (
     RESIGNED,
     BecomeLeader,
@@ -268,130 +265,15 @@ class Diagnostics:
         return mine is not None and age(mine) > age(key)
 
 
-class Board:
-    """Where the loop thread posts results and snapshots, and the agent's thread waits for them."""
+class Answers(Protocol):
+    """Where the node answers the agent's requests and shows its state: ``_board.Board``, the
+    one place where the agent's thread and the loop's meet (the node itself has no lock)."""
 
-    def __init__(self, diagnostics: Diagnostics) -> None:
-        # Re-entrant: the SIGTERM hook (``MingleRendezvousHandler.leave``) waits on the board
-        # from the agent's main thread, which the signal may interrupt inside a board call.
-        lock = threading.RLock()
-        # Two conditions on one lock: a snapshot (published a dozen times a second while a
-        # round forms) wakes only those who wait for one, not the agent waiting for its answer.
-        self._snapshots = threading.Condition(lock)
-        self._answers = threading.Condition(lock)
-        self._diag = diagnostics
-        self.fatal: BaseException | None = None
-        #: Rendezvous events of the loop's thread, for the agent's (``_events``): the oldest
-        #: go first when the agent records none for long.
-        self._notes: deque[Note] = deque(maxlen=MAX_PENDING_NOTES)
-
-    def publish(self, diag: Diagnostics) -> None:
-        with self._snapshots:
-            if self.fatal is not None:  # a failed loop stays failed, whatever is published late
-                diag = replace(diag, loop_alive=False, last_error=str(self.fatal))
-            self._diag = diag
-            self._snapshots.notify_all()
-
-    def diagnostics(self) -> Diagnostics:
-        with self._snapshots:
-            return self._diag
-
-    def wait_for(self, predicate: Callable[[Diagnostics], bool], timeout_s: float) -> Diagnostics | None:
-        """The first snapshot that satisfies ``predicate``, or None after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        with self._snapshots:
-            while not predicate(self._diag):
-                left = deadline - time.monotonic()
-                if left <= 0 or self.fatal is not None:
-                    return None
-                self._snapshots.wait(left)
-            return self._diag
-
-    def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:
-        with self._answers:
-            if ticket.done:
-                return
-            ticket.done, ticket.result, ticket.error = True, result, error
-            self._answers.notify_all()
-
-    def extend(self, ticket: Ticket, deadline: float | None) -> None:
-        with self._answers:
-            ticket.deadline = deadline
-            self._answers.notify_all()
-
-    def fail(self, exc: BaseException) -> None:
-        with self._answers:
-            self.fatal = exc
-            self._diag = replace(self._diag, loop_alive=False, last_error=str(exc))
-            self._answers.notify_all()
-            self._snapshots.notify_all()
-
-    def post_note(self, note: Note) -> None:
-        """A rendezvous event for the agent's thread to record (``_events``); thread-safe."""
-        with self._answers:
-            self._notes.append(note)
-            self._answers.notify_all()
-
-    def take_notes(self) -> list[Note]:
-        with self._answers:
-            return self._take_notes()
-
-    def _take_notes(self) -> list[Note]:
-        notes = list(self._notes)
-        self._notes.clear()
-        return notes
-
-    def answered_within(self, ticket: Ticket, timeout_s: float) -> bool:
-        """Whether ``ticket`` is resolved (or the loop failed) within ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        with self._answers:
-            while not ticket.done and self.fatal is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._answers.wait(left)
-            return True
-
-    def wait(
-        self,
-        ticket: Ticket,
-        *,
-        grace_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        on_notes: Callable[[list[Note]], None] | None = None,
-    ) -> object:
-        """Block until the node resolves ``ticket``; every wait has a deadline.
-
-        The node's own deadline (which moves while the node is parked) plus ``grace_s``
-        bounds it; a loop that died fails it at once. ``on_notes`` gets the rendezvous events
-        posted meanwhile, on this thread and outside the lock.
-        """
-        while True:
-            with self._answers:
-                # The answer, the loop's failure and the deadline are read in the same pass as
-                # the notes: a handler slower than the notes come never delays them.
-                notes = self._take_notes() if on_notes is not None else []
-                done, fatal = ticket.done, self.fatal
-                limit = None if ticket.deadline is None else ticket.deadline + grace_s
-                now = clock()
-                if not (notes or done or fatal is not None or (limit is not None and now >= limit)):
-                    self._answers.wait(1.0 if limit is None else min(1.0, limit - now))
-                    continue
-            if notes:
-                assert on_notes is not None  # noqa: S101 - notes are taken only for it
-                on_notes(notes)
-            if done:
-                break
-            if fatal is not None:
-                raise MingleStateError(f"the mingle loop stopped: {fatal}") from fatal
-            if limit is not None and now >= limit:
-                raise MingleStateError(
-                    f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
-                    "this is a bug in torch_mingle"
-                )
-        if ticket.error is not None:
-            raise ticket.error
-        return ticket.result
+    def publish(self, diag: Diagnostics) -> None: ...
+    def diagnostics(self) -> Diagnostics: ...
+    def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None: ...
+    def extend(self, ticket: Ticket, deadline: float | None) -> None: ...
+    def fail(self, exc: BaseException) -> None: ...
 
 
 class Node:
@@ -402,15 +284,13 @@ class Node:
         settings: NodeSettings,
         core: Discovery,
         net: Net,
-        board: Board | None = None,
+        board: Answers,
         state: NodeState | None = None,
     ) -> None:
         self.settings = settings
         self.core = core
         self.net = net
-        self.board = board or Board(
-            Diagnostics(node_id=f"{settings.node_id:016x}", job=settings.job, role="idle")
-        )
+        self.board = board
         self.term: LeaderTerm | None = None
         self.session: FollowerSession | None = None
         #: The newest round this node knows formed (a predecessor's, after a restart: ``_identity``).

@@ -36,13 +36,15 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from torch_mingle import BACKEND_NAME
+from torch_mingle._board import Board
 from torch_mingle._datapath import MingleDataPathError, ProbeListener, failure_message, peers_to_probe, probe
-from torch_mingle._events import Note, record_notes
+from torch_mingle._events import record_notes
 from torch_mingle._health import HEALTH_RETRY_S, Verdict, wait_until_healthy
 from torch_mingle._identity import Identity, default_state_dir
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, interface_for
 from torch_mingle._loop import Loop
-from torch_mingle._node import Board, Diagnostics, JobClosed, Joined, Node, NodeSettings, Ticket, TimedOut
+from torch_mingle._node import Diagnostics, JobClosed, Joined, Node, NodeSettings, Ticket, TimedOut
+from torch_mingle._notes import Note
 from torch_mingle._order import place_of
 from torch_mingle._protocol import Discovery, Timing
 from torch_mingle._rounds import History, Round
@@ -337,8 +339,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             membership_refresh_s=config.membership_refresh,
             identity=self._identity,
         )
-        self._node = Node(settings, core, self._loop, state=self._identity.state)
-        self._board: Board = self._node.board
+        self._board = Board(Diagnostics(node_id=f"{settings.node_id:016x}", job=settings.job, role="idle"))
+        self._node = Node(settings, core, self._loop, self._board, state=self._identity.state)
         self._node.on_event = self._board.post_note
         self._round: Round | None = None
         self._polled_at: float | None = None  # the agent's last num_nodes_waiting(), monotonic

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from torch_mingle._board import Board
 from torch_mingle._loop import MAX_OUTPUT_BYTES, Loop
-from torch_mingle._node import Board, Diagnostics
+from torch_mingle._node import Diagnostics
 from torch_mingle._slurm import STANDBY_AFTER_S, STANDBY_CHECKS
 from torch_mingle._store import StoreKeeper
 

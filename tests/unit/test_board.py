@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from torch_mingle._events import MAX_PENDING_NOTES, Note
-from torch_mingle._node import Board, Diagnostics, Ticket
+from torch_mingle._board import Board
+from torch_mingle._node import Diagnostics, Ticket
+from torch_mingle._notes import MAX_PENDING_NOTES, Note
 
 
 def _board() -> Board:
@@ -42,8 +43,9 @@ def test_answered_within_returns_at_once_when_the_loop_failed():
 
 REENTRY = """
 import os, signal
-from torch_mingle._events import MAX_PENDING_NOTES, Note
-from torch_mingle._node import Board, Diagnostics, Ticket
+from torch_mingle._notes import MAX_PENDING_NOTES, Note
+from torch_mingle._board import Board
+from torch_mingle._node import Diagnostics, Ticket
 
 board = Board(Diagnostics(node_id="1", job="job", role="idle"))
 ticket = Ticket("leave", 1)

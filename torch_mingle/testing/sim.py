@@ -14,9 +14,10 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from torch_mingle._board import Board
 from torch_mingle._evidence import Evidence
 from torch_mingle._leader import Job, OpenStore
-from torch_mingle._node import Node, NodeSettings, NodeState, Ticket
+from torch_mingle._node import Diagnostics, Node, NodeSettings, NodeState, Ticket
 from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
 from torch_mingle._record import field, record
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
@@ -226,7 +227,8 @@ class Simulation:
         )  # fmt: skip
         sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
         sim_node.net = SimNet(self, sim_node)
-        sim_node.node = Node(settings, core, sim_node.net, state=self.saved.get(node_id))
+        board = Board(Diagnostics(node_id=f"{node_id:016x}", job=settings.job, role="idle"))
+        sim_node.node = Node(settings, core, sim_node.net, board, state=self.saved.get(node_id))
         sim_node.node.trace = lambda now, ev, n=sim_node: n.events.append((now, ev))
         self.nodes.append(sim_node)
         self._by_addr[addr] = sim_node
