@@ -99,8 +99,9 @@ def quorum_met(
     every: bool = False,
 ) -> bool:
     """Whether the nodes that ``accepted`` a proposal hold a strict majority of every voter set
-    it must win (``Form.constraints``), or all of it (``every``: a first round, whose members
-    must each know of it, ``Form.unanimous``): then the round is formed. ``counts``: how many
+    it must win (``Form.constraints``), and, with ``every``, all of the first one (a round
+    formed from no base, whose members must each know of it, ``Form.unanimous``): then the
+    round is formed. ``counts``: how many
     of each voter set accepted, where the caller keeps them per accept (``_leader._Proposal``).
 
     Invariant: two proposals that both meet a voter set's majority share a node that accepted
@@ -108,9 +109,10 @@ def quorum_met(
     (``may_accept``): so no two rounds form from one base without the second knowing of the first.
     """
     have = counts if counts is not None else [len(voters & accepted) for voters in constraints]
-    if every:
-        return all(n == len(voters) for n, voters in zip(have, constraints, strict=True))
-    return all(2 * n > len(voters) for n, voters in zip(have, constraints, strict=True))
+    met = [2 * n > len(voters) for n, voters in zip(have, constraints, strict=True)]
+    if every and constraints:  # the first set is the round's own members: all of them
+        met[0] = have[0] == len(constraints[0])
+    return all(met)
 
 
 def may_accept(
@@ -544,9 +546,10 @@ class Form:
     #: The round's number: after every round the leader knows of.
     number: int = 0
     #: Whose acceptance forms it: a majority of each of these voter sets (the base's, and each
-    #: proposal of another term it must account for), or, ``unanimous``, all of its one set.
+    #: proposal of another term it must account for); ``unanimous``: the first set is the round's
+    #: own members, and all of them.
     constraints: tuple[frozenset[int], ...] = ()
-    #: A first round: every member accepts it before it forms (``_form``).
+    #: A round of no base (the first of its line): every member accepts it before it forms (``_form``).
     unanimous: bool = False
     #: The proposals of other terms it accounts for: (epoch, leader, round).
     covers: tuple[tuple[int, int, int], ...] = ()
@@ -831,7 +834,7 @@ class RoundBook:
         wait, made once per batch of joins, sorts nothing), if it has a quorum."""
         admit = self._rank_order()
         base, uncertain = self.base(), self.uncertain()
-        first = self.quorum and base is None and not uncertain
+        first = self.quorum and base is None
         if first and self.abstained:
             admit = tuple(m for m in admit if m not in self.abstained)
         # Every joiner votes, a member of the new round or not (a spare that leads takes a place
@@ -848,8 +851,11 @@ class RoundBook:
             # founds another job beside it (a member that never heard of the round it was
             # counted in, cut off one way, founded one with nodes that had heard of nothing:
             # seed 3037179). A member that never answers is dropped as any lost node is, and
-            # the round is proposed again without it.
-            constraints = (frozenset(admit),)
+            # the round is proposed again without it. So too with proposals of other terms to
+            # account for (a majority of each, after all of its own members): it is still the
+            # first round of its line (seed 19061: round 2 of no base formed with four of its
+            # six members, and the two left out founded a job of their own beside it).
+            constraints = (frozenset(admit), *constraints)
         return Form(
             members=admit,
             reason=reason,

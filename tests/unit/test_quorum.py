@@ -15,7 +15,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Wait
+from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Wait, quorum_met
 
 PREVIOUS = History(epoch=1, round=3, members=(1, 2, 3, 4))
 
@@ -278,3 +278,23 @@ def test_a_leader_gives_way_to_a_joiner_that_ran_a_round_of_a_higher_epoch_in_an
     assert b.outdated_by() is None
     join(b, 3, history=History(epoch=2, round=1, members=(3, 4)))
     assert b.outdated_by() == 2
+
+
+def test_a_round_of_no_base_needs_every_member_also_beside_a_proposal_it_accounts_for():
+    """Seed 19061: a proposal of another term, accepted by one node and never formed, made the
+    next round of no base a majority round; two members never heard of it and founded a job
+    of their own. It is the first round of its line: every member must accept it."""
+    b = book(1, max_nodes=6)
+    proposal = History(epoch=1, round=1, members=(3, 4, 5))
+    join(b, 3, history=None)
+    b.join(JoinRequest(node=4, ip="198.18.0.4", accepted=proposal), 0.0)
+    for node in (1, 2, 5, 6):
+        join(b, node, history=None)
+    d = settle(b)
+    assert isinstance(d, Form) and d.unanimous and d.base == 0
+    members, voters = d.constraints[0], d.constraints[1]
+    assert members == frozenset(d.members) and voters == frozenset({3, 4, 5})
+    assert not quorum_met(d.constraints, {1, 2, 3, 4, 5}, every=True)  # member 6 has not accepted
+    assert quorum_met(d.constraints, set(d.members), every=True)
+    assert not quorum_met((frozenset({1, 2, 3}), frozenset({4, 5, 6})), {1, 2, 3, 4}, every=True)
+    assert quorum_met((frozenset({1, 2, 3}), frozenset({4, 5, 6})), {1, 2, 3, 4, 5}, every=True)
