@@ -354,14 +354,15 @@ class FollowerSession:
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
         self._request(Arrive(ticket, round_number, epoch).encode())
 
-    def bye(self) -> bytes | None:
+    def bye(self, seen: int = 0) -> bytes | None:
         """The frame to send before this node closes the connection itself (it gave up on the
-        leader, or follows another), so that the leader knows it is alive."""
+        leader, or follows another), so that the leader knows it is alive; ``seen``: the highest
+        round of the job the node heard of (it may leave for a leader whose job ran)."""
         if not self.conn_up or self.phase in ("connecting", "challenge"):
             return None
         if self.seal is not None and not self.seal.ready:
             return None
-        frame = encode_frame("bye")
+        frame = Bye(seen=seen).encode()
         return self.seal.seal(frame) if self.seal is not None else frame
 
     def leave(self, own_key: RoundKey | None = None) -> None:

@@ -199,10 +199,16 @@ class Beat:
 @record
 class Bye:
     """The sender closes this connection itself, alive (not a death). From the leader:
-    ``leaving`` (it leaves the job, else it no longer leads) and the nodes it knows left."""
+    ``leaving`` (it leaves the job, else it no longer leads) and the nodes it knows left; from
+    a node: the highest round of the job it heard of (``seen``: it may go to a leader whose
+    job ran, and the leader it leaves must then found no job alone, ``RoundBook.known_round``)."""
 
     leaving: bool = False
     gone: Gone = ()
+    seen: int = 0
+
+    def encode(self) -> bytes:
+        return encode_frame("bye", seen=self.seen) if self.seen else encode_frame("bye")
 
 
 BEAT = Beat()
@@ -478,7 +484,7 @@ _FROM_NODE: dict[str, Callable[[dict[str, Any]], Any]] = {
     "arrive": _arrive,
     "leave": _leave,
     "close": _close,
-    "bye": lambda m: BYE,  # a node's bye says nothing more
+    "bye": lambda m: Bye(seen=seen_of(m.get("seen"))) if m.get("seen") else BYE,
 }
 _FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "welcome": _welcome,

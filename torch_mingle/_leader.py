@@ -654,6 +654,7 @@ class LeaderTerm:
                 self._send_record(m, Ack(frame.ticket))
             case Bye():
                 m.said_bye = True
+                self.book.hear_round(frame.seen)
                 if m.join_id is not None:
                     # Its join goes with the connection (the node joins again where it goes): the
                     # decision at the end of this batch must not put it in a round. A node that

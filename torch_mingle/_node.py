@@ -1339,7 +1339,7 @@ class Node:
         if session is not None:
             for frame in session.frames():  # first: with a secret, every frame has its place
                 self.net.send(session.conn, frame)
-            bye = session.bye()
+            bye = session.bye(self._heard_round())
             if bye is not None:
                 self.net.send(session.conn, bye)
             self.net.close(session.conn)

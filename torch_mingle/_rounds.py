@@ -108,7 +108,7 @@ def quorum_met(
     both, and a node accepts a second only if its leader accounted for the first
     (``may_accept``): so no two rounds form from one base without the second knowing of the first.
     """
-    have = counts if counts is not None else [len(voters & accepted) for voters in constraints]
+    have = list(counts) if counts is not None else [len(voters & accepted) for voters in constraints]
     met = [2 * n > len(voters) for n, voters in zip(have, constraints, strict=True)]
     if every and constraints:  # the first set is the round's own members: all of them
         met[0] = have[0] == len(constraints[0])

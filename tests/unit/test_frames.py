@@ -15,6 +15,7 @@ from torch_mingle._frames import (
     BYE,
     Accept,
     Arrive,
+    Bye,
     Close,
     Hello,
     JobClosed,
@@ -57,6 +58,7 @@ NODE_FRAMES: list[NodeFrame] = [
     Leave(),
     Leave((3, 0xA, 7)),
     Close("done", failed=True, job_failed=False),
+    Bye(seen=3),
 ]
 
 

@@ -10,7 +10,7 @@ import pytest
 from torch_mingle._frames import Propose
 from torch_mingle._leader import MAX_UNIDENTIFIED, NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import History, Round, RoundBook, node_hex
+from torch_mingle._rounds import History, Round, RoundBook, Wait, node_hex
 from torch_mingle._wire import FrameReader
 
 LEADER = 0x1
@@ -623,3 +623,15 @@ def test_a_flood_of_connections_that_say_no_hello_never_keeps_a_node_out():
     assert all(conn != 10 for conn, _why in term.closes())
     waiting = sum(1 for m in term.conns.values() if m.node is None)
     assert waiting == MAX_UNIDENTIFIED - 1  # bounded whatever the storm (node 2 said hello)
+
+
+def test_a_node_that_leaves_for_a_job_that_ran_says_so_and_the_leader_founds_no_job_alone():
+    """Seed 23493: a follower left for a leader whose job ran; its bye said nothing, and the
+    leader it left founded a job of one. Its bye says the round it heard of now."""
+    term = _term(1, 4)
+    _connect(term, 10, 2, 0.1)
+    term.received(10, [{"t": "bye", "seen": 2}], 0.2)
+    assert term.book.known_round == 2
+    _leader_joined(term)
+    d = term.book.decide(100.0)
+    assert isinstance(d, Wait) and "round 2 of this job ran" in d.reason
