@@ -368,6 +368,7 @@ class Generator:
 
     def join_all(self, ticket: int, round_number: int) -> float:
         """Every live member asks for a place at once; returns when the last join was sent."""
+        from torch_mingle._frames import Join
         from torch_mingle._rounds import History
 
         # The round each member got on its connection: its join names it by number (``ref``).
@@ -375,7 +376,15 @@ class Generator:
         for m in self.members:
             if not m.evicted:
                 m.round_at = 0.0
-                m.session.join(ticket, "127.0.0.1", history, PHASE_TIMEOUT_S * 2, PHASE_TIMEOUT_S * 2)
+                m.session.join(
+                    Join(
+                        ticket,
+                        "127.0.0.1",
+                        history=history,
+                        timeout_s=PHASE_TIMEOUT_S * 2,
+                        remaining_s=PHASE_TIMEOUT_S * 2,
+                    )
+                )
                 out = m.session.frames()
                 m.out += b"".join(out)
         last = time.monotonic()

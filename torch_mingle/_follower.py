@@ -70,7 +70,7 @@ from torch_mingle._frames import (
 )
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import Claim
-from torch_mingle._record import field, record
+from torch_mingle._record import field, record, replace
 from torch_mingle._rounds import (
     Gone,
     History,
@@ -287,46 +287,12 @@ class FollowerSession:
 
     # ------------------------------------------------------------ requests
 
-    def join(
-        self,
-        ticket: int,
-        ip: str,
-        history: History | None,
-        timeout_s: float,
-        remaining_s: float,
-        *,
-        dport: int = 0,
-        pport: int = 0,
-        gone: Gone = (),
-        accepted: History | None = None,
-        place: str = "",
-        restarted: bool = False,
-        seen: int = 0,
-    ) -> None:
+    def join(self, join: Join) -> None:
         """Ask for a place in the next round (before the connection is up: sent with the hello,
-        replacing an older ask).
-
-        ``timeout_s`` is the agent's ``join_timeout`` (each new wait for a round gets all of it),
-        ``remaining_s`` what is left of the current one. ``restarted``: this process took over
-        a dead predecessor's node id and was in no round yet (``RoundBook._returns_held``).
-        """
-        self.history = history
-        ref = self._delivered_number(history)
-        frame = Join(
-            ticket=ticket,
-            ip=ip,
-            history=history,
-            ref=ref,
-            accepted=accepted,
-            timeout_s=timeout_s,
-            remaining_s=remaining_s,
-            dport=dport,
-            pport=pport,
-            gone=gone,
-            place=place,
-            restarted=restarted,
-            seen=seen,
-        ).encode()
+        replacing an older ask). Its last round goes by number when this leader sent it here
+        (``ref``: the leader holds its members)."""
+        self.history = join.history
+        frame = replace(join, ref=self._delivered_number(join.history)).encode()
         if self.phase in ("hello", "ready"):
             self._out(frame)
         elif self.phase != "over":

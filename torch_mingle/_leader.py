@@ -73,7 +73,6 @@ from torch_mingle._protocol import Claim
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._rounds import (
     Form,
-    Gone,
     History,
     JoinRequest,
     Round,
@@ -487,36 +486,11 @@ class LeaderTerm:
 
     # ------------------------------------------------- the leader's own node
 
-    def join_local(
-        self,
-        ticket: int,
-        ip: str,
-        history: History | None,
-        timeout_s: float,
-        remaining_s: float,
-        now: float,
-        *,
-        dport: int = 0,
-        pport: int = 0,
-        gone: Gone = (),
-        accepted: History | None = None,
-        place: str = "",
-        restarted: bool = False,
-    ) -> None:
+    def join_local(self, join: Join, now: float) -> None:
+        """The leader's own node joins, as a member's join frame reads (``join.ip``: its own)."""
         if self._self is None:
             self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
-        req = JoinRequest(
-            node=self.claim.leader,
-            ip=ip,
-            history=history,
-            dport=dport,
-            pport=pport,
-            gone=gone,
-            accepted=accepted,
-            place=place,
-            restarted=restarted,
-        )
-        self._join(self._self, ticket, req, timeout_s, remaining_s, now)
+        self._asked(self._self, join, now)
         self._decide(now)
 
     def arrive_local(self, ticket: int, round_number: int, now: float) -> None:
@@ -630,20 +604,7 @@ class LeaderTerm:
             case Beat():
                 self.counters.beats_in += 1
             case Join():
-                req = JoinRequest(
-                    node=m.node,
-                    ip=frame.ip,
-                    history=self._history_of(m, frame),
-                    dport=frame.dport,
-                    pport=frame.pport,
-                    gone=frame.gone,
-                    accepted=frame.accepted,
-                    place=frame.place,
-                    restarted=frame.restarted,
-                    incarnation=m.incarnation,
-                    seen=frame.seen,
-                )
-                self._join(m, frame.ticket, req, frame.timeout_s, frame.remaining_s, now)
+                self._asked(m, frame, now)
             case Accept(ok=True):
                 self._accepted(m.node, frame.round, now)
             case Accept():
@@ -671,6 +632,24 @@ class LeaderTerm:
                 self._drop(m, "protocol error: a second hello", now)
             case _:
                 assert_never(frame)
+
+    def _asked(self, m: _Member, join: Join, now: float) -> None:
+        """A join, from a member's connection or from the leader's own node."""
+        assert m.node is not None  # noqa: S101 - only identified members join
+        req = JoinRequest(
+            node=m.node,
+            ip=join.ip,
+            history=self._history_of(m, join),
+            dport=join.dport,
+            pport=join.pport,
+            gone=join.gone,
+            accepted=join.accepted,
+            place=join.place,
+            restarted=join.restarted,
+            incarnation=m.incarnation,
+            seen=join.seen,
+        )
+        self._join(m, join.ticket, req, join.timeout_s, join.remaining_s, now)
 
     def _history_of(self, m: _Member, join: Join) -> History | None:
         """A join's last round: sent whole, or (``ref``) by the number of a round answered on

@@ -35,6 +35,7 @@ from torch_mingle._follower import (
 )
 from torch_mingle._frames import (
     Ack,
+    Join,
     JoinAnswer,
     JoinTimedOut,
     Propose,
@@ -1219,39 +1220,33 @@ class Node:
         remaining = (
             join.timeout_s if join.deadline is None else max(0.001, join.deadline - now - JOIN_GRACE_S)
         )
-        if self.term is not None and self.core.role is Role.LEADING:
-            ip = self.settings.advertised_ip
-            dport = self.net.discovery_port_towards(ip)
-            self.term.join_local(
-                join.id,
-                ip,
-                self.history,
-                join.timeout_s,
-                remaining,
-                now,
-                dport=dport,
-                pport=self.settings.probe_port,
-                gone=tuple(self._gone.items()),
-                accepted=self.accepted,
-                place=self.settings.place,
-                restarted=self._restarted(),
-            )
-        elif self.session is not None:
-            dport = self.net.discovery_port_towards(self.session.ip)
-            self.session.join(
-                join.id,
-                self.session.own_ip,
-                self.history,
-                join.timeout_s,
-                remaining,
-                dport=dport,
-                pport=self.settings.probe_port,
-                gone=tuple(self._gone.items()),
-                accepted=self.accepted,
-                place=self.settings.place,
-                restarted=self._restarted(),
-                seen=self._heard_round(),
-            )
+        term, session = self.term, self.session
+        if term is not None and self.core.role is Role.LEADING:
+            session = None  # its own term's join: the same record, without a connection
+            ip = towards = self.settings.advertised_ip
+        elif session is not None:
+            term = None
+            ip, towards = session.own_ip, session.ip
+        else:
+            return
+        ask = Join(
+            ticket=join.id,
+            ip=ip,
+            history=self.history,
+            accepted=self.accepted,
+            timeout_s=join.timeout_s,
+            remaining_s=remaining,
+            dport=self.net.discovery_port_towards(towards),
+            pport=self.settings.probe_port,
+            gone=tuple(self._gone.items()),
+            place=self.settings.place,
+            restarted=self._restarted(),
+            seen=self._heard_round(),
+        )
+        if term is not None:
+            term.join_local(ask, now)
+        elif session is not None:
+            session.join(ask)
 
     def _heard_round(self) -> int:
         """The highest round of the job this node heard of, by any authentic word."""

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from torch_mingle._follower import FollowerSession, SessionOver
-from torch_mingle._frames import Propose, RoundFormed
+from torch_mingle._frames import Join, Propose, RoundFormed
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, RoundBook, Status
@@ -151,7 +151,7 @@ def _leader_of_two(epoch: int) -> LeaderTerm:
     )  # fmt: skip
     term.start(0.0)
     term.job_done(OpenStore(), 5001, None, 0.0)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.0)
+    term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.0)
     term.frames()
     return term
 
@@ -161,7 +161,7 @@ def test_a_join_asked_before_the_connection_is_up_goes_out_with_the_hello_and_ge
     leader (which reads them in order) answers welcome and its proposal in one go, a round trip
     less; the round follows the votes."""
     s = _session_to(Claim(1, LEADER))
-    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    s.join(Join(7, "198.18.0.2", timeout_s=60.0, remaining_s=60.0))
     assert s.frames() == []  # not connected yet
     s.connected(0.1)
     sent = _frames(s.frames())
@@ -187,14 +187,14 @@ def test_a_join_asked_while_the_hello_is_unanswered_is_sent_at_once():
     s = _session_to(Claim(1, LEADER))
     s.connected(0.1)
     s.frames()
-    s.join(8, "198.18.0.2", None, 60.0, 60.0)
+    s.join(Join(8, "198.18.0.2", timeout_s=60.0, remaining_s=60.0))
     assert [f["t"] for f in _frames(s.frames())] == ["join"]
 
 
 def test_a_join_behind_a_rejected_hello_is_dropped_by_the_leader_and_the_session_ends():
     """A stale announcement: the node's join never reaches a round of the wrong term."""
     s = _session_to(Claim(1, LEADER))
-    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    s.join(Join(7, "198.18.0.2", timeout_s=60.0, remaining_s=60.0))
     s.connected(0.1)
     term = _leader_of_two(2)  # leads epoch 2, not the epoch-1 claim the node follows
     term.accepted(10, 0.1)
@@ -210,7 +210,7 @@ def test_a_join_behind_a_rejected_hello_is_dropped_by_the_leader_and_the_session
 def test_a_node_that_leaves_before_its_connection_is_up_sends_its_leave_and_no_join():
     """Its agent's join was answered by the leave: a join sent behind the leave would undo it."""
     s = _session_to(Claim(1, LEADER))
-    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    s.join(Join(7, "198.18.0.2", timeout_s=60.0, remaining_s=60.0))
     s.leave()
     s.connected(0.1)
     assert [f["t"] for f in _frames(s.frames())] == ["hello", "leave"]
@@ -220,7 +220,7 @@ def test_a_round_carries_the_status_it_starts_under_and_no_status_frame_follows_
     """As a round starts, each member reads one frame: the round, with what ``num_nodes_waiting``
     needs; a status frame behind it cost every member a second read and wake-up."""
     s = _session_to(Claim(1, LEADER))
-    s.join(7, "198.18.0.2", None, 60.0, 60.0)
+    s.join(Join(7, "198.18.0.2", timeout_s=60.0, remaining_s=60.0))
     s.connected(0.1)
     term = _leader_of_two(1)
     term.accepted(10, 0.1)
@@ -243,7 +243,7 @@ def test_a_round_carries_the_status_it_starts_under_and_no_status_frame_follows_
 
 def _join_sent(s: FollowerSession, history: History | None) -> dict[str, Any]:
     s.frames()  # the hello
-    s.join(2, "198.18.0.2", history, 60.0, 60.0)
+    s.join(Join(2, "198.18.0.2", history=history, timeout_s=60.0, remaining_s=60.0))
     (frame,) = s.frames()
     (msg,) = FrameReader().feed(frame)  # type: ignore[misc]
     return msg
@@ -275,12 +275,12 @@ def test_a_round_formed_without_votes_goes_once_as_members_and_each_answer_names
     )  # fmt: skip
     term.start(0.0)
     term.job_done(OpenStore(), 5001, None, 0.0)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.0)
+    term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.0)
     sessions = {}
     for conn, node in ((10, 0x2), (11, 0x3)):
         s = _session_to(Claim(1, LEADER))
         s.node, s.conn, s.seal = node, conn, Seal(key, leader=False) if key else None
-        s.join(7, f"198.18.0.{node}", None, 60.0, 60.0)
+        s.join(Join(7, f"198.18.0.{node}", timeout_s=60.0, remaining_s=60.0))
         term.accepted(conn, 0.1)
         s.connected(0.1)
         sessions[conn] = s

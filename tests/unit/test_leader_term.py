@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from torch_mingle._frames import Propose
+from torch_mingle._frames import Join, Propose
 from torch_mingle._leader import MAX_UNIDENTIFIED, NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
 from torch_mingle._rounds import History, Round, RoundBook, Wait, node_hex
@@ -33,7 +33,7 @@ def _store_opened(term: LeaderTerm, port: int, now: float) -> None:
 def _leader_joined(term: LeaderTerm) -> None:
     """The next round's store is open (5001) and the leader's own agent joined (ticket 1)."""
     _store_opened(term, 5001, 0.1)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.1)
 
 
 def _connect(term: LeaderTerm, conn: int, node: int, now: float, *, ahead: bool = True) -> None:
@@ -245,7 +245,7 @@ def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropp
     history = {"epoch": 0, "round": 4, "members": [f"{n:016x}" for n in (9, LEADER, 2, 3)]}
     term = _term(2, 8)
     term.book.last_call_timeout = 30.0
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.1)
     _connect(term, 10, 2, 0.2)
     term.received(10, [{"t": "bye"}], 0.3)
     term.closed(10, "closed by the peer", 0.3)
@@ -267,7 +267,7 @@ def test_a_join_read_in_the_same_batch_as_its_bye_is_withdrawn_not_put_in_a_roun
     term = _term(2, 8)
     term.book.last_call_timeout = 30.0
     _store_opened(term, 5001, 0.0)
-    term.join_local(1, "198.18.0.1", None, 60.0, 60.0, 0.1)
+    term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.1)
     _connect(term, 11, 3, 0.2)
     term.received(11, [{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}], 0.2)
     term.accepted(10, 0.3)
@@ -353,7 +353,7 @@ def test_a_lost_answer_is_not_sent_again_once_the_round_was_given_up():
     # everyone, so node 2's old join is a join of the next round, not round 1 again.
     term = _round_of_two()
     term.closed(10, "connection reset by peer", 0.31)
-    term.join_local(2, "198.18.0.1", None, 60.0, 60.0, 0.32)
+    term.join_local(Join(2, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.32)
     _connect(term, 11, 2, 0.33)
     _join(term, 11, 7, 0.34)
     assert _rounds_sent(_sent(term), 11) == []
@@ -411,7 +411,7 @@ def _base_of_three() -> LeaderTerm:
     term.jobs()
     _store_opened(term, 5001, 0.1)
     last = History(epoch=1, round=4, members=(1, 2, 3))
-    term.join_local(1, "198.18.0.1", last, 60.0, 60.0, 0.1)
+    term.join_local(Join(1, "198.18.0.1", history=last, timeout_s=60.0, remaining_s=60.0), 0.1)
     for node, conn in ((2, 10), (3, 11)):
         term.accepted(conn, 0.2)
         hello = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "x"}
@@ -462,7 +462,9 @@ def test_the_next_rounds_store_opens_a_moment_after_a_round_and_at_once_when_a_r
 
     term = _round_of_two()
     term.received(10, [{"t": "leave"}], 0.4)  # node 2 leaves (its vote with it): the round is stale
-    term.join_local(2, "198.18.0.1", None, 60.0, 60.0, 0.5)  # the leader re-joins alone (min 2: it waits)
+    term.join_local(
+        Join(2, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.5
+    )  # the leader re-joins alone (min 2: it waits)
     _connect(term, 11, 3, 0.6)
     _join(term, 11, 9, 0.7)  # a new round is due now: its store opens at once
     assert term.jobs() == [OpenStore()]
@@ -530,7 +532,7 @@ def test_a_proposal_never_forms_with_a_member_whose_join_timed_out_while_the_vot
     term.jobs()
     _store_opened(term, 5001, 0.1)
     last = History(epoch=1, round=4, members=(1, 2, 3))
-    term.join_local(1, "198.18.0.1", last, 60.0, 60.0, 0.1)
+    term.join_local(Join(1, "198.18.0.1", history=last, timeout_s=60.0, remaining_s=60.0), 0.1)
     for node, conn, remaining in ((2, 10, 60), (3, 11, 2)):
         term.accepted(conn, 0.2)
         hello = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "x"}
