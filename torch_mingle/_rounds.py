@@ -1160,6 +1160,40 @@ class RoundBook:
                 self._latest, self._latest_known = None, False
         return req
 
+    def check(self) -> list[str]:
+        """Where what the book keeps to answer in O(1) disagrees with a count from scratch over
+        its state (empty: nowhere). The kept values are the joiners in the running round
+        (``_rejoined``), the newest history a joiner reported (``_latest``), the running
+        round's history, the base's members a re-rendezvous waits for, and the cursor of
+        ``all_gone``. The swarm asks after every step of the agents (invariant ``book``); the
+        unit tests after every operation."""
+        problems: list[str] = []
+        members = self.current.member_set if self.current is not None else frozenset()
+        rejoined = len(self.pending.keys() & members)
+        if self._rejoined != rejoined:
+            problems.append(f"_rejoined is {self._rejoined}, {rejoined} joiners are in the running round")
+        histories = [r.history for r in self.pending.values() if r.history is not None]
+        newest = max(histories, key=lambda h: (h.round, h.epoch, -h.term[1]), default=None)
+        latest = self._latest_history()
+        if (latest.key if latest else None) != (newest.key if newest else None):
+            problems.append(f"the newest history kept is {latest}, the joiners report {newest}")
+        current = History.of(self.current) if self.current is not None else None
+        kept = self._current_history
+        if (kept.key if kept else None) != (current.key if current else None):
+            problems.append(f"the running round's history kept is {kept}, the round is {current}")
+        source = self.base()
+        if source is not None and self.leader in self.pending:
+            base = set(source.members)
+            if source.epoch != self.epoch and source.members and source.members[0] != self.leader:
+                base.discard(source.members[0])
+            expected = (base - self.dead - self.left) | {self.leader} <= self.pending.keys()
+            if self._expected_joined() != expected:
+                problems.append(f"every node of the base joined: kept {not expected}, counted {expected}")
+        gone = not (self.tracked() - {self.leader})
+        if self.all_gone() != gone:
+            problems.append(f"all gone: kept {not gone}, counted {gone}")
+        return problems
+
     def _latest_history(self) -> History | None:
         """The newest round a joiner reported (the first joiner's, of several equal ones)."""
         if not self._latest_known:

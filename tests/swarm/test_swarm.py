@@ -166,6 +166,17 @@ def _no_deadline(self: _leader.LeaderTerm, m: Any, deadline: float | None) -> No
     m.join_deadline = None
 
 
+_sound_unpend = RoundBook._unpend
+
+
+def _unpend_keeping_the_count(self: RoundBook, node: int) -> Any:
+    kept = self._rejoined
+    try:
+        return _sound_unpend(self, node)
+    finally:
+        self._rejoined = kept
+
+
 def _lenient(check: Any) -> Any:
     """A seal check that lets through what fails it (the secret's check, switched off)."""
 
@@ -201,6 +212,8 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     "recovery": (_frozen_member_comes_back, [(RoundBook, "_hold_end", lambda self, node: float("inf"))]),
     # A node remembers every store of its leader's rounds.
     "resources": (_many_worker_failures, [(Node, "_remember_store", _never_forget_a_store)]),
+    # A joiner of the running round that goes is not taken off the count of those that rejoined.
+    "book": (_half_the_job_crashes, [(RoundBook, "_unpend", _unpend_keeping_the_count)]),
 }  # fmt: skip
 
 

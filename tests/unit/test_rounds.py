@@ -329,6 +329,7 @@ def test_all_gone_answers_as_a_pass_over_every_tracked_node_would(ops):
             if isinstance(decision, Form):
                 form(b, decision, 1e6)
         assert b.all_gone() == (not (b.tracked() - {LEADER})), (op, n)
+        assert b.check() == [], (op, n)
 
 
 def test_departed_are_the_current_rounds_members_that_left_or_died_until_they_rejoin():
@@ -498,6 +499,7 @@ def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
             b.leave(node)
         else:
             b.close()
+        assert b.check() == [], (op, node)
         members = b.current.member_set if b.current else frozenset()
         assert b._rejoined == len(b.pending.keys() & members)
         histories = [r.history for r in b.pending.values() if r.history is not None]
