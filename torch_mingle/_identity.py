@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torch_mingle._node import NodeState
+from torch_mingle._ballot import NodeState
 from torch_mingle._rounds import History
 from torch_mingle.errors import MingleConfigError
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from torch_mingle import _faults
+from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     FollowerSession,
@@ -68,7 +69,7 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import assert_never, field, record, replace
-from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, age, may_accept, newest_key
+from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, age, newest_key
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -96,18 +97,6 @@ class Net(Protocol):
     def discovery_port_towards(self, ip: str) -> int: ...
     def describe(self) -> str: ...
     def persist(self, state: NodeState) -> bool: ...
-
-
-@record
-class NodeState:
-    """What a node must not forget across a restart of its agent (``_identity`` keeps it): the
-    newest round it knows formed, and the newest proposal it accepted (its vote)."""
-
-    history: History | None = None
-    accepted: History | None = None
-    #: The highest epoch it led: a new process starts its election above it, and never leads
-    #: a term of the same (epoch, node) as its predecessor's, whose proposals may be out.
-    led: int = 0
 
 
 @record
@@ -294,12 +283,10 @@ class Node:
         self.board = board
         self.term: LeaderTerm | None = None
         self.session: FollowerSession | None = None
-        #: The newest round this node knows formed (a predecessor's, after a restart: ``_identity``).
-        self.history: History | None = state.history if state is not None else None
+        #: Its vote and what it must not forget (a predecessor's, after a restart: ``_identity``).
+        self.ballot = Ballot.of(state, self._persist)
         if self.history is not None:
             core.hear_round(self.history.round)
-        #: The newest proposal this node accepted, newer than ``history`` (its vote: see ``_rounds``).
-        self.accepted: History | None = state.accepted if state is not None else None
         self.in_round: Round | None = None
         self.in_round_claim: Claim | None = None
         self.trouble: str | None = None
@@ -334,11 +321,10 @@ class Node:
         self._gone: dict[int, RoundKey] = {}
         # A predecessor's terms (``_identity``): the election starts above them. (The round it
         # knows counts through ``history``; a proposal it accepted may never have formed.)
-        self._led = state.led if state is not None else 0
         for known in (self.history, self.accepted):
             if known is not None:
                 core.max_epoch_seen = max(core.max_epoch_seen, known.epoch)
-        core.max_epoch_seen = max(core.max_epoch_seen, self._led)
+        core.max_epoch_seen = max(core.max_epoch_seen, self.ballot.led)
         self._pending_close: str | None = None
         self._close_failed = False
         self._close_job_failed = False
@@ -908,9 +894,7 @@ class Node:
             self.core.abandon(now)
             return
         claim = Claim(epoch=epoch, leader=s.node_id)
-        previous, self._led = self._led, max(self._led, epoch)
-        if not self._persist():
-            self._led = previous
+        if not self.ballot.lead(epoch):
             self.net.stop_listening()
             self.last_error = "cannot record the term in the state directory"
             self.core.abandon(now)
@@ -1108,25 +1092,34 @@ class Node:
                         self._gone[node] = newest
                 self.core.leader_failed(now, session.claim, ev.reason)
 
+    def _persist(self, state: NodeState) -> bool:
+        """The shell's ``persist`` (looked up at each call: a test may swap the shell's)."""
+        return self.net.persist(state)
+
+    @property
+    def history(self) -> History | None:
+        """The newest round this node knows formed (``Ballot``)."""
+        return self.ballot.history
+
+    @property
+    def accepted(self) -> History | None:
+        """The newest proposal this node accepted, newer than ``history``: its vote (``Ballot``)."""
+        return self.ballot.accepted
+
     def _own_key(self) -> RoundKey | None:
         """The newest round this node was in or voted for: where its departure counts."""
-        return newest_key(*(h.key for h in (self.history, self.accepted) if h is not None))
+        return self.ballot.own_key()
 
     def _accept(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
-        """Record the proposal ``rnd`` as this node's vote, if ``may_accept`` allows (written to
-        the state file before the vote goes out)."""
-        proposal = History.of(rnd)
-        if not may_accept(self.history, self.accepted, proposal, base, covers):
-            log.info(
-                "%s not accepting round %d of epoch %d: it does not account for %s / %s",
-                self.label, rnd.number, rnd.epoch, self.history, self.accepted,
-            )  # fmt: skip
-            return False
-        previous, self.accepted = self.accepted, proposal
-        if not self._persist():
-            self.accepted = previous  # not on the disk: not a vote (``Identity.save``)
-            return False
-        return True
+        """Record the proposal ``rnd`` as this node's vote, if it accounts for what the node
+        knows (``Ballot.accept``: on the disk before the vote goes out)."""
+        if self.ballot.accept(rnd, base, covers):
+            return True
+        log.info(
+            "%s not accepting round %d of epoch %d: it does not account for %s / %s, or no disk",
+            self.label, rnd.number, rnd.epoch, self.history, self.accepted,
+        )  # fmt: skip
+        return False
 
     def _remember_store(self, claim: Claim, port: int) -> None:
         """A round store of ``claim``'s leader, to cut if that leader is lost. The leader keeps
@@ -1137,9 +1130,6 @@ class Node:
         del ports[: -(ROUND_STORES_KEPT + 1)]
         if len(self._store_ports) > 4:
             self._store_ports.pop(next(iter(self._store_ports)))
-
-    def _persist(self) -> bool:
-        return self.net.persist(NodeState(self.history, self.accepted, self._led))
 
     def _answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None:
         """The leader's answer to the agent's join or arrive (its own term's, or by ``session``)."""
@@ -1186,17 +1176,9 @@ class Node:
         claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
         if rnd.rank_of(self.settings.node_id) is None:
             raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
-        self.history = History.of(rnd)
-        self.core.hear_round(rnd.number)
-        kept = self.accepted
-        if self.accepted is not None and not self.accepted.newer_than(self.history):
-            self.accepted = None
-        if not self._persist():
-            # The file still holds the proposal this node accepted for the round (``_accept``
-            # wrote it before the vote went out): a new process of it still accounts for the
-            # round. Keep it so in memory too; this node votes no more (``Identity.save``).
-            self.accepted = kept
+        if not self.ballot.formed(rnd):
             log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
+        self.core.hear_round(rnd.number)
         self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
         self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
         seen_via = session.ip if session else self.settings.advertised_ip

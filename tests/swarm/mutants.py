@@ -26,7 +26,8 @@ from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _evidence, _leader, _node, _rounds
+from torch_mingle import _ballot, _evidence, _leader, _rounds
+from torch_mingle._ballot import Ballot
 from torch_mingle._evidence import Evidence
 from torch_mingle._node import Node
 from torch_mingle._record import replace
@@ -57,11 +58,10 @@ def _attr(target: object, name: str, value: object) -> Patch:
 # ------------------------------------------------------------------ broken versions
 
 
-def _accept_without_persisting(self: Node, rnd: Any, base: int, covers: Any) -> bool:
-    proposal = History.of(rnd)
-    if not _rounds.may_accept(self.history, self.accepted, proposal, base, covers):
+def _accept_without_persisting(self: Ballot, rnd: Any, base: int, covers: Any) -> bool:
+    if not self.may_accept(rnd, base, covers):
         return False
-    self.accepted = proposal  # the vote goes out; the state file never hears of it
+    self.accepted = History.of(rnd)  # the vote goes out; the state file never hears of it
     return True
 
 
@@ -132,12 +132,12 @@ MUTANTS: dict[str, Mutant] = {
                "a node that left any round votes on none", (_attr(RoundBook, "voters_of",
                                                                 _voters_without_anyone_who_left_anything),)),
         Mutant("a node accepts only what accounts for what it knows", "_rounds.may_accept",
-               "it accepts every proposal", (_attr(_node, "may_accept", lambda *a: True),)),
-        Mutant("a vote is on the disk before it goes out", "Node._accept",
-               "the vote goes out unrecorded", (_attr(Node, "_accept", _accept_without_persisting),)),
-        Mutant("a round that formed is on the disk", "Node._joined (history)", "the history is not recorded",
+               "it accepts every proposal", (_attr(_ballot, "may_accept", lambda *a: True),)),
+        Mutant("a vote is on the disk before it goes out", "Ballot.accept",
+               "the vote goes out unrecorded", (_attr(Ballot, "accept", _accept_without_persisting),)),
+        Mutant("a round that formed is on the disk", "Ballot.formed (history)", "the history is not recorded",
                (_attr(_sim.SimNet, "persist", _persist_dropping("history")),)),
-        Mutant("the terms a node led are on the disk", "Node._lead (led)", "led is not recorded",
+        Mutant("the terms a node led are on the disk", "Ballot.lead (led)", "led is not recorded",
                (_attr(_sim.SimNet, "persist", _persist_without_led),)),
         Mutant("a round needs a majority of its base's voters", "RoundBook._no_quorum",
                "no quorum is needed", (_attr(RoundBook, "_no_quorum", lambda self, *a: None),

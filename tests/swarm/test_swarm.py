@@ -19,6 +19,7 @@ from tests.swarm import scenario as sc
 from tests.swarm.__main__ import main
 from tests.swarm.harness import INVARIANTS, Outcome, run
 from torch_mingle import _evidence, _leader, _rounds
+from torch_mingle._ballot import Ballot
 from torch_mingle._evidence import Evidence, Verdict
 from torch_mingle._node import Node
 from torch_mingle._rounds import RoundBook
@@ -195,7 +196,7 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
         **_evidence._VERDICTS, Evidence.CLOSED: Verdict(votes=False)})]),
     # A vote goes out before it is on the disk: the voter's power loss forgets it, and a new term
     # forms a second successor of the round without knowing of the first.
-    "successors": (_voter_loses_power, [(Node, "_accept", mutants._accept_without_persisting)]),
+    "successors": (_voter_loses_power, [(Ballot, "accept", mutants._accept_without_persisting)]),
     # Rank 0 is not the leader that hosts the store.
     "ranks": (_split_2_2, [(_rounds.RoundBook, "_rank_order", _leader_last)]),
     # Ranks in descending place order after the leader: the ring of places is broken.

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from torch_mingle import _identity
+from torch_mingle._ballot import NodeState
 from torch_mingle._identity import Identity
-from torch_mingle._node import NodeState
 from torch_mingle._rounds import History
 from torch_mingle.errors import MingleConfigError
 
@@ -28,7 +28,7 @@ import sys, time
 from pathlib import Path
 from torch_mingle import _identity
 from torch_mingle._identity import Identity
-from torch_mingle._node import NodeState
+from torch_mingle._ballot import NodeState
 from torch_mingle._rounds import History
 ident = Identity.claim(Path(sys.argv[1]), "job42")
 ident.save(NodeState(History(epoch=2, round=5, members=(ident.node_id, 7)), None))

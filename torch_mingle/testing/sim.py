@@ -14,10 +14,11 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from torch_mingle._ballot import NodeState
 from torch_mingle._board import Board
 from torch_mingle._evidence import Evidence
 from torch_mingle._leader import Job, OpenStore
-from torch_mingle._node import Diagnostics, Node, NodeSettings, NodeState, Ticket
+from torch_mingle._node import Diagnostics, Node, NodeSettings, Ticket
 from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
 from torch_mingle._record import field, record
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid

@@ -1,0 +1,89 @@
+"""A node's vote, and what it must not forget across a restart of its agent.
+
+Three values: the newest round the node knows formed (``history``), the newest proposal it
+accepted beyond it (``accepted``: its vote, see ``_rounds``), and the highest epoch it led
+(``led``: a new process starts its election above it, and never leads a term of the same
+(epoch, node) as its predecessor's, whose proposals may be out). Each change is written
+(``persist``: ``_identity`` keeps the state file) before anything that rests on it leaves the
+node: a vote sent before it is on the disk is forgotten by a power loss, and a second round
+could form from the same base without knowing of the first. A change the disk refused is
+undone here, and the node then votes no more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch_mingle._record import field, record
+from torch_mingle._rounds import History, Round, RoundKey, may_accept, newest_key
+
+
+@record
+class NodeState:
+    """What a node must not forget across a restart of its agent (``_identity`` keeps it)."""
+
+    history: History | None = None
+    accepted: History | None = None
+    led: int = 0
+
+
+#: Writes the state where a new process of the node finds it; False if the disk refused it.
+Persist = Callable[[NodeState], bool]
+
+
+@record(frozen=False)
+class Ballot:
+    history: History | None = None
+    accepted: History | None = None
+    led: int = 0
+    #: Where each change goes before the node acts on it.
+    persist: Persist = field(default=lambda state: True, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, state: NodeState | None, persist: Persist) -> Ballot:
+        state = state or NodeState()
+        return cls(state.history, state.accepted, state.led, persist)
+
+    def state(self) -> NodeState:
+        return NodeState(self.history, self.accepted, self.led)
+
+    def own_key(self) -> RoundKey | None:
+        """The newest round this node was in or voted for: where its departure counts."""
+        return newest_key(*(h.key for h in (self.history, self.accepted) if h is not None))
+
+    def may_accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
+        """Whether the proposal ``rnd`` accounts for what this node knows (``_rounds.may_accept``)."""
+        return may_accept(self.history, self.accepted, History.of(rnd), base, covers)
+
+    def accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
+        """Record the proposal ``rnd`` as this node's vote, if it may (on the disk before the
+        vote goes out); False: no vote."""
+        if not self.may_accept(rnd, base, covers):
+            return False
+        previous, self.accepted = self.accepted, History.of(rnd)
+        if not self.persist(self.state()):
+            self.accepted = previous  # not on the disk: not a vote (``Identity.save``)
+            return False
+        return True
+
+    def formed(self, rnd: Round) -> bool:
+        """The round ``rnd`` formed with this node in it; False if the disk refused it: the file
+        still holds the proposal this node accepted for the round (``accept`` wrote it before
+        the vote went out), so a new process of it still accounts for the round; it is kept so
+        in memory too, and this node votes no more (``Identity.save``)."""
+        self.history = History.of(rnd)
+        kept = self.accepted
+        if self.accepted is not None and not self.accepted.newer_than(self.history):
+            self.accepted = None
+        if not self.persist(self.state()):
+            self.accepted = kept
+            return False
+        return True
+
+    def lead(self, epoch: int) -> bool:
+        """This node leads a term of ``epoch``; False if the disk refused it (it must not lead)."""
+        previous, self.led = self.led, max(self.led, epoch)
+        if not self.persist(self.state()):
+            self.led = previous
+            return False
+        return True
