@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from torch_mingle import _faults
+from torch_mingle._ahead import StoreAhead, Target
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
@@ -308,13 +309,8 @@ class Node:
         self._leaving: Ticket | None = None
         self._shutdown_deadline = 0.0
         self._store_ports: dict[Claim, list[int]] = {}
-        #: The next round's store that a client is being opened to (claim, ip or None, port),
-        #: and that client once it is open; see ``_connect_ahead``.
-        self._ahead: tuple[Claim, str | None, int] | None = None
-        self._ahead_client: object = None
-        self._ahead_seq = 0
-        #: Connects ahead not finished yet, by tag: cut when their leader is lost, current or not.
-        self._ahead_pending: dict[int, tuple[Claim, str | None, int]] = {}
+        #: The agent's client of the next round's store, opened ahead (``_ahead``).
+        self.ahead = StoreAhead()
         self._last_leader_ip: str | None = None
         #: Leaders of our last round that left the job (their ``bye`` said so): they no longer
         #: vote on the next round (sent with every join).
@@ -410,9 +406,7 @@ class Node:
 
     def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenClient):
-            self._ahead_pending.pop(tag, None)
-            if tag == self._ahead_seq and self._ahead is not None and error is None:
-                self._ahead_client = result  # else dropped: the round it was for is gone
+            self.ahead.opened(tag, result, error)
         elif self.term is not None and tag == self._term_tag:
             self.term.job_done(job, result, error, now)
         elif isinstance(result, int) and error is None and not isinstance(job, ReleaseStores):
@@ -779,30 +773,16 @@ class Node:
         The client is used only if the round is formed on that very store by that claim;
         otherwise it is dropped, and a connect to a lost leader is cut (``_leader_lost``).
         """
-        target: tuple[Claim, str | None, int] | None = None
+        target: Target | None = None
         term, session = self.term, self.session
         if not self.parked:
             if term is not None and self.core.role is Role.LEADING and term.spare_port is not None:
                 target = (term.claim, None, term.spare_port)
             elif session is not None and session.ready and session.next_store_port is not None:
                 target = (session.claim, session.ip, session.next_store_port)
-        if target == self._ahead:
-            return
-        self._ahead, self._ahead_client = target, None
-        self._ahead_seq += 1
-        if target is not None:
-            self._ahead_pending[self._ahead_seq] = target
-            self.net.submit(OpenClient(target[1], target[2]), self._ahead_seq)
-
-    def _take_client_ahead(self, claim: Claim, port: int) -> object:
-        """The client opened ahead for this round's store, handed over once (the target stays,
-        so the same store is not connected again; ``store_ahead`` is False until the next)."""
-        ahead = self._ahead
-        if ahead is None or (ahead[0], ahead[2]) != (claim, port):
-            return None
-        client, self._ahead_client = self._ahead_client, None
-        self._ahead_seq += 1  # a connect still under way for it is dropped when it ends
-        return client
+        start = self.ahead.aim(target)
+        if start is not None:
+            self.net.submit(*start)
 
     def _flush_term(self, term: LeaderTerm, now: float) -> bool:
         busy = False
@@ -1035,10 +1015,7 @@ class Node:
                 # The agent may sit in a TCPStore call on that leader's store; a frozen store
                 # never answers, and TCPStore's own timeouts do not cover it: cut it loose.
                 self.net.abort_connections_to(self._last_leader_ip, ports, ended=True)
-        ahead = [(ip, port) for c, ip, port in self._ahead_pending.values() if c == claim and ip]
-        if self._ahead is not None and self._ahead[0] == claim and self._ahead[1] is not None:
-            ahead.append((self._ahead[1], self._ahead[2]))  # open, waiting for the round
-        for ip, port in set(ahead):
+        for ip, port in self.ahead.toward(claim):
             # A connect ahead to the lost leader; not ended: if the same leader speaks again
             # (it was only silent), its next round may use that store.
             self.net.abort_connections_to(ip, [port])
@@ -1190,7 +1167,7 @@ class Node:
             self._last_leader_ip = session.ip
             self._remember_store(claim, rnd.store_port)
         leader_ip = session.ip if session is not None else None
-        client = self._take_client_ahead(claim, rnd.store_port)
+        client = self.ahead.take(claim, rnd.store_port)
         self._answer_join(Joined(rnd, claim, leader_ip, client))
 
     # ------------------------------------------------------------ helpers
@@ -1428,7 +1405,7 @@ class Node:
             self.trouble,
             self.term is not None,
             self.recoveries,
-            self._ahead_client is not None,
+            self.ahead.ready,
         )
         if not force and key == self._published and now - self._published_at < DIAG_REFRESH_S:
             return
@@ -1467,7 +1444,7 @@ class Node:
                 last_error=self.last_error,
                 max_epoch_seen=self.core.max_epoch_seen,
                 remembered_nonces=self.core.codec.remembered,
-                store_ahead=self._ahead_client is not None,
+                store_ahead=self.ahead.ready,
                 control=replace(self.term.counters) if self.term is not None else ControlCounters(),
             )
         )
