@@ -49,6 +49,14 @@ MIN_JOIN_WAIT_S = 0.5
 #: The longest text of a peer's reason that is kept (a job's close, a reject).
 MAX_WHY_CHARS = 2000
 
+
+class OutOfContext(Exception):
+    """A well-formed frame that names what its connection never saw (a join whose ``ref`` is a
+    round not answered on it): the peer's protocol error, found where the context is known.
+    Only this is blamed on the peer past the boundary: any other exception is an internal
+    error of the receiver, which its shell's supervision handles (``Node.recover``)."""
+
+
 #: What reading a peer's field may raise; the frame is then invalid.
 _BAD_FIELD = (KeyError, TypeError, ValueError, OverflowError, AttributeError, IndexError)
 
@@ -161,6 +169,8 @@ class Arrive:
     epoch: int | None = None
 
     def encode(self) -> bytes:
+        if self.epoch is None:
+            return encode_frame("arrive", id=self.ticket, round=self.round)
         return encode_frame("arrive", id=self.ticket, round=self.round, epoch=self.epoch)
 
 

@@ -62,6 +62,7 @@ from torch_mingle._frames import (
     JoinTimedOut,
     Leave,
     NodeFrame,
+    OutOfContext,
     Propose,
     Retry,
     RoundFormed,
@@ -422,7 +423,7 @@ class LeaderTerm:
                 return
             try:
                 self._dispatch(member, frame, now)
-            except ValueError as exc:  # a join that names a round not answered here (``_history_of``)
+            except OutOfContext as exc:  # (anything else is our own error: ``Node.recover``)
                 self._drop(member, f"protocol error from the node: {str(exc)[:120]}", now)
                 return
             decides = decides or type(frame) not in _NO_DECISION
@@ -658,7 +659,7 @@ class LeaderTerm:
             return join.history
         rnd = m.delivered.get(join.ref)
         if rnd is None:  # the follower names only what it got here: a broken peer
-            raise ValueError(f"its join names round {join.ref}, which was not answered on this connection")
+            raise OutOfContext(f"its join names round {join.ref}, which was not answered on this connection")
         # A History of its own per join, as a parsed one is (the round book tells joins
         # apart by identity), sharing the round's members and their set: O(1) a join.
         return History.of(rnd)

@@ -55,6 +55,7 @@ NODE_FRAMES: list[NodeFrame] = [
     Accept(8, ok=True),
     Accept(8, ok=False, history=HIST, accepted=None),
     Arrive(ticket=3, round=8, epoch=3),
+    Arrive(ticket=3, round=8),  # no epoch: the leader's own term's
     Leave(),
     Leave((3, 0xA, 7)),
     Close("done", failed=True, job_failed=False),

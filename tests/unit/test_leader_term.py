@@ -637,3 +637,25 @@ def test_a_node_that_leaves_for_a_job_that_ran_says_so_and_the_leader_founds_no_
     _leader_joined(term)
     d = term.book.decide(100.0)
     assert isinstance(d, Wait) and "round 2 of this job ran" in d.reason
+
+
+def test_a_join_naming_a_round_never_answered_here_costs_the_node_its_connection_and_our_own_error_is_ours(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The peer's fault is the peer's (its connection ends as a protocol error); an error of the
+    leader's own code is not blamed on whichever peer's frame reached it: it leaves the term, for
+    the shell's supervision (``Node.recover``: the leader resigns)."""
+    term = _term(1, 4)
+    _connect(term, 10, 2, 0.1)
+    term.received(10, [{"t": "join", "id": 1, "ip": "198.18.0.2", "ref": 9}], 0.2)
+    ((conn, why),) = term.closes()
+    assert conn == 10 and "round 9, which was not answered on this connection" in why
+    _connect(term, 11, 3, 0.3)
+
+    def broken(self: RoundBook, *args: object) -> None:
+        raise TypeError("a bug of the leader's own")
+
+    monkeypatch.setattr(RoundBook, "join", broken)
+    with pytest.raises(TypeError, match="a bug of the leader's own"):
+        term.received(11, [{"t": "join", "id": 1, "ip": "198.18.0.3"}], 0.4)
+    assert 11 in term.conns
