@@ -15,14 +15,11 @@ import functools
 import itertools
 import logging
 import os
-import resource
 import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -36,28 +33,21 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from torch_mingle import BACKEND_NAME
-from torch_mingle._board import Board
-from torch_mingle._datapath import MingleDataPathError, ProbeListener, failure_message, peers_to_probe, probe
+from torch_mingle._assembly import MAX_CONNECT_TIMEOUT_S, assemble
+from torch_mingle._datapath import MingleDataPathError, failure_message, peers_to_probe, probe
 from torch_mingle._events import record_notes
 from torch_mingle._health import HEALTH_RETRY_S, Verdict, wait_until_healthy
-from torch_mingle._identity import Identity, default_state_dir
-from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, interface_for
-from torch_mingle._loop import Loop
-from torch_mingle._node import Diagnostics, JobClosed, Joined, Node, NodeSettings, Ticket, TimedOut
+from torch_mingle._interfaces import Interface, interface_for
+from torch_mingle._node import Diagnostics, JobClosed, Joined, Ticket, TimedOut
 from torch_mingle._notes import Note
-from torch_mingle._order import place_of
-from torch_mingle._protocol import Discovery, Timing
 from torch_mingle._rounds import History, Round
-from torch_mingle._slurm import JOB_ID_ENV
-from torch_mingle._store import AgentStore, StoreKeeper, open_client
-from torch_mingle._transport import McastTransport
-from torch_mingle._wire import REPLAY_WINDOW_MS, Codec, derive_key, parse_ip
+from torch_mingle._store import AgentStore, open_client
+from torch_mingle._wire import REPLAY_WINDOW_MS, parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
     README_NETWORKS,
     README_SECURITY,
     MingleClosedError,
-    MingleConfigError,
     MingleError,
     MingleTimeoutError,
 )
@@ -69,7 +59,6 @@ SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: Set for the workers of every round (docs/design.md#fencing): the leader's term and the round. Both
 #: only grow within a job, so (epoch, round) orders the rounds, across failovers too.
 EPOCH_VAR, ROUND_VAR = "MINGLE_EPOCH", "MINGLE_ROUND"
-MAX_CONNECT_TIMEOUT_S = 5.0
 #: Tries at the round's store while the leader still answers (see ``_connect_round_store``).
 STORE_CONNECT_ATTEMPTS = 3
 #: How much longer than the node's own deadline the agent's thread waits for an answer.
@@ -77,11 +66,6 @@ ANSWER_GRACE_S = 10.0
 #: The most a preempted node (SIGTERM) waits for the others to go on without it before its
 #: workers stop (Kubernetes' default grace period is 30 s, then SIGKILL).
 MAX_LEAVE_WAIT_S = 15.0
-#: Descriptors a leader needs per node: control connection, agent's clients of the running
-#: round's store and of the next one's (opened ahead), 8 workers'.
-DESCRIPTORS_PER_NODE = 11
-DESCRIPTOR_MARGIN = 256
-MAX_NODES_FOR_DESCRIPTORS = 65536
 #: A join not answered within this long loads what torch's agent needs after the rendezvous.
 PRELOAD_AFTER_S = 0.05
 #: After a failed data path probe, how long to look for the round breaking instead (a peer
@@ -108,7 +92,6 @@ def _log_to_stderr_if_asked() -> None:
     root.propagate = False
 
 
-_warned_unauthenticated = False
 _warned_endpoint = False
 
 
@@ -124,109 +107,6 @@ def _warn_endpoint_unused_once(config: MingleConfig) -> None:
         "which is harmless)",
         config.endpoint,
     )
-
-
-def _warn_unauthenticated_once(config: MingleConfig) -> None:
-    global _warned_unauthenticated  # noqa: PLW0603 - once per process, as promised in docs/security.md
-    if _warned_unauthenticated:
-        return
-    _warned_unauthenticated = True
-    log.warning(
-        "mingle runs without a secret: anyone who can send to %s port %d can join job %r or pretend to "
-        "lead it; set --rdzv_conf secret_file=PATH (or $TORCH_MINGLE_SECRET_FILE) on every node (%s)",
-        config.group,
-        config.port,
-        config.run_id,
-        README_SECURITY,
-    )
-
-
-def _connections_to_lead(max_nodes: int) -> int:
-    """Connections a leader of ``max_nodes`` nodes holds: ``DESCRIPTORS_PER_NODE`` each."""
-    return min(max_nodes, MAX_NODES_FOR_DESCRIPTORS) * DESCRIPTORS_PER_NODE
-
-
-def _raise_descriptor_limit(max_nodes: int, label: str) -> None:
-    """Raise this process's soft descriptor limit to what leading ``max_nodes`` nodes takes.
-
-    A leader holds, per node, its control connection and its agent's clients of the running
-    round's store and of the next round's, and the round store holds one client per worker
-    (``DESCRIPTORS_PER_NODE`` counts 8 GPUs a node).
-    Many systems start processes with a soft limit of 1,024 and a far higher hard limit; the
-    soft one is raised up to the hard one, as far as needed. Past the hard limit only the
-    administrator can help: the warning says what to set.
-    """
-    need = _connections_to_lead(max_nodes) + DESCRIPTOR_MARGIN
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (OSError, ValueError):
-        return
-    if soft == resource.RLIM_INFINITY or soft >= need:
-        return
-    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            log.debug("%s descriptor limit raised from %d to %d", label, soft, target)
-        except (OSError, ValueError) as exc:
-            log.debug("%s could not raise the descriptor limit: %s", label, exc)
-            target = soft
-    if target < need:
-        log.warning(
-            "%s leading up to %d nodes takes about %d open descriptors, but this process may open "
-            "only %d (hard limit %d): raise it where the agents start (`ulimit -n %d`, LimitNOFILE= "
-            "in systemd, a container's nofile ulimit); see docs/networks.md#limits",
-            label, max_nodes, need, target, hard, need,
-        )  # fmt: skip
-
-
-SOMAXCONN_PATH = Path("/proc/sys/net/core/somaxconn")
-_warned_backlog = False
-
-
-def _warn_if_accept_queue_short(max_nodes: int, label: str) -> None:
-    """Warn (once per process) when the kernel caps the leader's accept queue below the job.
-
-    Every node, then every worker (``DESCRIPTORS_PER_NODE`` counts 8 a node), connects to the
-    leader at once; a shorter queue drops connection attempts, which wait out SYN retries.
-    """
-    global _warned_backlog  # noqa: PLW0603 - once per process
-    if _warned_backlog:
-        return
-    try:
-        somaxconn = int(SOMAXCONN_PATH.read_text())
-    except (OSError, ValueError):
-        return
-    need = _connections_to_lead(max_nodes)
-    if somaxconn >= need:
-        return
-    _warned_backlog = True
-    log.warning(
-        "%s up to %d nodes and their workers connect to the leader at once (about %d connections), "
-        "but net.core.somaxconn caps its accept queue at %d: connection attempts beyond it wait for "
-        "SYN retries. Raise it on every host that may lead (`sysctl -w net.core.somaxconn=%d`); "
-        "see docs/networks.md#limits",
-        label, max_nodes, need, somaxconn, need,
-    )  # fmt: skip
-
-
-def _wildcard(family: int) -> str:
-    return "::" if family == socket.AF_INET6 else "0.0.0.0"  # noqa: S104 - a leader on several networks
-
-
-def _loopback(family: int) -> str:
-    return "::1" if family == socket.AF_INET6 else "127.0.0.1"
-
-
-def _resolve_ip(addr: str, family: int) -> str:
-    with contextlib.suppress(ValueError):
-        parse_ip(addr)
-        return addr
-    try:
-        infos = socket.getaddrinfo(addr, None, family, socket.SOCK_STREAM)
-    except OSError as exc:
-        raise MingleConfigError(f"--local-addr {addr!r} does not resolve to an address: {exc}") from exc
-    return str(infos[0][4][0])
 
 
 def _load_idna_codec() -> None:
@@ -254,94 +134,11 @@ class MingleRendezvousHandler(RendezvousHandler):
         _log_to_stderr_if_asked()
         _warn_endpoint_unused_once(config)
         self._config = config
-        family = family_of(config.group)
-        self._ifaces, why = discovery_interfaces(config.interface, family, local_addr=config.local_addr)
-        # With several interfaces and no pin, every one listens; the node settles on the one its
-        # job's peers answer on, and the stores of a leader listen on all of them.
-        self._multi = len(self._ifaces) > 1
-        self._iface = self._ifaces[0]
-        self._ip = _resolve_ip(config.local_addr, family) if config.local_addr else self._iface.address
-        bind_ip = _wildcard(family) if self._multi else self._ip
-        self._connect_ip = _loopback(family) if self._multi else self._ip
-        # A restarted agent takes over its dead predecessor's node id and vote (``_identity``).
-        if node_id is not None or config.state_dir == "none":
-            self._identity = Identity.fresh(node_id)
-        else:
-            state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
-            self._identity = Identity.claim(
-                state_dir, config.run_id, f"[{config.run_id}]", keep_s=config.join_timeout
-            )
-        self._node_id = self._identity.node_id
-        self._label = f"[{config.run_id} {self._node_id:016x}]"
-        log.info(
-            "%s mingle rendezvous: %s; interface %s (%s)",
-            self._label,
-            config.describe(),
-            ", ".join(f"{i.name} {i.address}" for i in self._ifaces),
-            why,
-        )
-        if config.run_id == os.environ.get(JOB_ID_ENV):
-            log.info("%s rdzv_id: Slurm job %s", self._label, config.run_id)
-        for warning in config.warnings():
-            log.warning("%s %s", self._label, warning)
-        _raise_descriptor_limit(config.max_nodes, self._label)
-        _warn_if_accept_queue_short(config.max_nodes, self._label)
-        secret = config.load_secret()
-        if secret is None:
-            _warn_unauthenticated_once(config)
-        core = Discovery(
-            config.run_id,
-            self._node_id,
-            timing=Timing.for_keep_alive(
-                config.election_window, config.keep_alive_interval, config.keep_alive_max_attempt
-            ),
-            codec=Codec(derive_key(secret) if secret is not None else None),
-            addrs=tuple(i.address for i in self._ifaces) if self._multi else (self._ip,),
-            wall_offset_s=time.time() - time.monotonic(),
-            expected_nodes=config.max_nodes,
-        )
-        # The data path check's port (docs/networks.md): opened before the node can join.
-        self._probe = ProbeListener(family) if config.data_path_timeout > 0 else None
-        settings = NodeSettings(
-            job=config.run_id,
-            node_id=self._node_id,
-            min_nodes=config.min_nodes,
-            max_nodes=config.max_nodes,
-            last_call_timeout_s=config.last_call_timeout,
-            rejoin_delay_s=config.rejoin_delay,
-            interval_s=config.keep_alive_interval,
-            timeout_s=config.keep_alive_timeout,
-            connect_timeout_s=min(MAX_CONNECT_TIMEOUT_S, config.keep_alive_timeout),
-            discovery_warning_s=config.discovery_warning,
-            bind_ip=bind_ip,
-            advertised_ip=bind_ip,
-            connect_ip=self._connect_ip,
-            label=self._label,
-            quorum=config.quorum == "majority",
-            first_round_majority=config.first_round == "majority",
-            probe_port=self._probe.port if self._probe is not None else 0,
-            incarnation=self._identity.incarnation,
-            place=place_of(config.rank_order, os.environ),
-        )
-        broadcast = config.fallback == "broadcast"
-        transports = [
-            McastTransport(i, config.group, config.port, config.ttl, broadcast=broadcast)
-            for i in self._ifaces
-        ]
-        self._loop = Loop(
-            transports,
-            keeper=StoreKeeper(bind_ip, self._connect_ip),
-            peers=config.peer_hosts(),
-            standby_peers=config.standby_hosts(),
-            write_timeout_s=config.keep_alive_timeout,
-            connect_timeout_s=settings.connect_timeout_s,
-            label=self._label,
-            membership_refresh_s=config.membership_refresh,
-            identity=self._identity,
-        )
-        self._board = Board(Diagnostics(node_id=f"{settings.node_id:016x}", job=settings.job, role="idle"))
-        self._node = Node(settings, core, self._loop, self._board, state=self._identity.state)
-        self._node.on_event = self._board.post_note
+        built = assemble(config, node_id=node_id)
+        self._ifaces, self._iface, self._multi = built.ifaces, built.ifaces[0], built.multi
+        self._ip, self._connect_ip = built.ip, built.connect_ip
+        self._identity, self._node_id, self._label = built.identity, built.identity.node_id, built.label
+        self._probe, self._loop, self._board, self._node = built.probe, built.loop, built.board, built.node
         self._round: Round | None = None
         self._polled_at: float | None = None  # the agent's last num_nodes_waiting(), monotonic
         self._poll_interval = DEFAULT_POLL_INTERVAL_S

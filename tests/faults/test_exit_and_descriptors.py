@@ -21,7 +21,7 @@ from tests.helpers import (
     unique_job,
     wait_until,
 )
-from torch_mingle.handler import DESCRIPTOR_MARGIN, DESCRIPTORS_PER_NODE
+from torch_mingle._host import DESCRIPTOR_MARGIN, DESCRIPTORS_PER_NODE
 
 pytestmark = pytest.mark.integration
 
