@@ -72,7 +72,9 @@ from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record, replace
 from torch_mingle._rounds import (
+    NOTHING_HEARD,
     Gone,
+    Heard,
     History,
     Round,
     RoundKey,
@@ -89,8 +91,8 @@ MAX_PROPOSALS_KEPT = 4
 @record
 class Welcomed:
     status: Status
-    #: The highest round of the job the leader knows of (``RoundBook.highest_round``).
-    seen: int = 0
+    #: The rounds of the job the leader knows of (``RoundBook.highest_heard``).
+    seen: Heard = NOTHING_HEARD
 
 
 @record
@@ -131,9 +133,9 @@ class FollowerSession:
     conn: int = -1
     #: Which process of this node id this is (``_identity``).
     incarnation: int = 1
-    #: The highest round of the job this node heard of, told in the hello: a leader that never
-    #: heard of the job's rounds learns from it that one ran (``RoundBook.known_round``).
-    seen: int = 0
+    #: The rounds of the job this node heard of, told in the hello: a leader that never heard
+    #: of them learns from it that they ran (``RoundBook._unaccounted``).
+    seen: Heard = NOTHING_HEARD
     #: With a secret: the connection's authentication (``_wire.Seal``); the hello waits for the
     #: leader's challenge.
     seal: Seal | None = None
@@ -320,10 +322,10 @@ class FollowerSession:
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
         self._request(Arrive(ticket, round_number, epoch).encode())
 
-    def bye(self, seen: int = 0) -> bytes | None:
+    def bye(self, seen: Heard = NOTHING_HEARD) -> bytes | None:
         """The frame to send before this node closes the connection itself (it gave up on the
-        leader, or follows another), so that the leader knows it is alive; ``seen``: the highest
-        round of the job the node heard of (it may leave for a leader whose job ran)."""
+        leader, or follows another), so that the leader knows it is alive; ``seen``: the rounds
+        of the job the node heard of (it may leave for a leader whose job ran)."""
         if not self.conn_up or self.phase in ("connecting", "challenge"):
             return None
         if self.seal is not None and not self.seal.ready:

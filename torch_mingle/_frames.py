@@ -27,7 +27,9 @@ from torch_mingle._rounds import (
     MAX_EPOCH,
     MAX_MEMBERS,
     MAX_ROUND,
+    NOTHING_HEARD,
     Gone,
+    Heard,
     History,
     Round,
     RoundKey,
@@ -40,7 +42,6 @@ from torch_mingle._rounds import (
     peer_ip,
     round_key_of,
     round_key_to_json,
-    seen_of,
 )
 from torch_mingle._wire import Invalid, encode_frame
 
@@ -77,7 +78,7 @@ class Hello:
     #: Which process of its node id (``_identity``): a newer one replaces an older one.
     inc: int = 1
     #: The highest round the node heard of.
-    seen: int = 0
+    seen: Heard = NOTHING_HEARD
     #: The node connects to the next round's store ahead: the leader names it (``Next``).
     ahead: bool = False
 
@@ -90,7 +91,7 @@ class Hello:
             "ip": self.ip,
             "last": {"epoch": last[0], "round": last[1], "size": last[2]} if last else None,
             "inc": self.inc,
-            "seen": self.seen or None,
+            "seen": self.seen.to_json(),
             "ahead": self.ahead,
         }
 
@@ -118,7 +119,7 @@ class Join:
     gone: Gone = ()
     place: str = ""
     restarted: bool = False
-    seen: int = 0
+    seen: Heard = NOTHING_HEARD
 
     def encode(self) -> bytes:
         return encode_frame(
@@ -133,7 +134,7 @@ class Join:
             accepted=self.accepted.to_json() if self.accepted else None,
             place=self.place or None,
             restarted=self.restarted or None,
-            seen=self.seen or None,
+            seen=self.seen.to_json(),
             timeout_s=self.timeout_s,
             remaining_s=self.remaining_s,
         )
@@ -215,10 +216,10 @@ class Bye:
 
     leaving: bool = False
     gone: Gone = ()
-    seen: int = 0
+    seen: Heard = NOTHING_HEARD
 
     def encode(self) -> bytes:
-        return encode_frame("bye", seen=self.seen) if self.seen else encode_frame("bye")
+        return encode_frame("bye", seen=self.seen.to_json()) if self.seen else encode_frame("bye")
 
 
 BEAT = Beat()
@@ -232,7 +233,7 @@ BYE = Bye()
 class Welcome:
     epoch: int
     status: Status | None = None
-    seen: int = 0
+    seen: Heard = NOTHING_HEARD
 
 
 @record
@@ -277,10 +278,12 @@ class Wait:
     ticket: int
     reason: str
     parked: bool = False
-    seen: int = 0
+    seen: Heard = NOTHING_HEARD
 
     def encode(self) -> bytes:
-        return encode_frame("wait", id=self.ticket, reason=self.reason, parked=self.parked, seen=self.seen)
+        return encode_frame(
+            "wait", id=self.ticket, reason=self.reason, parked=self.parked, seen=self.seen.to_json()
+        )
 
 
 @record
@@ -404,7 +407,7 @@ def _hello(m: dict[str, Any]) -> Hello:
         ip=_ip(m["ip"]),
         last=last,
         inc=inc if isinstance(inc, int) and not isinstance(inc, bool) and inc > 0 else 1,
-        seen=seen_of(m.get("seen")),
+        seen=Heard.of(m.get("seen")),
         ahead=m.get("ahead") is True,
     )
 
@@ -425,7 +428,7 @@ def _join(m: dict[str, Any]) -> Join:
         gone=gone_of(m.get("gone")),
         place=_place(m.get("place")),
         restarted=m.get("restarted") is True,
-        seen=seen_of(m.get("seen")),
+        seen=Heard.of(m.get("seen")),
     )
 
 
@@ -464,7 +467,7 @@ def _bye(m: dict[str, Any]) -> Bye:
 
 
 def _welcome(m: dict[str, Any]) -> Welcome:
-    return Welcome(epoch=_int(m["epoch"]), status=_status(_object(m["status"])), seen=seen_of(m.get("seen")))
+    return Welcome(epoch=_int(m["epoch"]), status=_status(_object(m["status"])), seen=Heard.of(m.get("seen")))
 
 
 def _propose(m: dict[str, Any]) -> Propose:
@@ -494,7 +497,7 @@ _FROM_NODE: dict[str, Callable[[dict[str, Any]], Any]] = {
     "arrive": _arrive,
     "leave": _leave,
     "close": _close,
-    "bye": lambda m: Bye(seen=seen_of(m.get("seen"))) if m.get("seen") else BYE,
+    "bye": lambda m: Bye(seen=Heard.of(m.get("seen"))) if m.get("seen") else BYE,
 }
 _FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "welcome": _welcome,
@@ -502,7 +505,7 @@ _FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "propose": _propose,
     "members": lambda m: Members(Round.from_json(m["round"])),
     "round": _formed,
-    "wait": lambda m: Wait(_int(m["id"]), _text(m["reason"]), _bool(m["parked"]), seen_of(m.get("seen"))),
+    "wait": lambda m: Wait(_int(m["id"]), _text(m["reason"]), _bool(m["parked"]), Heard.of(m.get("seen"))),
     "retry": lambda m: Retry(_int(m["id"]), _text(m["why"])),
     "timeout": lambda m: JoinTimedOut(_int(m["id"]), _text(m["why"])),
     "closed": _closed,

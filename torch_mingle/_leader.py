@@ -616,7 +616,7 @@ class LeaderTerm:
                 self._send_record(m, Ack(frame.ticket))
             case Bye():
                 m.said_bye = True
-                self.book.hear_round(frame.seen)
+                self.book.hear(frame.seen)
                 if m.join_id is not None:
                     # Its join goes with the connection (the node joins again where it goes): the
                     # decision at the end of this batch must not put it in a round. A node that
@@ -706,11 +706,12 @@ class LeaderTerm:
             self._forget(old, node)
         self._by_node[node] = m
         self._set_last(m, hello.last)
-        self.book.hear_round(hello.seen)
+        self.book.hear(hello.seen)
         self._hello_since_status.add(node)
         self.book.ips[node] = hello.ip
         status = self.book.status(now).to_json()
-        self._send(m, "welcome", epoch=self.claim.epoch, status=status, seen=self.book.highest_round())
+        seen = self.book.highest_heard().to_json()
+        self._send(m, "welcome", epoch=self.claim.epoch, status=status, seen=seen)
         if not self.book.parked(node):
             self._offer_spare(m)  # its agent's first join is likely on its way
         proposal = self._proposal
@@ -978,7 +979,7 @@ class LeaderTerm:
             elif m.parked and m.join_timeout_s > 0:
                 self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
-            self._answer(m, Wait, parked=parked, reason=self.book.explain(), seen=self.book.highest_round())
+            self._answer(m, Wait, parked=parked, reason=self.book.explain(), seen=self.book.highest_heard())
             if not parked:
                 self._offer_spare(m)
 

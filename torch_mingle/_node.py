@@ -70,7 +70,7 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import assert_never, field, record, replace
-from torch_mingle._rounds import History, Round, RoundBook, RoundKey, Status, age, newest_key
+from torch_mingle._rounds import Heard, History, Round, RoundBook, RoundKey, Status, age, newest_key
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -287,7 +287,7 @@ class Node:
         #: Its vote and what it must not forget (a predecessor's, after a restart: ``_identity``).
         self.ballot = Ballot.of(state, self._persist)
         if self.history is not None:
-            core.hear_round(self.history.round)
+            core.hear_round(self.history.key)
         self.in_round: Round | None = None
         self.in_round_claim: Claim | None = None
         self.trouble: str | None = None
@@ -788,7 +788,7 @@ class Node:
         busy = False
         # What the node heard of the job since its term began counts too: a round that ran
         # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
-        term.book.hear_round(self._heard_round())
+        term.book.hear(self._heard())
         for conn, frame in term.frames():
             self.net.send(conn, frame)
         for conn, _why in term.closes():
@@ -822,8 +822,9 @@ class Node:
             self.core.update_status(
                 now,
                 # A term without a round of its own announces the highest it knows of: who hears
-                # it then knows the job ran (``_heard_round``), and founds no job alone.
+                # it then knows the job ran (``_heard``), and founds no job alone.
                 round=status.round or term.book.highest_round(),
+                heard=term.book.highest_heard(),
                 members=status.size,
                 closed=status.closed,
                 min_nodes=self.settings.min_nodes,
@@ -888,7 +889,7 @@ class Node:
             rejoin_delay_s=s.rejoin_delay_s,
             quorum=s.quorum,
             first_round_majority=s.first_round_majority,
-            known_round=self._heard_round(),
+            heard=self._heard(),
         )
         self._term_tag += 1
         self.term = LeaderTerm(
@@ -942,7 +943,6 @@ class Node:
         self.core.give_way(now, epoch)
 
     def _leader_found(self, view: LeaderView, now: float) -> None:
-        self.core.hear_round(view.round)
         who = "this node" if view.is_self else view.store_ip
         log.info("%s leader: %s (%s), control port %d", self.label, who, view.claim, view.store_port)
         if not view.is_self:
@@ -995,7 +995,7 @@ class Node:
             started=now,
             conn=conn,
             incarnation=s.incarnation,
-            seen=self._heard_round(),
+            seen=self._heard(),
             seal=Seal(self.core.codec.key, leader=False) if self.core.codec.key is not None else None,
             on_event=self.on_event,
         )
@@ -1026,10 +1026,8 @@ class Node:
     # ------------------------------------------------------------ session events
 
     def _session_event(self, session: FollowerSession, ev: SessionEvent, now: float) -> None:
-        if isinstance(ev, Welcomed | StatusChanged):
-            self.core.hear_round(ev.status.round)
         if isinstance(ev, Welcomed):
-            self.core.hear_round(ev.seen)
+            self.core.hear(ev.seen)
             if ev.status.closed:
                 self._job_closed_seen("the job was closed")
                 return
@@ -1137,7 +1135,7 @@ class Node:
                 self._job_closed_seen(why, failed=answer.failed)
             case Wait():
                 if session is not None:
-                    self.core.hear_round(answer.seen)
+                    self.core.hear(answer.seen)
                 text, parked = answer.reason, answer.parked
                 self._wait_reason = text
                 self.parks += parked and not self.parked
@@ -1155,7 +1153,7 @@ class Node:
             raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
         if not self.ballot.formed(rnd):
             log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
-        self.core.hear_round(rnd.number)
+        self.core.hear_round(rnd.key)
         self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
         self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
         seen_via = session.ip if session else self.settings.advertised_ip
@@ -1200,16 +1198,16 @@ class Node:
             gone=tuple(self._gone.items()),
             place=self.settings.place,
             restarted=self._restarted(),
-            seen=self._heard_round(),
+            seen=self._heard(),
         )
         if term is not None:
             term.join_local(ask, now)
         elif session is not None:
             session.join(ask)
 
-    def _heard_round(self) -> int:
-        """The highest round of the job this node heard of, by any authentic word."""
-        return self.core.round_heard
+    def _heard(self) -> Heard:
+        """The rounds of the job this node heard of, by any authentic word."""
+        return self.core.heard
 
     def _restarted(self) -> bool:
         """This process took over a dead predecessor's node id (``_identity``) and was handed no
@@ -1280,7 +1278,7 @@ class Node:
         if self._open_join() is not None:
             waited = self.parked or (self.saw_open and self.in_round is None)
             failure = self._failure(self._now) or (why if failed else "")
-            ran = self.parked or self._heard_round() > 0
+            ran = self.parked or bool(self._heard())
             self._answer_join(JobClosed(waited, failure or why, failed=bool(failure), ran=ran))
 
     def _failure(self, now: float) -> str:
@@ -1293,7 +1291,7 @@ class Node:
         if session is not None:
             for frame in session.frames():  # first: with a secret, every frame has its place
                 self.net.send(session.conn, frame)
-            bye = session.bye(self._heard_round())
+            bye = session.bye(self._heard())
             if bye is not None:
                 self.net.send(session.conn, bye)
             self.net.close(session.conn)

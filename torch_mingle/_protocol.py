@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torch_mingle._record import field, record, replace
+from torch_mingle._rounds import NOTHING_HEARD, Heard, RoundKey
 from torch_mingle._wire import (
     EPOCH_MAX,
     Announce,
@@ -323,11 +324,11 @@ class Discovery:
         #: When the leader we follow was last heard (announcement or, through the shell, heartbeat).
         self.leader_heard_at = 0.0
         self.max_epoch_seen = 0
-        #: The highest round of this job this node heard of: one it was in, or one any authentic
-        #: word named (an announcement or a query, one outside the replay window too; the
-        #: shell adds what its leader's frames said): a round of the job ran, so this node must
-        #: not found a job of its own (``RoundBook.known_round``), and its queries say so.
-        self.round_heard = 0
+        #: The rounds of this job this node heard of: one it was in, or one any authentic word
+        #: named (an announcement or a query, one outside the replay window too; the shell adds
+        #: what its leader's frames said): a round of the job ran, so this node must not found a
+        #: job of its own, nor go on beside it (``RoundBook._unaccounted``); its queries say so.
+        self.heard: Heard = NOTHING_HEARD
         self.stats = Stats()
         self.peers: OrderedDict[int, PeerInfo] = OrderedDict()
         self._own_claim: Claim | None = None
@@ -406,13 +407,16 @@ class Discovery:
         if dgram.job != self.job:
             return
         if isinstance(dgram.body, Announce):
-            self.hear_round(dgram.body.round)
+            self.hear_round(*dgram.body.heard)
         elif isinstance(dgram.body, Query):
-            self.hear_round(dgram.body.round_seen)
+            self.hear_round(*dgram.body.round_seen)
 
-    def hear_round(self, number: int) -> None:
-        """Round ``number`` of the job ran (the node heard of it, by any authentic word)."""
-        self.round_heard = max(self.round_heard, number)
+    def hear_round(self, *keys: RoundKey | None) -> None:
+        """Rounds ``keys`` of the job ran (the node heard of them, by any authentic word)."""
+        self.heard = self.heard.with_keys(*keys)
+
+    def hear(self, heard: Heard) -> None:
+        self.heard = self.heard.with_heard(heard)
 
     def handle_timer(self, now: float) -> None:
         if self.role is Role.DISCOVERING:
@@ -511,11 +515,14 @@ class Discovery:
         max_nodes: int,
         established: bool,
         followers: int = 0,
+        heard: Heard = NOTHING_HEARD,
     ) -> None:
-        """The leader's job state, carried in its announcements; announces a change soon."""
+        """The leader's job state, carried in its announcements; announces a change soon.
+        ``heard``: the rounds of the job it knows ran (``RoundBook.highest_heard``)."""
         new = replace(
             self._status,
             round=round,
+            heard=heard.keys,
             members=members,
             closed=closed,
             min_nodes=min_nodes,
@@ -796,7 +803,7 @@ class Discovery:
 
     def _own_query(self) -> Query:
         """Our query: the newest epoch we know, and our addresses."""
-        return Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs, round_seen=self.round_heard)
+        return Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs, round_seen=self.heard.keys)
 
     def _emit_query(self, now: float) -> None:
         if not self._queried:

@@ -180,9 +180,60 @@ def age(key: RoundKey) -> tuple[int, int, int]:
     return (key[2], key[0], -key[1])
 
 
-def seen_of(raw: Any) -> int:
-    """A frame's ``seen``: the highest round its sender heard of (0 for none or garbage)."""
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_ROUND else 0
+#: Rounds a node keeps (and says) it heard of: the newest ones, one per term.
+MAX_HEARD = 4
+
+
+@record
+class Heard:
+    """The rounds of the job a node heard of, by any authentic word (an announcement, a query,
+    a frame of its leader, a round it was in): newest first in ``age`` order, one per term (a
+    term's rounds form a chain), at most ``MAX_HEARD``. A round is named by its key, not its
+    number: two sides of a split at the job's start each run a round 1, and a node must tell the
+    one whose members it knows from the one it only heard of (``RoundBook._unaccounted``)."""
+
+    keys: tuple[RoundKey, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    @property
+    def round(self) -> int:
+        """The highest round number heard of (0: none)."""
+        return self.keys[0][2] if self.keys else 0
+
+    def with_keys(self, *keys: RoundKey | None) -> Heard:
+        """This and ``keys`` (None and round 0 are nothing heard), newest per term."""
+        merged: dict[tuple[int, int], RoundKey] = {}
+        for key in (*self.keys, *keys):
+            if key is None or key[2] <= 0:
+                continue
+            old = merged.get(key[:2])
+            if old is None or key[2] > old[2]:
+                merged[key[:2]] = key
+        if len(merged) == len(self.keys) and all(merged.get(k[:2]) == k for k in self.keys):
+            return self  # nothing new (the common case: a node hears its own round again)
+        return Heard(tuple(sorted(merged.values(), key=age, reverse=True)[:MAX_HEARD]))
+
+    def with_heard(self, other: Heard) -> Heard:
+        return self.with_keys(*other.keys) if other.keys else self
+
+    def to_json(self) -> list[list[Any]] | None:
+        return [round_key_to_json(k) for k in self.keys] or None
+
+    @classmethod
+    def of(cls, raw: Any) -> Heard:
+        """A frame's ``seen`` (a list of round keys); nothing for none or garbage: a bad value
+        of an optional field means "unknown" (``_frames``)."""
+        if not isinstance(raw, list) or len(raw) > MAX_HEARD:
+            return NOTHING_HEARD
+        try:
+            return NOTHING_HEARD.with_keys(*(round_key_of(k) for k in raw))
+        except (ValueError, TypeError):
+            return NOTHING_HEARD
+
+
+NOTHING_HEARD = Heard()
 
 
 def round_key_of(raw: Any) -> RoundKey:
@@ -325,9 +376,9 @@ class JoinRequest:
     restarted: bool = False
     #: Which process of its node id sent it (``_identity``).
     incarnation: int = 1
-    #: The highest round of the job its node heard of (a spare told that a round runs without
-    #: it, too): with none of that round's members among the joiners, no round forms.
-    seen: int = 0
+    #: The rounds of the job its node heard of (a spare told that a round runs without it, too):
+    #: one that no joiner was in leaves no quorum to count (``RoundBook._unaccounted``).
+    seen: Heard = NOTHING_HEARD
 
 
 @record
@@ -347,6 +398,11 @@ class Round:
     pports: tuple[int, ...] = ()
     #: The round it was formed from, (epoch, leader, number); None for a job's first round.
     base: tuple[int, int, int] | None = None
+
+    @property
+    def key(self) -> RoundKey:
+        """(epoch, leader, number): which round it is, across terms (``History.key``)."""
+        return (self.epoch, self.members[0] if self.members else 0, self.number)
 
     @property
     def world_size(self) -> int:
@@ -578,9 +634,10 @@ class RoundBook:
     quorum: bool = True
     #: A job's first round needs more than half of ``max_nodes`` (``first_round=majority``).
     first_round_majority: bool = False
-    #: The highest round of the job that the leader knows ran (as a spare it followed a leader
-    #: that announced it): with no member of it among the joiners, there is no quorum to count.
-    known_round: int = 0
+    #: The rounds of the job that the leader's node and its joiners heard ran (as a spare it
+    #: followed a leader that announced one): one that no joiner reports, newer than the base or
+    #: of its number, leaves no quorum to count (``_unaccounted``).
+    heard: Heard = NOTHING_HEARD
     pending: dict[int, JoinRequest] = field(default_factory=dict)
     #: Joiners that refused a first round without a reason (a node that cannot record its vote
     #: refuses every proposal): left out of first rounds, which every member must accept; a
@@ -602,6 +659,10 @@ class RoundBook:
     #: Proposals of other terms that joiners accepted, newest per term (epoch, leader): kept for
     #: the whole term (what a node reported stays known when it withdraws).
     reported: dict[tuple[int, int], History] = field(default_factory=dict)
+    #: Rounds of other terms that joiners were in, newest per term, kept as ``reported``: one
+    #: numbered as the base or above that is not the base is of another line (a split at the
+    #: job's start), and may go on: the next round needs a majority of it too (``rivals``).
+    lines: dict[tuple[int, int], History] = field(default_factory=dict)
     #: How often each node was dropped (died) in this term, and why the last time.
     drops: dict[int, int] = field(default_factory=dict)
     lost_why: dict[int, str] = field(default_factory=dict)
@@ -655,9 +716,10 @@ class RoundBook:
             self.last_round_number = max(self.last_round_number, req.history.round)
             if req.history.term != (self.epoch, self.leader):
                 self._reported_epoch = max(self._reported_epoch, req.history.epoch)
+                self._keep(self.lines, req.history)
         if req.accepted is not None:
             self.join_report(req.accepted)
-        self.hear_round(req.seen)
+        self.hear(req.seen)
         was_member = req.history is not None and req.history.has(req.node)
         returning = (
             self.current is not None
@@ -688,14 +750,20 @@ class RoundBook:
             return
         self.last_round_number = max(self.last_round_number, accepted.round)
         self._reported_epoch = max(self._reported_epoch, accepted.epoch)
-        old = self.reported.get(accepted.term)
-        if old is None or accepted.round > old.round:
-            self.reported[accepted.term] = accepted
-            if len(self.reported) > MAX_REPORTED:
-                # Those the base is already newer than do not count: forget them first.
+        self._keep(self.reported, accepted)
+
+    def _keep(self, kept: dict[tuple[int, int], History], h: History) -> None:
+        """Keep ``h``, the newest of its term, in ``kept`` (``reported``, ``lines``): at most
+        ``MAX_REPORTED``, forgetting first those the base is already newer than."""
+        old = kept.get(h.term)
+        if old is None or h.round > old.round:
+            kept[h.term] = h
+            if len(kept) > MAX_REPORTED:
                 base = self.base()
-                for term in [t for t, p in self.reported.items() if not p.newer_than(base)]:
-                    del self.reported[term]
+                for term in [t for t, p in kept.items() if not p.newer_than(base)]:
+                    del kept[term]
+                while len(kept) > MAX_REPORTED:
+                    del kept[min(kept, key=lambda t: age(kept[t].key))]
 
     def said_it_left(self, node: int, said: RoundKey | None = None) -> None:
         """``node`` left the job by its own word, seen on its connection (``_evidence``): it no
@@ -811,7 +879,7 @@ class RoundBook:
         if n < self.min_nodes:
             self._min_reached_at = None
             return self._wait(hold, f"{n} of min_nodes={self.min_nodes} nodes joined")
-        first = self.first_round_majority and self.base() is None and not self.known_round
+        first = self.first_round_majority and self.base() is None and not self.heard
         if first and 2 * n <= self.max_nodes:
             self._min_reached_at = None
             return self._wait(
@@ -833,17 +901,17 @@ class RoundBook:
         """The round of the first ``max_nodes`` in rank order (sorted only now: a decision to
         wait, made once per batch of joins, sorts nothing), if it has a quorum."""
         admit = self._rank_order()
-        base, uncertain = self.base(), self.uncertain()
+        base, uncertain, rivals = self.base(), self.uncertain(), self.rivals()
         first = self.quorum and base is None
         if first and self.abstained:
             admit = tuple(m for m in admit if m not in self.abstained)
         # Every joiner votes, a member of the new round or not (a spare that leads takes a place
         # at rank 0; the voters it leaves out accept the round all the same: ``quorum_met``).
-        short = self._no_quorum(self.pending.keys(), base, uncertain)
+        short = self._no_quorum(self.pending.keys(), base, uncertain, rivals)
         if short is not None:
             return self._wait(hold, short)
         joins = [self.pending[m] for m in admit]
-        bases = [h for h in (base, *uncertain) if h is not None] if self.quorum else []
+        bases = [h for _, h in self._voting(base, uncertain, rivals)] if self.quorum else []
         constraints = tuple(v for v in (self.voters_of(h.members, h.key) for h in bases) if v)
         if first:
             # A first round is accepted by every one of its members before it forms: if its
@@ -887,23 +955,32 @@ class RoundBook:
 
     def next_number(self) -> int:
         """The next round's number: after every round this term knows of, formed or proposed."""
-        return max(self.last_round_number, self.known_round, self._proposed) + 1
+        return max(self.last_round_number, self.heard.round, self._proposed) + 1
 
     def proposed(self, number: int) -> None:
         """The term proposed round ``number`` (formed or not, no later round reuses it)."""
         self._proposed = max(self._proposed, number)
 
-    def hear_round(self, number: int) -> None:
-        """Round ``number`` of the job formed: a node of this term heard of it (``known_round``)."""
-        self.known_round = max(self.known_round, number)
+    def hear(self, heard: Heard) -> None:
+        """Rounds of the job formed: a node of this term heard of them (``heard``)."""
+        self.heard = self.heard.with_heard(heard)
+
+    @property
+    def known_round(self) -> int:
+        """The highest round number of the job the term heard of."""
+        return self.heard.round
+
+    def highest_heard(self) -> Heard:
+        """The rounds of the job this leader knows formed: its base (its own round, the newest
+        its joiners were in) and those its nodes heard of (a proposal that may never have formed
+        does not count). Told to every node it welcomes, answers or announces to, so a node that
+        met this term knows the job ran, and which round, even before the term forms one."""
+        base = self.base()
+        return self.heard.with_keys(base.key if base is not None else None)
 
     def highest_round(self) -> int:
-        """The highest round of the job this leader knows formed: its own, the newest its
-        joiners were in, or one its nodes heard of (a proposal that may never have formed does
-        not count). Told to every node it welcomes, answers or announces to, so a node that met
-        this term knows the job ran even before the term forms a round (``known_round``)."""
-        base = self.base()
-        return max(base.round if base is not None else 0, self.known_round)
+        """The highest round number of ``highest_heard``."""
+        return self.highest_heard().round
 
     def base(self) -> History | None:
         """The newest round the leader knows formed: its current one, or the newest history a
@@ -920,6 +997,41 @@ class RoundBook:
         formed without this leader knowing, so the next round must win a majority of its voters too."""
         base = self.base()
         return [p for p in self.reported.values() if p.newer_than(base)]
+
+    def rivals(self) -> list[History]:
+        """Rounds of other terms that joiners were in, numbered as the base or above, that are
+        not the base: rounds of another line (two sides of a split at the job's start each
+        formed one, and met). Each may go on where its other members are, so the next round
+        must win a majority of its voters too, as of an ``uncertain`` proposal. (One numbered
+        below the base cannot be told from an ancestor of the base, and does not count.)"""
+        base = self.base()
+        floor = base.round if base is not None else 0
+        base_key = base.key if base is not None else None
+        heard = set(self.heard.keys)
+        found = [h for h in self.lines.values() if base is None or (h.round >= floor and h.key != base.key)]
+        # A proposal a joiner accepted that is heard to have formed is such a round too, where
+        # ``uncertain`` does not count it already (it is not newer than the base).
+        found += [
+            p
+            for p in self.reported.values()
+            if p.key in heard and p.round >= floor and not p.newer_than(base) and p.key != base_key
+        ]
+        return list({h.key: h for h in found}.values())
+
+    def _unaccounted(self, base: History | None, known: Iterable[History]) -> RoundKey | None:
+        """A round of the job that the term heard of (``heard``) and cannot count a quorum of: of
+        another term, numbered as the base or above, neither the base nor a round or proposal
+        a joiner reported (``known``). Its members are unknown: they may train beside the next
+        round, and only one of them, joining, tells who votes (seed 29186: one side of a
+        one-way split at the job's start heard the other's round 1 and formed its round 2)."""
+        floor = base.round if base is not None else 0
+        known_keys = {h.key for h in known}
+        for key in self.heard.keys:
+            if key[2] < floor or key[:2] == (self.epoch, self.leader):
+                continue
+            if (base is None or key != base.key) and key not in known_keys:
+                return key
+        return None
 
     def outdated_by(self) -> int | None:
         """The epoch of another term, at least as new as this one, that formed or proposed a round
@@ -1086,11 +1198,17 @@ class RoundBook:
         return set(self.voters_of(base.members, base.key)) if base is not None else set()
 
     def _no_quorum(
-        self, joined: Collection[int], base: History | None, uncertain: list[History]
+        self,
+        joined: Collection[int],
+        base: History | None,
+        uncertain: list[History],
+        rivals: list[History],
     ) -> str | None:
         """Why the nodes that ``joined`` may not form a round (None: they may): they must hold a
-        majority of the voters of the base and of every proposal it must account for
-        (``uncertain``); the round forms once those voters accepted it (``quorum_met``).
+        majority of the voters of the base, of every proposal it must account for
+        (``uncertain``) and of every round of another line it knows of (``rivals``); no round
+        it heard of may be one whose members it does not know (``_unaccounted``); the round
+        forms once those voters accepted it (``quorum_met``).
 
         Invariant: two rounds formed from one base share a voter. A member that was lost keeps
         its vote (it may be alive on the other side of a partition, with a leader of its own);
@@ -1098,16 +1216,15 @@ class RoundBook:
         """
         if not self.quorum:
             return None
-        if base is None and self.known_round > 0:
+        stranger = self._unaccounted(base, [*uncertain, *rivals])
+        if stranger is not None:
+            epoch, leader, number = stranger
             return (
-                f"no quorum: round {self.known_round} of this job ran, and none of its members "
-                "joined yet (this side of a partition may hold only spares)"
+                f"no quorum: round {number} of this job (epoch {epoch}, leader {leader:016x}) ran, "
+                "and none of its members joined yet (this side of a partition may hold only spares, "
+                "or another side of a split at the job's start)"
             )
-        for what, h in [(f"round {base.round if base else 0}", base)] + [
-            (f"round {p.round} that epoch {p.epoch} proposed", p) for p in uncertain
-        ]:
-            if h is None:
-                continue
+        for what, h in self._voting(base, uncertain, rivals):
             voters = self.voters_of(h.members, h.key)
             have = len(voters.intersection(joined))
             if voters and 2 * have <= len(voters):  # none: every voter left
@@ -1117,6 +1234,18 @@ class RoundBook:
                     "(they vote until they leave; quorum=none goes on without them)"
                 )
         return None
+
+    @staticmethod
+    def _voting(
+        base: History | None, uncertain: list[History], rivals: list[History]
+    ) -> list[tuple[str, History]]:
+        """The rounds whose voters the next round needs a majority of (each named for a reason
+        to wait): the base, every proposal it accounts for, every round of another line."""
+        return (
+            ([(f"round {base.round}", base)] if base is not None else [])
+            + [(f"round {p.round} that epoch {p.epoch} proposed", p) for p in uncertain]
+            + [(f"round {r.round} of epoch {r.epoch} (another line of this job)", r) for r in rivals]
+        )
 
     def _wait(self, until: float | None, reason: str) -> Wait:
         self._reason = reason

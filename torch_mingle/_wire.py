@@ -49,9 +49,10 @@ MAGIC = b"MNGL"
 #: leader of version 5 would read as no history, and a formed round comes once as ``members``
 #: and is named by number; 7: a round's per-member lists travel as one compressed string
 #: (``_rounds.Round.to_json``: ``columns``), which a node of version 6 cannot read; 8: a query
-#: says the highest round its node heard of (``Query.round_seen``). Nodes of different versions
-#: drop each other's datagrams (bad_version).
-VERSION = 8
+#: says the highest round its node heard of (``Query.round_seen``); 9: a round heard of is named
+#: by its key (epoch, leader, number), in queries, announcements and frames (``_rounds.Heard``),
+#: not by its number. Nodes of different versions drop each other's datagrams (bad_version).
+VERSION = 9
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -65,7 +66,10 @@ EPOCH_MAX = 2**62
 
 _HEAD = struct.Struct("!4sBBBB")
 _IDS = struct.Struct("!QQQH")
-_QUERY = struct.Struct("!QIB")
+_QUERY = struct.Struct("!QB")
+_KEY = struct.Struct("!QQI")
+#: Round keys a datagram carries at most (``_rounds.MAX_HEARD``).
+MAX_KEYS = 4
 _ANNOUNCE = struct.Struct("!QIHHHHB")
 _RESIGN = struct.Struct("!Q")
 _PORT = struct.Struct("!H")
@@ -100,7 +104,8 @@ class Query:
 
     epoch_seen: int
     addrs: tuple[str, ...] = ()
-    round_seen: int = 0
+    #: Them, as (epoch, leader, round), newest first (``_rounds.Heard``).
+    round_seen: tuple[tuple[int, int, int], ...] = ()
 
     type = MsgType.QUERY
 
@@ -126,6 +131,9 @@ class Announce:
     closed: bool = False
     established: bool = False
     followers: int = 0
+    #: The rounds of the job the leader knows ran, as (epoch, leader, round), newest first
+    #: (``_rounds.Heard``): who hears it knows which rounds ran, not only the highest number.
+    heard: tuple[tuple[int, int, int], ...] = ()
 
     type = MsgType.ANNOUNCE
 
@@ -252,8 +260,8 @@ def _scope_name(index: int) -> str:
 def _encode_body(body: Body) -> bytes:
     if isinstance(body, Query):
         addrs = body.addrs[:MAX_ADDRS]
-        head = _QUERY.pack(body.epoch_seen, min(body.round_seen, U32_MAX), len(addrs))
-        return head + b"".join(_encode_addr(a) for a in addrs)
+        head = _QUERY.pack(body.epoch_seen, len(addrs))
+        return head + b"".join(_encode_addr(a) for a in addrs) + _encode_keys(body.round_seen)
     if isinstance(body, Announce):
         flags = (ANNOUNCE_CLOSED if body.closed else 0) | (ANNOUNCE_ESTABLISHED if body.established else 0)
         return (
@@ -268,17 +276,42 @@ def _encode_body(body: Body) -> bytes:
             )
             + _encode_addr(body.store_ip)
             + _PORT.pack(body.store_port)
+            + _encode_keys(body.heard)
         )
     if isinstance(body, Resign):
         return _RESIGN.pack(body.epoch)
     return b""
 
 
+def _encode_keys(keys: tuple[tuple[int, int, int], ...]) -> bytes:
+    keys = keys[:MAX_KEYS]
+    return bytes([len(keys)]) + b"".join(_KEY.pack(e, leader, min(r, U32_MAX)) for e, leader, r in keys)
+
+
+def _decode_keys(buf: bytes, pos: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
+    """Round keys (a count, then (epoch, leader, round) each) at ``pos``, and where they end."""
+    if pos >= len(buf):
+        raise _Bad("truncated_body")
+    count, pos = buf[pos], pos + 1
+    if count > MAX_KEYS:
+        raise _Bad("bad_field")
+    if pos + count * _KEY.size > len(buf):
+        raise _Bad("truncated_body")
+    keys = []
+    for _ in range(count):
+        epoch, leader, number = _KEY.unpack_from(buf, pos)
+        pos += _KEY.size
+        if not 0 < epoch <= EPOCH_MAX or not leader or not number:
+            raise _Bad("bad_field")
+        keys.append((epoch, leader, number))
+    return tuple(keys), pos
+
+
 def _decode_body(kind: int, buf: bytes) -> Body:
     if kind == MsgType.QUERY:
         if len(buf) < _QUERY.size:
             raise _Bad("truncated_body")
-        epoch_seen, round_seen, count = _QUERY.unpack_from(buf)
+        epoch_seen, count = _QUERY.unpack_from(buf)
         if count > MAX_ADDRS:
             raise _Bad("too_many_addrs")
         if epoch_seen > EPOCH_MAX:
@@ -288,17 +321,21 @@ def _decode_body(kind: int, buf: bytes) -> Body:
         for _ in range(count):
             addr, pos = _decode_addr(buf, pos)
             addrs.append(addr)
+        seen, pos = _decode_keys(buf, pos)
         if pos != len(buf):
             raise _Bad("body_length_mismatch")
-        return Query(epoch_seen=epoch_seen, addrs=tuple(addrs), round_seen=round_seen)
+        return Query(epoch_seen=epoch_seen, addrs=tuple(addrs), round_seen=seen)
     if kind == MsgType.ANNOUNCE:
         if len(buf) < _ANNOUNCE.size:
             raise _Bad("truncated_body")
         epoch, rnd, members, min_nodes, max_nodes, followers, flags = _ANNOUNCE.unpack_from(buf)
         ip, pos = _decode_addr(buf, _ANNOUNCE.size)
-        if pos + _PORT.size != len(buf):
-            raise _Bad("body_length_mismatch")
+        if pos + _PORT.size > len(buf):
+            raise _Bad("truncated_body")
         (port,) = _PORT.unpack_from(buf, pos)
+        heard, pos = _decode_keys(buf, pos + _PORT.size)
+        if pos != len(buf):
+            raise _Bad("body_length_mismatch")
         if port == 0:
             raise _Bad("bad_field")
         if not 0 < epoch <= EPOCH_MAX:
@@ -316,6 +353,7 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             closed=bool(flags & ANNOUNCE_CLOSED),
             established=bool(flags & ANNOUNCE_ESTABLISHED),
             followers=followers,
+            heard=heard,
         )
     if kind == MsgType.RESIGN:
         if len(buf) != _RESIGN.size:

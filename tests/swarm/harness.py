@@ -18,8 +18,10 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   if none of its members could have heard of that lineage, directly or through anything any
   node sent it, transitively (``Simulation.track_knowledge``), and no node is a member of a
   round of each (a member counted in a round it never heard of is still in that job):
-  islands that never heard of each other. (Once they meet, the lineage that continues is
-  not the fork.)
+  islands that never heard of each other. And once a node was a member of a round of each of
+  two lineages, they are one job: no round of one trains beside a round of the other, first
+  rounds or not (the lineage that continues after they met is not the fork, so long as the
+  other stops).
 * ``ranks``: a round's ranks are 0..n-1, each node once; rank 0 is the leader that formed
   it, and the store is at rank 0's address.
 * ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
@@ -591,11 +593,11 @@ class World(Agents[_Agent]):
         process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
         founds = not any(r.lineage == log.lineage for r in self.trained)  # the lineage's first round
         for beside in (r for r in training if r.lineage != log.lineage):
-            # A lineage's first round beside another that shares a node with it (the node was
-            # counted in a round of each): one job split in two, whatever anyone heard.
-            both = (
-                self.lineage_members[log.lineage] & self.lineage_members[beside.lineage] if founds else set()
-            )
+            # A round beside one of another lineage that shares a node with it (the node was
+            # counted in a round of each): one job split in two, whatever anyone heard. The
+            # first round of a lineage, or a later one: once the lineages met in a node, they
+            # are one job, and a round of each may not train at once (``RoundBook.rivals``).
+            both = self.lineage_members[log.lineage] & self.lineage_members[beside.lineage]
             if both:
                 raise Violation(
                     "one-round",

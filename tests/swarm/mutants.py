@@ -104,15 +104,11 @@ def _quorum_met_by_a_majority(constraints: Any, accepted: Any, counts: Any = Non
     return _rounds.quorum_met(constraints, accepted, counts)
 
 
-_sound_no_quorum = RoundBook._no_quorum
+_sound_voting = RoundBook._voting
 
 
-def _no_quorum_forgetting_a_round_that_ran(self: RoundBook, joined: Any, base: Any, uncertain: Any) -> Any:
-    known, self.known_round = self.known_round, 0
-    try:
-        return _sound_no_quorum(self, joined, base, uncertain)
-    finally:
-        self.known_round = known
+def _voting_without_rivals(base: Any, uncertain: Any, rivals: Any) -> Any:
+    return _sound_voting(base, uncertain, [])
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -148,9 +144,12 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a restarted node keeps the quorum", "NodeSettings.quorum",
                "a leader whose process was restarted forms without a quorum",
                (_attr(Node, "_lead", _lead_without_quorum_after_a_restart),)),
-        Mutant("a node that heard of a round founds no job alone", "RoundBook._no_quorum (known_round)",
-               "a spare that heard of the job forms a first round",
-               (_attr(RoundBook, "_no_quorum", _no_quorum_forgetting_a_round_that_ran),)),
+        Mutant("a round heard of that no joiner was in leaves no quorum", "RoundBook._unaccounted",
+               "a term forms beside a round it only heard of (a spare's first round, a side of a split)",
+               (_attr(RoundBook, "_unaccounted", lambda self, *a: None),)),
+        Mutant("a round of another line needs its majority too", "RoundBook.rivals",
+               "only the base and the proposals it accounts for count",
+               (_attr(RoundBook, "_voting", staticmethod(_voting_without_rivals)),)),
         Mutant("a term that learns of a newer term's round gives way", "RoundBook.outdated_by",
                "it goes on", (_attr(RoundBook, "outdated_by", lambda self: None),)),
     )

@@ -65,6 +65,13 @@ GARBLE_SALT = 0x6A7B1E
 #: its members.
 STARTUP_SHARE = 0.2
 STARTUP_SALT = 0x57A27
+#: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as
+#: the job starts: each side may found a job of its own), and when the split heals a second
+#: one follows at once that moves one host across: a member of one side's round now reaches
+#: only the other side, whose next round may count it while its old side goes on without it
+#: (the two lines of one job meet in a node: ``RoundBook.rivals``).
+REGROUP_SHARE = 0.1
+REGROUP_SALT = 0x2E6209
 #: A share of the seeds (``LONG_SHARE``, drawn apart from ``KINDS``) run for an hour of
 #: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S``, no agent that
 #: leaves for good (no SIGTERM, no shutdown), every host that crashes or loses power started
@@ -180,7 +187,7 @@ def generate(seed: int) -> Scenario:
     kinds = [k for k in KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
-    events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts)
+    events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -216,6 +223,28 @@ def _startup(seed: int, hosts: int) -> list[Event]:
     if rng.random() >= STARTUP_SHARE:
         return []
     return [replace(_event(rng, "partition_at_accept", hosts), at=0.0)]
+
+
+def _regroup(seed: int, hosts: int) -> list[Event]:
+    """A split from the job's start, then another that moves one host across (``REGROUP_SHARE``),
+    from a stream of its own."""
+    rng = random.Random(seed ^ REGROUP_SALT)
+    if rng.random() >= REGROUP_SHARE:
+        return []
+    order = list(range(hosts))
+    rng.shuffle(order)
+    cut = rng.randint(1, hosts - 1)
+    groups = [order[:cut], order[cut:]]
+    first = round(rng.uniform(1.0, 6.0), 3)
+    mode = rng.choice(("drop", "reset"))
+    side = rng.randrange(2) if min(cut, hosts - cut) > 1 else (0 if cut > 1 else 1)
+    mover = groups[side][-1]
+    moved = [[h for h in g if h != mover] for g in groups]
+    moved[1 - side].append(mover)
+    return [
+        Event(0.0, "partition", dur=first, args=(mode, False, groups)),
+        Event(first, "partition", dur=round(rng.uniform(2.0, 8.0), 3), args=(mode, False, moved)),
+    ]
 
 
 def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Event]) -> list[Event]:

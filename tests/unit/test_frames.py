@@ -31,7 +31,7 @@ from torch_mingle._frames import (
     from_leader,
     from_node,
 )
-from torch_mingle._rounds import History, Round
+from torch_mingle._rounds import Heard, History, Round
 from torch_mingle._wire import FrameReader, Invalid, encode_frame
 
 HIST = History(epoch=3, round=7, members=(0xA, 0xB, 0xC))
@@ -47,11 +47,28 @@ ROUND = Round(
 )
 
 NODE_FRAMES: list[NodeFrame] = [
-    Hello(node=0xB, epoch=3, leader=0xA, ip="198.18.0.2", last=(3, 7, 3), inc=2, seen=7, ahead=True),
+    Hello(
+        node=0xB,
+        epoch=3,
+        leader=0xA,
+        ip="198.18.0.2",
+        last=(3, 7, 3),
+        inc=2,
+        seen=Heard(((3, 0xA, 7),)),
+        ahead=True,
+    ),
     Hello(node=0xB, epoch=3, leader=0xA, ip="fd00::2"),
     Join(ticket=4, ip="198.18.0.2", history=HIST, accepted=HIST, timeout_s=600.0, remaining_s=12.5),
     Join(ticket=5, ip="198.18.0.2", ref=7, dport=5001, pport=6001, gone=((0xC, (3, 0xA, 7)), (0xD, None))),
-    Join(ticket=6, ip="198.18.0.2", place="rack1", restarted=True, seen=9, timeout_s=1.0, remaining_s=1.0),
+    Join(
+        ticket=6,
+        ip="198.18.0.2",
+        place="rack1",
+        restarted=True,
+        seen=Heard(((3, 0xA, 9), (2, 0xC, 9))),
+        timeout_s=1.0,
+        remaining_s=1.0,
+    ),
     Accept(8, ok=True),
     Accept(8, ok=False, history=HIST, accepted=None),
     Arrive(ticket=3, round=8, epoch=3),
@@ -59,7 +76,7 @@ NODE_FRAMES: list[NodeFrame] = [
     Leave(),
     Leave((3, 0xA, 7)),
     Close("done", failed=True, job_failed=False),
-    Bye(seen=3),
+    Bye(seen=Heard(((1, 0xA, 3),))),
 ]
 
 
@@ -83,8 +100,8 @@ def test_the_leader_frames_read_as_records():
     status = {"epoch": 3, "round": 8, "size": 2, "joined": 2, "waiting": 0, "stale": False, "closed": False}
     pushed = from_leader({"t": "status", "status": status})
     assert isinstance(pushed, StatusPush) and pushed.status is not None and pushed.status.round == 8
-    assert from_leader({"t": "welcome", "epoch": 3, "status": status, "seen": 8}) == Welcome(
-        3, pushed.status, 8
+    assert from_leader({"t": "welcome", "epoch": 3, "status": status, "seen": [[3, "0a", 8]]}) == Welcome(
+        3, pushed.status, Heard(((3, 0xA, 8),))
     )
     assert from_leader({"t": "status", "status": {"epoch": -1}}) == StatusPush(None)  # only informs
     rnd = json.loads(json.dumps(ROUND.to_json()))

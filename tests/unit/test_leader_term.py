@@ -632,11 +632,11 @@ def test_a_node_that_leaves_for_a_job_that_ran_says_so_and_the_leader_founds_no_
     leader it left founded a job of one. Its bye says the round it heard of now."""
     term = _term(1, 4)
     _connect(term, 10, 2, 0.1)
-    term.received(10, [{"t": "bye", "seen": 2}], 0.2)
-    assert term.book.known_round == 2
+    term.received(10, [{"t": "bye", "seen": [[1, "0b", 2]]}], 0.2)
+    assert term.book.heard.keys == ((1, 0xB, 2),)
     _leader_joined(term)
     d = term.book.decide(100.0)
-    assert isinstance(d, Wait) and "round 2 of this job ran" in d.reason
+    assert isinstance(d, Wait) and "round 2 of this job (epoch 1, leader 000000000000000b) ran" in d.reason
 
 
 def test_a_join_naming_a_round_never_answered_here_costs_the_node_its_connection_and_our_own_error_is_ours(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Wait, quorum_met
+from torch_mingle._rounds import Form, Heard, History, JoinRequest, Round, RoundBook, Wait, quorum_met
 
 PREVIOUS = History(epoch=1, round=3, members=(1, 2, 3, 4))
 
@@ -140,15 +140,71 @@ def test_a_node_that_left_a_later_round_still_votes_on_an_older_one():
 
 def test_spares_alone_never_form_a_round_of_a_job_that_ran():
     b = book(5)
-    b.known_round = 3  # it followed a leader that announced round 3
+    b.hear(Heard(((1, 1, 3),)))  # it followed a leader that announced round 3
     join(b, 5, history=None)
     join(b, 6, history=None)
     d = settle(b)
-    assert isinstance(d, Wait) and "round 3 of this job ran, and none of its members joined" in d.reason
+    assert (
+        isinstance(d, Wait)
+        and "round 3 of this job (epoch 1, leader 0000000000000001) ran, and none of its members joined"
+        in d.reason
+    )
     join(b, 1)
     join(b, 2)
     join(b, 3)
     assert isinstance(settle(b), Form)
+
+
+def test_a_side_that_heard_of_another_sides_first_round_forms_none_beside_it():
+    """Seed 29186: a one-way split as the job starts; each side forms a round 1 of its own, and
+    the side that hears the other one's announcements formed its round 2 beside it. A round
+    heard of by its key, with none of its members among the joiners, leaves no quorum, whichever
+    side sorts first; a member of it that joins brings its voters, and a majority of them is
+    then needed too (``rivals``)."""
+    for other_leader in (0x9, 0x1):  # the other round sorts after ours, or before it
+        ours = History(epoch=1, round=1, members=(5, 6, 7))
+        theirs = History(epoch=1, round=1, members=(other_leader, 2, 3))
+        b = book(5)
+        for node in (5, 6, 7):
+            join(b, node, history=ours)
+        b.hear(Heard((theirs.key,)))
+        d = settle(b)
+        assert isinstance(d, Wait), d
+        assert (
+            f"round 1 of this job (epoch 1, leader {other_leader:016x}) ran, and none of its members"
+            in d.reason
+        )
+        join(b, 2, history=theirs)
+        d = settle(b)
+        assert isinstance(d, Wait) and "1 of the 3 voting members of round 1" in d.reason
+        join(b, 3, history=theirs)
+        d = settle(b)
+        assert isinstance(d, Form), d
+        assert {frozenset(ours.members), frozenset(theirs.members)} <= set(d.constraints)
+
+
+def test_a_round_heard_of_that_a_joiner_accepted_as_a_proposal_counts_by_its_voters():
+    """Seeds 16915 and 28325: a first round formed while its leader was cut off from the other
+    members, so it reached only the leader, which then left. The others hold it as the
+    proposal they accepted, and heard that it ran: its key names that proposal, so its voters
+    count (a majority of them), and the survivors go on without waiting for ``join_timeout``."""
+    proposal = History(epoch=1, round=1, members=(9, 1, 2, 3, 4))
+    b = book(1, min_nodes=4)
+    for node in (1, 2, 3, 4):
+        b.join(
+            JoinRequest(node=node, ip=f"198.18.0.{node}", accepted=proposal, seen=Heard((proposal.key,))), 0.0
+        )
+    d = settle(b)
+    assert isinstance(d, Form) and set(d.members) == {1, 2, 3, 4}, d
+    assert frozenset(proposal.members) in d.constraints
+    other = History(epoch=1, round=1, members=(8, 1, 2, 3, 4))  # the same number, another term
+    b = book(1, min_nodes=4)
+    for node in (1, 2, 3, 4):
+        b.join(
+            JoinRequest(node=node, ip=f"198.18.0.{node}", accepted=proposal, seen=Heard((other.key,))), 0.0
+        )
+    d = settle(b)
+    assert isinstance(d, Wait) and "leader 0000000000000008) ran, and none of its members" in d.reason
 
 
 def test_quorum_none_goes_on_with_any_min_nodes():
@@ -211,7 +267,7 @@ def test_no_two_leaders_form_a_round_from_the_same_previous_round(scenario):
         # Any node of a side may lead it (the election picks one); each leads its own book.
         for leader in group:
             b = book(leader, min_nodes=min_nodes, max_nodes=5)
-            b.known_round = previous.round  # every node of the job heard of it (spares too)
+            b.hear(Heard((previous.key,)))  # every node of the job heard of it (spares too)
             joined = [n for n in group if with_spares or n not in outsiders]
             for node in joined:
                 hist = previous if node in members else None

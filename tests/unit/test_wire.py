@@ -16,6 +16,7 @@ from torch_mingle._wire import (
     DUPLICATE_WINDOW_MS,
     EPOCH_MAX,
     MAX_DATAGRAM_BYTES,
+    VERSION,
     Announce,
     Codec,
     Datagram,
@@ -36,7 +37,17 @@ NOW_MS = 1_700_000_000_000
 BODIES = [
     Query(epoch_seen=3, addrs=("198.18.0.1", "fd00::5", "fe80::1")),
     Query(epoch_seen=EPOCH_MAX),
+    Query(
+        epoch_seen=3, addrs=("198.18.0.1",), round_seen=((3, 0xA, 9), (2, 0xC, 9), (1, 2**64 - 1, 2**32 - 1))
+    ),
     Announce(epoch=7, store_ip="127.0.0.1", store_port=29500, round=4, members=3, min_nodes=2, max_nodes=4),
+    Announce(
+        epoch=7,
+        store_ip="fd00::7",
+        store_port=29500,
+        round=4,
+        heard=((7, 0xB, 4), (6, 0xB, 3), (1, 1, 1), (1, 2, 1)),
+    ),
     Announce(epoch=2**40, store_ip="2001:db8::1", store_port=1, closed=True, established=True, followers=512),
     Resign(epoch=9),
     Probe(),
@@ -67,7 +78,7 @@ def test_job_label_travels():
     ("mutate", "reason"),
     [
         (lambda d: b"XXXX" + d[4:], "bad_magic"),
-        (lambda d: d[:4] + b"\x09" + d[5:], "bad_version"),
+        (lambda d: d[:4] + bytes([VERSION + 1]) + d[5:], "bad_version"),
         (lambda d: d[:5] + b"\x63" + d[6:], "bad_type"),
         (lambda d: d[:3], "too_short"),
         (lambda d: d[:-1], "length_mismatch"),
