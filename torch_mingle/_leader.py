@@ -843,6 +843,7 @@ class LeaderTerm:
             dports=form.dports,
             pports=form.pports,
             base=form.base_key,
+            lines=form.lines,
         )
         self.book.proposed(rnd.number)
         proposal = _Proposal(rnd, form, port)

@@ -166,6 +166,13 @@ def node_id(value: Any) -> int:
 RoundKey = tuple[int, int, int]
 #: Nodes that left the job, each with the round it left (None: unknown).
 Gone = tuple[tuple[int, RoundKey | None], ...]
+#: The lines of the job a round continues: the key of its own line's first round, then those of
+#: the other lines it took in. A job has more than one line only where a split at its start let
+#: each side found one; where they meet, the round that takes a member of the other line in
+#: needs a majority of that line's round too, and the line is then its own (``RoundBook.rivals``).
+Lines = tuple[RoundKey, ...]
+#: Lines a round names at most.
+MAX_LINES = 8
 
 
 def newest_key(*keys: RoundKey | None) -> RoundKey | None:
@@ -318,6 +325,13 @@ class History:
     members: tuple[int, ...]
     #: ``members`` as a set, where one is at hand (``History.of`` a round): ``has`` is O(1).
     known: frozenset[int] | None = field(default=None, compare=False, repr=False)
+    #: The lines of the job the round continues (``Round.lines``).
+    lines: Lines = field(default=(), compare=False)
+
+    @property
+    def line(self) -> RoundKey | None:
+        """The first round of its own line (None: not said)."""
+        return self.lines[0] if self.lines else None
 
     def has(self, node: int) -> bool:
         """Whether ``node`` was a member (a pass over the members for a history parsed from a peer)."""
@@ -340,10 +354,19 @@ class History:
 
     @classmethod
     def of(cls, rnd: Round) -> History:
-        return cls(epoch=rnd.epoch, round=rnd.number, members=rnd.members, known=rnd.member_set)
+        return cls(
+            epoch=rnd.epoch, round=rnd.number, members=rnd.members, known=rnd.member_set, lines=rnd.lines
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "round": self.round, "members": list(_hex_ids(self.members))}
+        out: dict[str, Any] = {
+            "epoch": self.epoch,
+            "round": self.round,
+            "members": list(_hex_ids(self.members)),
+        }
+        if self.lines:
+            out["lines"] = [round_key_to_json(k) for k in self.lines]
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> History:
@@ -352,6 +375,7 @@ class History:
             epoch=bounded_int(data["epoch"], MAX_EPOCH),
             round=bounded_int(data["round"], MAX_ROUND),
             members=members_of(data["members"]),
+            lines=lines_of(data.get("lines")),
         )
 
 
@@ -398,6 +422,9 @@ class Round:
     pports: tuple[int, ...] = ()
     #: The round it was formed from, (epoch, leader, number); None for a job's first round.
     base: tuple[int, int, int] | None = None
+    #: The lines of the job it continues (``Lines``): its own line's first round, then the
+    #: lines it took in (empty: a round of a version that did not say).
+    lines: Lines = ()
 
     @property
     def key(self) -> RoundKey:
@@ -434,6 +461,7 @@ class Round:
             "store_port": self.store_port,
             "base": [self.base[0], node_hex(self.base[1]), self.base[2]] if self.base else None,
             "columns": _pack_columns(self.members, self.ips, self.dports, self.pports),
+            "lines": [round_key_to_json(k) for k in self.lines] or None,
         }
 
     @classmethod
@@ -449,7 +477,38 @@ class Round:
             dports=dports,
             pports=pports,
             base=_base_of(data.get("base")),
+            lines=lines_of(data.get("lines")),
         )
+
+
+def lines_of(raw: Any) -> Lines:
+    """A round's or a history's ``lines``; ``ValueError`` (or ``TypeError``) for garbage."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_LINES:
+        raise ValueError("bad lines")
+    return tuple(round_key_of(k) for k in raw)
+
+
+def _other_line(h: History, base: History) -> bool:
+    """Whether round ``h`` is of a line that ``base`` does not continue: by the lines they name,
+    or, where one names none, by number (one numbered below the base may be its ancestor). A
+    round or proposal of the base's own term is not: a term's rounds form one chain, and a
+    proposal it made before the base did not form (it went on to propose another)."""
+    if h.term == base.term:
+        return False
+    if h.lines and base.lines:
+        return h.lines[0] not in base.lines
+    return h.round >= base.round
+
+
+def join_lines(*groups: Lines) -> Lines:
+    """The lines of ``groups``, in order, each once, at most ``MAX_LINES`` (the first is kept;
+    past it, those that come last go)."""
+    out: list[RoundKey] = []
+    for group in groups:
+        out += [k for k in group if k not in out]
+    return tuple(out[:MAX_LINES])
 
 
 def _base_of(raw: Any) -> tuple[int, int, int] | None:
@@ -612,6 +671,9 @@ class Form:
     #: The round it is formed from: its number (0: none) and which it is (epoch, leader, round).
     base: int = 0
     base_key: tuple[int, int, int] | None = None
+    #: The lines it continues (``Round.lines``): the base's, then those of the rivals it takes
+    #: in; for a round of no base, only those (its own line, which it founds, goes first).
+    lines: Lines = ()
 
 
 @record
@@ -689,6 +751,9 @@ class RoundBook:
     _gone_cursor: tuple[list[int], int] = field(default_factory=lambda: ([], 0))
     #: The highest round number this term proposed.
     _proposed: int = 0
+    #: The line this term founds with its rounds of no base: the key of the first of them it
+    #: proposed (one that did not form and the next it proposes are one line).
+    _founds: RoundKey | None = None
     #: The newest formed round a node reported when it refused a proposal.
     _learned: History | None = None
     #: The highest epoch of a round another term formed or proposed that a joiner reported,
@@ -911,6 +976,7 @@ class RoundBook:
         if short is not None:
             return self._wait(hold, short)
         joins = [self.pending[m] for m in admit]
+        number = self.next_number()
         bases = [h for _, h in self._voting(base, uncertain, rivals)] if self.quorum else []
         constraints = tuple(v for v in (self.voters_of(h.members, h.key) for h in bases) if v)
         if first:
@@ -930,12 +996,16 @@ class RoundBook:
             ips=tuple(j.ip for j in joins),
             dports=tuple(j.dport for j in joins),
             pports=tuple(j.pport for j in joins),
-            number=self.next_number(),
+            number=number,
             constraints=constraints,
             unanimous=first,
             covers=tuple(p.key for p in uncertain),
             base=base.round if base is not None else 0,
             base_key=base.key if base is not None else None,
+            lines=join_lines(
+                (base.lines or (base.key,)) if base is not None else (self._founding(number),),
+                *(r.lines or (r.key,) for r in rivals),
+            ),
         )
 
     def abstain(self, node: int) -> None:
@@ -952,6 +1022,12 @@ class RoundBook:
             self.last_round_number = max(self.last_round_number, history.round)
         if accepted is not None:
             self.join_report(accepted)
+
+    def _founding(self, number: int) -> RoundKey:
+        """The line a round of no base numbered ``number`` founds: this term's, one for all of them."""
+        if self._founds is None:
+            self._founds = (self.epoch, self.leader, number)
+        return self._founds
 
     def next_number(self) -> int:
         """The next round's number: after every round this term knows of, formed or proposed."""
@@ -999,22 +1075,23 @@ class RoundBook:
         return [p for p in self.reported.values() if p.newer_than(base)]
 
     def rivals(self) -> list[History]:
-        """Rounds of other terms that joiners were in, numbered as the base or above, that are
-        not the base: rounds of another line (two sides of a split at the job's start each
-        formed one, and met). Each may go on where its other members are, so the next round
-        must win a majority of its voters too, as of an ``uncertain`` proposal. (One numbered
-        below the base cannot be told from an ancestor of the base, and does not count.)"""
+        """Rounds of another line of the job (two sides of a split at the job's start each
+        founded one, and met) that joiners were in, or accepted as proposals: each may go on
+        where its other members are, so the next round must win a majority of its voters too,
+        as of an ``uncertain`` proposal, and its line is then the new round's (``Round.lines``).
+        Another line's is a round of a line the base does not continue, or, where a round does
+        not name its lines, one numbered as the base or above that is not the base."""
         base = self.base()
-        floor = base.round if base is not None else 0
-        base_key = base.key if base is not None else None
+        if base is None:
+            return list(self.lines.values())
         heard = set(self.heard.keys)
-        found = [h for h in self.lines.values() if base is None or (h.round >= floor and h.key != base.key)]
-        # A proposal a joiner accepted that is heard to have formed is such a round too, where
-        # ``uncertain`` does not count it already (it is not newer than the base).
+        found = [h for h in self.lines.values() if h.key != base.key and _other_line(h, base)]
+        # A proposal a joiner accepted, not newer than the base (``uncertain`` counts those), of
+        # another line, and heard to have formed (one that never formed founds no line).
         found += [
             p
             for p in self.reported.values()
-            if p.key in heard and p.round >= floor and not p.newer_than(base) and p.key != base_key
+            if p.key != base.key and p.key in heard and not p.newer_than(base) and _other_line(p, base)
         ]
         return list({h.key: h for h in found}.values())
 

@@ -53,7 +53,8 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
 * ``recovery``: after the last fault heals, if a majority of the last round's voters are
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
   as a spare beside a full one) within ``recovery_bound_s()``. A member whose leave a live
-  leader of that round heard is no voter (``_left_before``).
+  leader of that round heard is no voter (``_left_before``). So too a majority of each round
+  of another line that a live leader knows a joiner was in (``RoundBook.rivals``).
 * ``resources``: per-node state (peers, suspects, store ports, connections, pending joins,
   what a leader keeps per node, remembered nonces) stays under bounds that do not grow with
   time, rounds or the ids ever seen: the ids that are part of the job now (alive within
@@ -794,6 +795,16 @@ class World(Agents[_Agent]):
                 continue
             if key[2] >= ran and 2 * len(alive & set(members)) <= len(members):
                 return False
+        # A round of another line that a live leader knows a joiner was in (``RoundBook.rivals``:
+        # two lines of the job met in a node) may go on where its members are, as far as any
+        # live node can tell: a majority of its voters too.
+        for node in self.sim.nodes:
+            term = node.node.term
+            if node.alive and not node.frozen and term is not None:
+                for h in term.book.rivals():
+                    voters = term.book.voters_of(h.members, h.key)
+                    if voters and 2 * len(alive & voters) <= len(voters):
+                        return False
         if not newest:
             return True  # no round yet: the first one needs no majority of anything
         some = False

@@ -34,7 +34,7 @@ from torch_mingle._frames import (
 from torch_mingle._rounds import Heard, History, Round
 from torch_mingle._wire import FrameReader, Invalid, encode_frame
 
-HIST = History(epoch=3, round=7, members=(0xA, 0xB, 0xC))
+HIST = History(epoch=3, round=7, members=(0xA, 0xB, 0xC), lines=((1, 0xA, 1), (1, 0xC, 1)))
 ROUND = Round(
     number=8,
     epoch=3,
@@ -44,6 +44,8 @@ ROUND = Round(
     ips=("198.18.0.1", "198.18.0.2"),
     dports=(5000, 5001),
     pports=(0, 0),
+    base=(3, 0xA, 7),
+    lines=((1, 0xA, 1), (1, 0xC, 1)),
 )
 
 NODE_FRAMES: list[NodeFrame] = [
@@ -176,3 +178,12 @@ def test_any_json_object_reads_as_a_record_or_invalid_never_an_exception(kind, f
     msg = {**fields, "t": kind}
     assert isinstance(from_node(msg), NodeFrame | Invalid)
     assert isinstance(from_leader(msg), LeaderFrame | Invalid)
+
+
+def test_the_lines_of_a_round_and_of_a_history_travel_with_them():
+    """``lines`` (which lines of the job a round continues) is not part of a history's equality;
+    it travels all the same, and a bad one makes the frame invalid."""
+    frame = from_node(_over_the_wire(Join(ticket=4, ip="198.18.0.2", history=HIST).encode()))
+    assert isinstance(frame, Join) and frame.history is not None and frame.history.lines == HIST.lines
+    bad = {"t": "join", "id": 4, "ip": "198.18.0.2", "history": {**HIST.to_json(), "lines": [[1, "0", 1]]}}
+    assert isinstance(from_node(bad), Invalid)

@@ -183,6 +183,55 @@ def test_a_side_that_heard_of_another_sides_first_round_forms_none_beside_it():
         assert {frozenset(ours.members), frozenset(theirs.members)} <= set(d.constraints)
 
 
+def test_a_round_of_another_line_numbered_below_the_base_still_needs_its_majority():
+    """Seed 891: two sides of a split at the job's start each founded a line; one went on to its
+    round 2, and a member of the other's round 1 crossed over when the split moved. Numbered
+    below the base, its round could not be told from an ancestor of the base; the line each
+    round names (``Round.lines``) tells them apart, and the round that takes it in takes the
+    other line in too."""
+    ours = History(epoch=1, round=2, members=(5, 6, 7), lines=((1, 5, 1),))
+    theirs = History(epoch=1, round=1, members=(1, 2, 3, 4), lines=((1, 1, 1),))
+    ancestor = History(epoch=1, round=1, members=(5, 6, 7, 8), lines=((1, 5, 1),))
+    b = book(5)
+    for node in (5, 6, 7):
+        join(b, node, history=ours)
+    join(b, 8, history=ancestor)  # a member of our own line's round 1: no rival
+    assert b.rivals() == []
+    join(b, 2, history=theirs)
+    d = settle(b)
+    assert (
+        isinstance(d, Wait) and "1 of the 4 voting members of round 1 of epoch 1 (another line" in d.reason
+    ), d
+    join(b, 3, history=theirs)
+    join(b, 4, history=theirs)
+    d = settle(b)
+    assert isinstance(d, Form), d
+    assert frozenset(theirs.members) in d.constraints and d.lines == ((1, 5, 1), (1, 1, 1))
+
+
+def test_a_terms_first_rounds_are_one_line_and_its_withdrawn_proposal_is_no_rival():
+    """Seed 1772: a term proposed a first round that did not form, then another that did; a
+    node that accepted the first, joining a later term, must not make it wait for the voters
+    of a round that never was: both are the term's one line."""
+    b = book(5)
+    for node in (5, 6):
+        join(b, node, history=None)
+    first = settle(b)
+    assert isinstance(first, Form) and first.lines == ((2, 5, 1),)
+    b.proposed(first.number)
+    second = b.decide(200.0)
+    assert isinstance(second, Form) and second.number == 2 and second.lines == first.lines
+    formed = History(epoch=2, round=2, members=(5, 6), lines=second.lines)
+    withdrawn = History(epoch=2, round=1, members=(5, 6, 7), lines=first.lines)
+    later = book(6)
+    later.epoch = 3
+    join(later, 5, history=formed)
+    join(later, 6, history=formed)
+    later.join(JoinRequest(node=7, ip="198.18.0.7", accepted=withdrawn, seen=Heard((withdrawn.key,))), 0.0)
+    assert later.rivals() == []
+    assert isinstance(settle(later), Form)
+
+
 def test_a_round_heard_of_that_a_joiner_accepted_as_a_proposal_counts_by_its_voters():
     """Seeds 16915 and 28325: a first round formed while its leader was cut off from the other
     members, so it reached only the leader, which then left. The others hold it as the
