@@ -802,8 +802,8 @@ class World(Agents[_Agent]):
             term = node.node.term
             if node.alive and not node.frozen and term is not None:
                 for h in term.book.rivals():
-                    voters = term.book.voters_of(h.members, h.key)
-                    if voters and 2 * len(alive & voters) <= len(voters):
+                    rival = term.book.voters_of(h.members, h.key)
+                    if rival and 2 * len(alive & rival) <= len(rival):
                         return False
         if not newest:
             return True  # no round yet: the first one needs no majority of anything
