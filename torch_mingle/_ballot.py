@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch_mingle._record import field, record
-from torch_mingle._rounds import Heard, History, Round, RoundKey, may_accept, newest_key
+from torch_mingle._rounds import History, Round, RoundKey, may_accept, newest_key
 
 
 @record
@@ -51,17 +51,14 @@ class Ballot:
         """The newest round this node was in or voted for: where its departure counts."""
         return newest_key(*(h.key for h in (self.history, self.accepted) if h is not None))
 
-    def may_accept(
-        self, rnd: Round, base: int, covers: frozenset[RoundKey], heard: Heard | None = None
-    ) -> bool:
-        """Whether the proposal ``rnd`` accounts for what this node knows (``_rounds.may_accept``);
-        ``heard``: the rounds it heard ran (its own leader's proposals are checked by its book)."""
-        return may_accept(self.history, self.accepted, History.of(rnd), base, covers, heard, rnd.base)
+    def may_accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
+        """Whether the proposal ``rnd`` accounts for what this node knows (``_rounds.may_accept``)."""
+        return may_accept(self.history, self.accepted, History.of(rnd), base, covers)
 
-    def accept(self, rnd: Round, base: int, covers: frozenset[RoundKey], heard: Heard | None = None) -> bool:
+    def accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
         """Record the proposal ``rnd`` as this node's vote, if it may (on the disk before the
         vote goes out); False: no vote."""
-        if not self.may_accept(rnd, base, covers, heard):
+        if not self.may_accept(rnd, base, covers):
             return False
         previous, self.accepted = self.accepted, History.of(rnd)
         if not self.persist(self.state()):

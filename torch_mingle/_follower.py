@@ -315,11 +315,9 @@ class FollowerSession:
         """This node recorded proposal ``number``: its vote for it."""
         self._out(Accept(number, ok=True).encode())
 
-    def refuse(
-        self, number: int, history: History | None, accepted: History | None, seen: Heard = NOTHING_HEARD
-    ) -> None:
+    def refuse(self, number: int, history: History | None, accepted: History | None) -> None:
         """This node may not accept proposal ``number``: what it knows, for the leader to account for."""
-        self._out(Accept(number, ok=False, history=history, accepted=accepted, seen=seen).encode())
+        self._out(Accept(number, ok=False, history=history, accepted=accepted).encode())
 
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
         self._request(Arrive(ticket, round_number, epoch).encode())

@@ -148,8 +148,6 @@ class Accept:
     ok: bool
     history: History | None = None
     accepted: History | None = None
-    #: With a refusal: the rounds of the job the node heard ran.
-    seen: Heard = NOTHING_HEARD
 
     def encode(self) -> bytes:
         if self.ok:
@@ -160,7 +158,6 @@ class Accept:
             ok=False,
             history=self.history.to_json() if self.history else None,
             accepted=self.accepted.to_json() if self.accepted else None,
-            seen=self.seen.to_json(),
         )
 
 
@@ -442,7 +439,6 @@ def _accept(m: dict[str, Any]) -> Accept:
         ok=ok,
         history=None if ok else _history(m.get("history")),
         accepted=None if ok else _history(m.get("accepted")),
-        seen=NOTHING_HEARD if ok else Heard.of(m.get("seen")),
     )
 
 

@@ -74,7 +74,6 @@ from torch_mingle._protocol import Claim
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._rounds import (
     Form,
-    Heard,
     History,
     JoinRequest,
     Round,
@@ -875,24 +874,6 @@ class LeaderTerm:
             "propose", base=form.base, covers=covers, encoded={"round": proposal.round.encoded}
         )
 
-    def hear(self, heard: Heard, now: float) -> None:
-        """The leader's node heard of rounds of the job (``Heard``). A proposal out that does
-        not account for one of them is withdrawn before it forms (its members heard of the
-        round too, or may: the term decides again, and waits for a member of it)."""
-        before = self.book.heard
-        self.book.hear(heard)
-        if self.book.heard is before or self._proposal is None:
-            return
-        stranger = self.book.unaccounted()
-        if stranger is None:
-            return
-        log.info(
-            "%s round %d withdrawn: round %d of epoch %d (leader %s) ran, and it does not account for it",
-            self.label, self._proposal.round.number, stranger[2], stranger[0], node_hex(stranger[1]),
-        )  # fmt: skip
-        self._withdraw_proposal()
-        self._decide(now)
-
     def accept_local(self, number: int, now: float) -> None:
         """The leader's own node recorded the proposal ``number`` (its state file is written)."""
         self._accepted(self.claim.leader, number, now)
@@ -915,15 +896,8 @@ class LeaderTerm:
             self.label, node_hex(m.node), refusal.round, history, accepted,
         )  # fmt: skip
         self.book.learn(history, accepted)
-        self.book.hear(refusal.seen)
         proposal = self._proposal
-        if (
-            history is None
-            and accepted is None
-            and not refusal.seen
-            and proposal is not None
-            and proposal.form.unanimous
-        ):
+        if history is None and accepted is None and proposal is not None and proposal.form.unanimous:
             log.warning(
                 "%s node %s refused the first round and knows of no other: it cannot record its "
                 "vote (its state directory?); the round forms without it, it joins the next one",

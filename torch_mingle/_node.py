@@ -788,7 +788,7 @@ class Node:
         busy = False
         # What the node heard of the job since its term began counts too: a round that ran
         # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
-        term.hear(self._heard(), now)
+        term.book.hear(self._heard())
         for conn, frame in term.frames():
             self.net.send(conn, frame)
         for conn, _why in term.closes():
@@ -1042,10 +1042,10 @@ class Node:
         elif isinstance(ev, RoundFormed | Wait | Retry | JoinTimedOut | ClosedAnswer | Ack):
             self._answer(ev, session, now)
         elif isinstance(ev, Propose):
-            if self._accept(ev.round, ev.base, ev.covers, self._heard()):
+            if self._accept(ev.round, ev.base, ev.covers):
                 session.accept(ev.round.number)
             else:
-                session.refuse(ev.round.number, self.history, self.accepted, self._heard())
+                session.refuse(ev.round.number, self.history, self.accepted)
         elif isinstance(ev, SessionOver):
             if session is self.session:
                 self._end_session()
@@ -1085,13 +1085,10 @@ class Node:
         """The newest round this node was in or voted for: where its departure counts."""
         return self.ballot.own_key()
 
-    def _accept(
-        self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]], heard: Heard | None = None
-    ) -> bool:
+    def _accept(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
         """Record the proposal ``rnd`` as this node's vote, if it accounts for what the node
-        knows (``Ballot.accept``: on the disk before the vote goes out); ``heard``: the rounds
-        it heard ran, for another leader's proposal (its own term's book heard them too)."""
-        if self.ballot.accept(rnd, base, covers, heard):
+        knows (``Ballot.accept``: on the disk before the vote goes out)."""
+        if self.ballot.accept(rnd, base, covers):
             return True
         log.info(
             "%s not accepting round %d of epoch %d: it does not account for %s / %s, or no disk",

@@ -121,24 +121,17 @@ def may_accept(
     proposal: History,
     base: int,
     covers: frozenset[tuple[int, int, int]],
-    heard: Heard | None = None,
-    base_key: RoundKey | None = None,
 ) -> bool:
     """Whether a node that knows ``history`` formed, and accepted ``accepted``, may accept
-    ``proposal`` (formed from round ``base``, ``base_key``, accounting for the proposals and
-    rounds ``covers``); ``heard``: the rounds of the job the node heard ran.
+    ``proposal`` (formed from round ``base``, accounting for the proposals ``covers``).
 
     Invariant: a node never accepts a proposal whose leader did not know what the node knows:
     a round it knows formed must be older than the proposal and no newer than its base (a
     proposal built on an older base was made without it: the node's accept of that round is
-    cleared once the round reaches it), a proposal it accepted must be the same term's,
-    older than the proposal's base, or accounted for, and a round it heard ran, of another
-    term and numbered as the base or above, must be the base or accounted for (the leader
-    that did not know of it learns it from the refusal: ``RoundBook._unaccounted``).
+    cleared once the round reaches it), and a proposal it accepted must be the same term's,
+    older than the proposal's base, or accounted for.
     """
     if history is not None and (not proposal.newer_than(history) or history.round > base):
-        return False
-    if heard and heard_beside(heard, proposal.term, base, base_key, covers):
         return False
     if accepted is None or accepted.term == proposal.term or accepted.round <= base:
         return True
@@ -146,17 +139,6 @@ def may_accept(
     # proposals once it proposed a later one).
     epoch, leader, number = accepted.key
     return any(e == epoch and l_ == leader and n >= number for e, l_, n in covers)
-
-
-def heard_beside(
-    heard: Heard, term: tuple[int, int], base: int, base_key: RoundKey | None, covers: Collection[RoundKey]
-) -> RoundKey | None:
-    """A round heard of (``heard``) that a proposal of ``term`` from ``base`` does not account
-    for: of another term, numbered as the base or above, neither the base nor in ``covers``."""
-    for k in heard.keys:
-        if k[:2] != term and k[2] >= base and k != base_key and k not in covers:
-            return k
-    return None
 
 
 def node_hex(node: int) -> str:
@@ -1017,7 +999,7 @@ class RoundBook:
             number=number,
             constraints=constraints,
             unanimous=first,
-            covers=tuple(p.key for p in (*uncertain, *rivals)),
+            covers=tuple(p.key for p in uncertain),
             base=base.round if base is not None else 0,
             base_key=base.key if base is not None else None,
             lines=join_lines(
@@ -1112,10 +1094,6 @@ class RoundBook:
             if p.key != base.key and p.key in heard and not p.newer_than(base) and _other_line(p, base)
         ]
         return list({h.key: h for h in found}.values())
-
-    def unaccounted(self) -> RoundKey | None:
-        """A round the term heard of and cannot count a quorum of (``_unaccounted``), now."""
-        return self._unaccounted(self.base(), [*self.uncertain(), *self.rivals()]) if self.quorum else None
 
     def _unaccounted(self, base: History | None, known: Iterable[History]) -> RoundKey | None:
         """A round of the job that the term heard of (``heard``) and cannot count a quorum of: of

@@ -340,8 +340,8 @@ class World(Agents[_Agent]):
         from a proposal that formed and reached no agent (its leader was lost at once)."""
         inner = node.node._accept
 
-        def accept(rnd: Round, base: int, covers: frozenset[tuple[int, int, int]], heard: Any = None) -> bool:
-            ok = inner(rnd, base, covers, heard)
+        def accept(rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
+            ok = inner(rnd, base, covers)
             if ok:
                 key = (rnd.epoch, rnd.members[0], rnd.number)
                 self._check_vote(node.core.node_id, key, base, covers)

@@ -58,8 +58,8 @@ def _attr(target: object, name: str, value: object) -> Patch:
 # ------------------------------------------------------------------ broken versions
 
 
-def _accept_without_persisting(self: Ballot, rnd: Any, base: int, covers: Any, heard: Any = None) -> bool:
-    if not self.may_accept(rnd, base, covers, heard):
+def _accept_without_persisting(self: Ballot, rnd: Any, base: int, covers: Any) -> bool:
+    if not self.may_accept(rnd, base, covers):
         return False
     self.accepted = History.of(rnd)  # the vote goes out; the state file never hears of it
     return True
@@ -129,9 +129,6 @@ MUTANTS: dict[str, Mutant] = {
                                                                 _voters_without_anyone_who_left_anything),)),
         Mutant("a node accepts only what accounts for what it knows", "_rounds.may_accept",
                "it accepts every proposal", (_attr(_ballot, "may_accept", lambda *a: True),)),
-        Mutant("a node accepts no proposal beside a round it heard of", "_rounds.heard_beside",
-               "it accepts one that does not account for a round it only heard of",
-               (_attr(_rounds, "heard_beside", lambda *a: None),)),
         Mutant("a vote is on the disk before it goes out", "Ballot.accept",
                "the vote goes out unrecorded", (_attr(Ballot, "accept", _accept_without_persisting),)),
         Mutant("a round that formed is on the disk", "Ballot.formed (history)", "the history is not recorded",
