@@ -503,12 +503,12 @@ def _other_line(h: History, base: History) -> bool:
 
 
 def join_lines(*groups: Lines) -> Lines:
-    """The lines of ``groups``, in order, each once, at most ``MAX_LINES`` (the first is kept;
-    past it, those that come last go)."""
+    """The lines of ``groups``, in order, each once, at most ``MAX_LINES``: the first (the
+    round's own line) and the newest others (the oldest go first)."""
     out: list[RoundKey] = []
     for group in groups:
         out += [k for k in group if k not in out]
-    return tuple(out[:MAX_LINES])
+    return tuple(out[:1] + out[1:][-(MAX_LINES - 1) :]) if len(out) > MAX_LINES else tuple(out)
 
 
 def _base_of(raw: Any) -> tuple[int, int, int] | None:
@@ -1005,6 +1005,10 @@ class RoundBook:
             lines=join_lines(
                 (base.lines or (base.key,)) if base is not None else (self._founding(number),),
                 *(r.lines or (r.key,) for r in rivals),
+                # A proposal it accounts for may have formed: if it did, this round is its
+                # successor and continues its line (seed 5000210: a round heard of that a later
+                # proposal accounted for is accounted for).
+                *((p.key, *p.lines) for p in uncertain),
             ),
         )
 
@@ -1102,7 +1106,9 @@ class RoundBook:
         round, and only one of them, joining, tells who votes (seed 29186: one side of a
         one-way split at the job's start heard the other's round 1 and formed its round 2)."""
         floor = base.round if base is not None else 0
-        known_keys = {h.key for h in known}
+        known = list(known)
+        # A round is accounted for by a round or proposal that continues its line or took it in.
+        known_keys = {h.key for h in known}.union(*(h.lines for h in known), base.lines if base else ())
         for key in self.heard.keys:
             if key[2] < floor or key[:2] == (self.epoch, self.leader):
                 continue
