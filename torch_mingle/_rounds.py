@@ -751,9 +751,6 @@ class RoundBook:
     _gone_cursor: tuple[list[int], int] = field(default_factory=lambda: ([], 0))
     #: The highest round number this term proposed.
     _proposed: int = 0
-    #: The line this term founds with its rounds of no base: the key of the first of them it
-    #: proposed (one that did not form and the next it proposes are one line).
-    _founds: RoundKey | None = None
     #: The newest formed round a node reported when it refused a proposal.
     _learned: History | None = None
     #: The highest epoch of a round another term formed or proposed that a joiner reported,
@@ -1003,7 +1000,7 @@ class RoundBook:
             base=base.round if base is not None else 0,
             base_key=base.key if base is not None else None,
             lines=join_lines(
-                (base.lines or (base.key,)) if base is not None else (self._founding(number),),
+                (base.lines or (base.key,)) if base is not None else ((self.epoch, self.leader, number),),
                 *(r.lines or (r.key,) for r in rivals),
                 # A proposal it accounts for may have formed: if it did, this round is its
                 # successor and continues its line (seed 5000210: a round heard of that a later
@@ -1026,12 +1023,6 @@ class RoundBook:
             self.last_round_number = max(self.last_round_number, history.round)
         if accepted is not None:
             self.join_report(accepted)
-
-    def _founding(self, number: int) -> RoundKey:
-        """The line a round of no base numbered ``number`` founds: this term's, one for all of them."""
-        if self._founds is None:
-            self._founds = (self.epoch, self.leader, number)
-        return self._founds
 
     def next_number(self) -> int:
         """The next round's number: after every round this term knows of, formed or proposed."""
@@ -1091,11 +1082,16 @@ class RoundBook:
         heard = set(self.heard.keys)
         found = [h for h in self.lines.values() if h.key != base.key and _other_line(h, base)]
         # A proposal a joiner accepted, not newer than the base (``uncertain`` counts those), of
-        # another line, and heard to have formed (one that never formed founds no line).
+        # another line: it may have formed (seed 5003241: a first round whose member was cut
+        # off once it accepted formed on the other side, and that member was taken into a round
+        # of another line). Where rounds name no lines, only one heard to have formed beside it.
         found += [
             p
             for p in self.reported.values()
-            if p.key != base.key and p.key in heard and not p.newer_than(base) and _other_line(p, base)
+            if p.key != base.key
+            and not p.newer_than(base)
+            and _other_line(p, base)
+            and (p.key in heard or (p.lines and base.lines))
         ]
         return list({h.key: h for h in found}.values())
 

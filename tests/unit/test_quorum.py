@@ -209,10 +209,12 @@ def test_a_round_of_another_line_numbered_below_the_base_still_needs_its_majorit
     assert frozenset(theirs.members) in d.constraints and d.lines == ((1, 5, 1), (1, 1, 1))
 
 
-def test_a_terms_first_rounds_are_one_line_and_its_withdrawn_proposal_is_no_rival():
+def test_a_terms_withdrawn_first_proposal_is_no_rival_of_the_round_it_formed_next():
     """Seed 1772: a term proposed a first round that did not form, then another that did; a
     node that accepted the first, joining a later term, must not make it wait for the voters
-    of a round that never was: both are the term's one line."""
+    of a round that never was: a term's rounds and proposals are one chain. Each founds a line
+    of its own (seed 5001326: a round that took the first proposal's majority in does not take
+    in the line the second founded)."""
     b = book(5)
     for node in (5, 6):
         join(b, node, history=None)
@@ -220,7 +222,7 @@ def test_a_terms_first_rounds_are_one_line_and_its_withdrawn_proposal_is_no_riva
     assert isinstance(first, Form) and first.lines == ((2, 5, 1),)
     b.proposed(first.number)
     second = b.decide(200.0)
-    assert isinstance(second, Form) and second.number == 2 and second.lines == first.lines
+    assert isinstance(second, Form) and second.number == 2 and second.lines == ((2, 5, 2),)
     formed = History(epoch=2, round=2, members=(5, 6), lines=second.lines)
     withdrawn = History(epoch=2, round=1, members=(5, 6, 7), lines=first.lines)
     later = book(6)
