@@ -213,8 +213,8 @@ class Heard:
         """This and ``keys`` (None and round 0 are nothing heard), newest per term."""
         merged: dict[tuple[int, int], RoundKey] = {}
         for key in (*self.keys, *keys):
-            if key is None or key[2] <= 0:
-                continue
+            if key is None or key[0] <= 0 or key[1] <= 0 or key[2] <= 0:
+                continue  # nothing heard (or no round: epochs, leaders and numbers start at 1)
             old = merged.get(key[:2])
             if old is None or key[2] > old[2]:
                 merged[key[:2]] = key
@@ -500,6 +500,19 @@ def _other_line(h: History, base: History) -> bool:
     if h.lines and base.lines:
         return h.lines[0] not in base.lines
     return h.round >= base.round
+
+
+def _newest_per_line(rounds: list[History]) -> list[History]:
+    """``rounds``, each once, and of the rounds of one line (by the line they name) only the
+    newest: a line's later round was formed by a majority of the one before, so no other round
+    of that line can form from the older one (rounds that name no line are each kept)."""
+    newest: dict[object, History] = {}
+    for h in rounds:
+        line: object = h.lines[0] if h.lines else h.key
+        old = newest.get(line)
+        if old is None or h.newer_than(old):
+            newest[line] = h
+    return list(newest.values())
 
 
 def join_lines(*groups: Lines) -> Lines:
@@ -1078,9 +1091,12 @@ class RoundBook:
         not name its lines, one numbered as the base or above that is not the base."""
         base = self.base()
         if base is None:
-            return list(self.lines.values())
+            return _newest_per_line(list(self.lines.values()))
         heard = set(self.heard.keys)
-        found = [h for h in self.lines.values() if h.key != base.key and _other_line(h, base)]
+        # The term's own round too, when the base is of another line (a joiner of that line
+        # brought a higher round number): its line may go on where its other members are.
+        kept = [*self.lines.values(), *([self._current_history] if self._current_history is not None else [])]
+        found = [h for h in kept if h.key != base.key and _other_line(h, base)]
         # A proposal a joiner accepted, not newer than the base (``uncertain`` counts those), of
         # another line: it may have formed (seed 5003241: a first round whose member was cut
         # off once it accepted formed on the other side, and that member was taken into a round
@@ -1093,7 +1109,7 @@ class RoundBook:
             and _other_line(p, base)
             and (p.key in heard or (p.lines and base.lines))
         ]
-        return list({h.key: h for h in found}.values())
+        return _newest_per_line(found)
 
     def _unaccounted(self, base: History | None, known: Iterable[History]) -> RoundKey | None:
         """A round of the job that the term heard of (``heard``) and cannot count a quorum of: of

@@ -209,6 +209,52 @@ def test_a_round_of_another_line_numbered_below_the_base_still_needs_its_majorit
     assert frozenset(theirs.members) in d.constraints and d.lines == ((1, 5, 1), (1, 1, 1))
 
 
+def test_the_leaders_own_round_is_a_rival_when_a_joiner_of_another_line_brings_a_higher_base():
+    """From a review: a leader runs round 3 of its line; two members of the other line's round 7
+    join it, and their round becomes the base (the higher number). The leader's own round may go
+    on where its other members are: it needs their majority too, not only round 7's."""
+    b = book(1)
+    for node in (1, 2, 3, 4, 5):
+        join(b, node, history=None)
+    d = settle(b)
+    assert isinstance(d, Form) and d.lines == ((2, 1, 1),)
+    own = d.members
+    b.formed(Round(number=d.number, epoch=2, members=own, store_ip="x", store_port=1, lines=d.lines), 10.0)
+    theirs = History(epoch=1, round=7, members=(9, 7, 8), lines=((1, 9, 1),))
+    for node in (1, 7, 8):
+        join(b, node, history=theirs if node != 1 else b._current_history)
+    d = settle(b)
+    assert (
+        isinstance(d, Wait) and "1 of the 5 voting members of round 1 of epoch 2 (another line" in d.reason
+    ), d
+    join(b, 2, history=b._current_history)
+    join(b, 3, history=b._current_history)
+    d = settle(b)
+    assert isinstance(d, Form) and frozenset(own) in d.constraints, d
+
+
+def test_of_the_rounds_of_one_other_line_only_the_newest_needs_a_majority():
+    """From a review: a stale member brings round 1 of the other line, others its round 7 (a
+    later term of that line): round 7 was formed by a majority of the rounds before it, so the
+    voters of round 1, long gone, must not keep the job waiting."""
+    ours = History(epoch=1, round=9, members=(1, 2, 3), lines=((1, 1, 1),))
+    old = History(epoch=1, round=1, members=(20, 21, 22), lines=((1, 20, 1),))
+    new = History(epoch=1, round=7, members=(23, 24, 25), lines=((1, 20, 1),))
+    b = book(1)
+    for node in (1, 2, 3):
+        join(b, node, history=ours)
+    join(b, 20, history=old)
+    join(b, 23, history=new)
+    join(b, 24, history=new)
+    assert [h.key for h in b.rivals()] == [new.key]
+    assert isinstance(settle(b), Form)
+
+
+def test_a_key_that_names_no_round_is_nothing_heard():
+    assert not Heard().with_keys((0, 5, 1), (1, 0, 1), (1, 5, 0), None)
+    assert Heard.of([[0, "05", 1]]) == Heard()
+
+
 def test_a_terms_withdrawn_first_proposal_is_no_rival_of_the_round_it_formed_next():
     """Seed 1772: a term proposed a first round that did not form, then another that did; a
     node that accepted the first, joining a later term, must not make it wait for the voters
