@@ -184,13 +184,17 @@ def schedule(
 
 def false_alarms(workdir: Path, agents: list[Agent]) -> tuple[int, list[str]]:
     """Rounds rank 0 trained in after the first (each broken for nothing), and every agent's
-    lines that name a lost heartbeat."""
+    lines that name a silent peer: a lost heartbeat, or a leader's announcements that stopped
+    (a follower's two clocks race: whichever runs out first names the silence)."""
     trace = workdir / "steps.log"
     rounds = (
         {tuple(line.split()[1:3]) for line in trace.read_text().splitlines()} if trace.exists() else set()
     )
     lines = [
-        f"{a.name}: {line}" for a in agents for line in a.output().splitlines() if "no heartbeat" in line
+        f"{a.name}: {line}"
+        for a in agents
+        for line in a.output().splitlines()
+        if "no heartbeat" in line or "no announcement for" in line
     ]
     return max(0, len(rounds) - 1), lines
 
