@@ -459,7 +459,7 @@ class Round:
             "epoch": self.epoch,
             "store_ip": self.store_ip,
             "store_port": self.store_port,
-            "base": [self.base[0], node_hex(self.base[1]), self.base[2]] if self.base else None,
+            "base": round_key_to_json(self.base) if self.base else None,
             "columns": _pack_columns(self.members, self.ips, self.dports, self.pports),
             "lines": [round_key_to_json(k) for k in self.lines] or None,
         }
@@ -525,10 +525,7 @@ def join_lines(*groups: Lines) -> Lines:
 
 
 def _base_of(raw: Any) -> tuple[int, int, int] | None:
-    if raw is None:
-        return None
-    epoch, leader, number = raw
-    return (bounded_int(epoch, MAX_EPOCH), node_id(leader), bounded_int(number, MAX_ROUND))
+    return round_key_of(raw) if raw is not None else None
 
 
 #: A round's columns, before compression: how many members, dports and pports follow, then
@@ -1049,11 +1046,6 @@ class RoundBook:
         """Rounds of the job formed: a node of this term heard of them (``heard``)."""
         self.heard = self.heard.with_heard(heard)
 
-    @property
-    def known_round(self) -> int:
-        """The highest round number of the job the term heard of."""
-        return self.heard.round
-
     def highest_heard(self) -> Heard:
         """The rounds of the job this leader knows formed: its base (its own round, the newest
         its joiners were in) and those its nodes heard of (a proposal that may never have formed
@@ -1175,7 +1167,7 @@ class RoundBook:
 
     def current_key(self) -> RoundKey | None:
         rnd = self.current
-        return (rnd.epoch, rnd.members[0], rnd.number) if rnd is not None else None
+        return rnd.key if rnd is not None else None
 
     def left_in(self, node: int) -> RoundKey | None:
         """The round ``node`` left (None: not known to have left one)."""
