@@ -1,9 +1,12 @@
 """A node's vote, and what it must not forget across a restart of its agent.
 
-Three values: the newest round the node knows formed (``history``), the newest proposal it
-accepted beyond it (``accepted``: its vote, see ``_rounds``), and the highest epoch it led
+Four values: the newest round the node knows formed (``history``), the newest proposal it
+accepted beyond it (``accepted``: its vote, see ``_rounds``), the highest epoch it led
 (``led``: a new process starts its election above it, and never leads a term of the same
-(epoch, node) as its predecessor's, whose proposals may be out). Each change is written
+(epoch, node) as its predecessor's, whose proposals may be out), and the rounds it heard of
+(``heard``: a node counted in a round without its vote, as a new member is, knows of that
+round only what it heard before it joined; a new process that forgot it would found a job of
+its own beside the round, seed 8025425). Each change is written
 (``persist``: ``_identity`` keeps the state file) before anything that rests on it leaves the
 node: a vote sent before it is on the disk is forgotten by a power loss, and a second round
 could form from the same base without knowing of the first. A change the disk refused is
@@ -15,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch_mingle._record import field, record
-from torch_mingle._rounds import History, Round, RoundKey, may_accept, newest_key
+from torch_mingle._rounds import NOTHING_HEARD, Heard, History, Round, RoundKey, may_accept, newest_key
 
 
 @record
@@ -25,6 +28,7 @@ class NodeState:
     history: History | None = None
     accepted: History | None = None
     led: int = 0
+    heard: Heard = NOTHING_HEARD
 
 
 #: Writes the state where a new process of the node finds it; False if the disk refused it.
@@ -36,16 +40,17 @@ class Ballot:
     history: History | None = None
     accepted: History | None = None
     led: int = 0
+    heard: Heard = NOTHING_HEARD
     #: Where each change goes before the node acts on it.
     persist: Persist = field(default=lambda state: True, repr=False, compare=False)
 
     @classmethod
     def of(cls, state: NodeState | None, persist: Persist) -> Ballot:
         state = state or NodeState()
-        return cls(state.history, state.accepted, state.led, persist)
+        return cls(state.history, state.accepted, state.led, state.heard, persist)
 
     def state(self) -> NodeState:
-        return NodeState(self.history, self.accepted, self.led)
+        return NodeState(self.history, self.accepted, self.led, self.heard)
 
     def own_key(self) -> RoundKey | None:
         """The newest round this node was in or voted for: where its departure counts."""
@@ -85,5 +90,19 @@ class Ballot:
         previous, self.led = self.led, max(self.led, epoch)
         if not self.persist(self.state()):
             self.led = previous
+            return False
+        return True
+
+    def remember(self, heard: Heard) -> bool:
+        """The rounds this node heard of (``heard``), on the disk before it offers itself to a
+        round: a round may count it as a member without its vote, and a new process of it must
+        still know of what it knew then (``RoundBook._unaccounted``). Written only when it
+        changed (at most once per round of each term); False if the disk refused it (it must
+        not join)."""
+        if heard == self.heard:
+            return True
+        previous, self.heard = self.heard, heard
+        if not self.persist(self.state()):
+            self.heard = previous
             return False
         return True

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_mingle._ballot import NodeState
-from torch_mingle._rounds import History
+from torch_mingle._rounds import Heard, History
 from torch_mingle.errors import MingleConfigError
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,7 @@ class Identity:
                 "history": state.history.to_json() if state.history else None,
                 "accepted": state.accepted.to_json() if state.accepted else None,
                 "led": state.led,
+                "seen": state.heard.to_json(),
             }
             tmp = _tmp_path(path)
             try:
@@ -408,9 +409,10 @@ def _read(path: Path) -> tuple[int, int, NodeState, float]:
         history = History.from_json(data["history"]) if data.get("history") else None
         accepted = History.from_json(data["accepted"]) if data.get("accepted") else None
         led = int(data.get("led", 0))
+        heard = Heard.of(data.get("seen"))
     except (OSError, ValueError, KeyError, TypeError):
         return 0, 0, NodeState(), KEEP_S
-    return node_id, incarnation, NodeState(history, accepted, led), keep_s
+    return node_id, incarnation, NodeState(history, accepted, led, heard), keep_s
 
 
 def _mtime(path: Path) -> float:

@@ -286,6 +286,7 @@ class Node:
         self.session: FollowerSession | None = None
         #: Its vote and what it must not forget (a predecessor's, after a restart: ``_identity``).
         self.ballot = Ballot.of(state, self._persist)
+        core.hear(self.ballot.heard)  # what a predecessor heard of (``Ballot.remember``)
         if self.history is not None:
             core.hear_round(self.history.key)
         self.in_round: Round | None = None
@@ -1172,8 +1173,8 @@ class Node:
 
     def _send_join(self, now: float) -> None:
         join = self._open_join()
-        if join is None:
-            return
+        if join is None or not self.ballot.remember(self._heard()):
+            return  # (the disk refused what it heard: ``Identity.save`` said so, it joins no more)
         remaining = (
             join.timeout_s if join.deadline is None else max(0.001, join.deadline - now - JOIN_GRACE_S)
         )

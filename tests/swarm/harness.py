@@ -79,7 +79,7 @@ from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import Joined
 from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS, Timing
-from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Round, age, node_hex
+from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form, Round, age, node_hex
 from torch_mingle._wire import (
     MAX_REMEMBERED_NONCES,
     Announce,
@@ -366,6 +366,13 @@ class World(Agents[_Agent]):
             term = node.node.term
             if term is None or term.claim.epoch != epoch:
                 return
+            propose = term._propose
+
+            def proposing(form: Form, port: int, now: float) -> None:
+                self._proposing(form)
+                propose(form, port, now)
+
+            term._propose = proposing  # type: ignore[method-assign]
             first = self.term_process.setdefault((epoch, term.claim.leader), node)
             if first is not node:
                 raise Violation(
@@ -934,7 +941,7 @@ class World(Agents[_Agent]):
     def _do_power_at_accept(self, e: sc.Event, agent: _Agent | None) -> None:
         self._triggers.append(e)
 
-    _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_accept
+    _do_partition_at_accept = _do_sigterm_at_accept = _do_newcomer_at_propose = _do_power_at_accept
 
     def _voted(self, node: SimNode) -> None:
         """``node`` accepted a proposal: an armed fault of that moment fires right after its vote
@@ -944,10 +951,39 @@ class World(Agents[_Agent]):
         for trigger in list(self._triggers):
             if now > trigger.at + sc.TRIGGER_S:
                 self._triggers.remove(trigger)
-            elif trigger.at <= now and trigger.node in (-1, host):
+            elif trigger.at <= now and trigger.node in (-1, host) and trigger.kind in sc.AT_ACCEPT:
                 self._triggers.remove(trigger)
                 fault = self._fault_of(trigger, host)
                 self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))
+
+    def _proposing(self, form: Form) -> None:
+        """A term is about to send out the proposal ``form``: an armed ``newcomer_at_propose``
+        cuts off a member that the proposal's base did not hold, before the proposal leaves
+        (``NEWCOMER_SHARE``)."""
+        now = self.sim.now
+        for trigger in list(self._triggers):
+            if trigger.kind != "newcomer_at_propose" or trigger.at > now:
+                continue
+            if now > trigger.at + sc.TRIGGER_S:
+                self._triggers.remove(trigger)
+                continue
+            newcomer = self._newcomer(form)
+            if newcomer is not None:
+                self._triggers.remove(trigger)
+                cut, restart_after, down = (float(a) for a in trigger.args)  # type: ignore[arg-type]
+                self._fire(sc.Event(now, "newcomer_cut", newcomer, dur=cut, args=(restart_after, down)))
+
+    def _newcomer(self, form: Form) -> int | None:
+        """The host of a member of the proposal ``form`` that its base round did not hold (the
+        lowest node id); None for a first round (each member votes), an unknown base or none new."""
+        if form.base_key is None:
+            return None
+        log, proposed = self.rounds.get(form.base_key), self.accepted.get(form.base_key)
+        if log is None and proposed is None:
+            return None
+        held = log.members if log is not None else proposed[1]  # type: ignore[index]
+        hosts = {a.node.core.node_id: a.host for a in self.agents if a.node.alive}
+        return next((hosts[m] for m in sorted(set(form.members) - set(held)) if m in hosts), None)
 
     def _fault_of(self, trigger: sc.Event, host: int) -> sc.Event:
         """The fault a trigger fires now, on the host that voted."""
@@ -1027,6 +1063,14 @@ class World(Agents[_Agent]):
         cut = next(self._cut_ids)
         self.sim.net.block(cut, [(me, o) for o in others] + [(o, me) for o in others], DROP)
         self._at(e.ends, lambda: self.sim.net.unblock(cut, self.sim.now))
+
+    def _do_newcomer_cut(self, e: sc.Event, agent: _Agent) -> None:
+        """A new member cut off as its round is proposed, its agent restarted meanwhile
+        (``NEWCOMER_SHARE``)."""
+        restart_after, down = (float(a) for a in e.args)  # type: ignore[arg-type]
+        self._do_isolate(e, agent)
+        restart = sc.Event(self.sim.now + restart_after, "restart", agent.host, dur=down)
+        self._at(restart.at, lambda: self._fire(restart))
 
     def _do_garble(self, e: sc.Event, agent: _Agent) -> None:
         """The host's link goes bad: its next sends, either way, arrive corrupted, then nothing

@@ -27,7 +27,7 @@ from unittest import mock
 
 from tests.swarm.__main__ import run_seed
 from torch_mingle import _ballot, _evidence, _leader, _rounds
-from torch_mingle._ballot import Ballot
+from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
 from torch_mingle._node import Node
 from torch_mingle._record import replace
@@ -69,7 +69,7 @@ def _persist_dropping(field: str) -> Callable[[_sim.SimNet, Any], bool]:
     def persist(self: _sim.SimNet, state: Any) -> bool:
         node_id = self.owner.node.settings.node_id
         old = self.sim.saved.get(node_id)
-        self.sim.saved[node_id] = replace(state, **{field: getattr(old, field) if old is not None else None})
+        self.sim.saved[node_id] = replace(state, **{field: getattr(old or NodeState(), field)})
         return True
 
     return persist
@@ -133,6 +133,8 @@ MUTANTS: dict[str, Mutant] = {
                "the vote goes out unrecorded", (_attr(Ballot, "accept", _accept_without_persisting),)),
         Mutant("a round that formed is on the disk", "Ballot.formed (history)", "the history is not recorded",
                (_attr(_sim.SimNet, "persist", _persist_dropping("history")),)),
+        Mutant("what a node heard of is on the disk before it joins", "Ballot.remember (heard)",
+               "what it heard is not recorded", (_attr(_sim.SimNet, "persist", _persist_dropping("heard")),)),
         Mutant("the terms a node led are on the disk", "Ballot.lead (led)", "led is not recorded",
                (_attr(_sim.SimNet, "persist", _persist_without_led),)),
         Mutant("a round needs a majority of its base's voters", "RoundBook._no_quorum",

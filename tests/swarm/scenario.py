@@ -72,6 +72,13 @@ STARTUP_SALT = 0x57A27
 #: (the two lines of one job meet in a node: ``RoundBook.rivals``).
 REGROUP_SHARE = 0.1
 REGROUP_SALT = 0x2E6209
+#: A share of the seeds (``NEWCOMER_SHARE``, drawn apart) cut a new member off the moment a
+#: round that counts it is proposed (the first vote for a proposal with a member its base did
+#: not hold: a round counts a new member without its vote), and restart its agent while it is
+#: cut off: the new process knows of the job only what the old one wrote down before it joined
+#: (seed 8025425: it forgot, and founded a job of one beside the round).
+NEWCOMER_SHARE = 0.15
+NEWCOMER_SALT = 0x4E3C0E
 #: A share of the seeds (``LONG_SHARE``, drawn apart from ``KINDS``) run for an hour of
 #: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S``, no agent that
 #: leaves for good (no SIGTERM, no shutdown), every host that crashes or loses power started
@@ -87,8 +94,9 @@ FRESH_SHARE = 0.3
 CHURN_KINDS = tuple(k for k in KINDS if k not in ("shutdown", "sigterm", "sigterm_at_accept"))
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
-TRIGGERS = frozenset(k for k in KINDS if k.endswith("_at_accept"))
-FAULT_KINDS = (frozenset(KINDS) | {"garble"}) - {"workers_fail", "sigterm", "shutdown"}
+AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept"))
+TRIGGERS = AT_ACCEPT | {"newcomer_at_propose"}
+FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut"}) - {"workers_fail", "sigterm", "shutdown"}
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,7 @@ def generate(seed: int) -> Scenario:
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
     events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
+    events += _newcomer(seed)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -245,6 +254,19 @@ def _regroup(seed: int, hosts: int) -> list[Event]:
         Event(0.0, "partition", dur=first, args=(mode, False, groups)),
         Event(first, "partition", dur=round(rng.uniform(2.0, 8.0), 3), args=(mode, False, moved)),
     ]
+
+
+def _newcomer(seed: int) -> list[Event]:
+    """A new member cut off as its round is proposed, and restarted meanwhile (``NEWCOMER_SHARE``),
+    from a stream of its own: ``args`` are when the restart comes into the cut and how long the
+    host has no agent."""
+    rng = random.Random(seed ^ NEWCOMER_SALT)
+    if rng.random() >= NEWCOMER_SHARE:
+        return []
+    at = round(rng.uniform(0.0, FAULTS_UNTIL_S), 3)
+    cut = round(rng.uniform(3.0, 8.0), 3)
+    restart_after, down = round(rng.uniform(0.1, 2.0), 3), round(rng.uniform(0.2, 1.5), 3)
+    return [Event(at, "newcomer_at_propose", dur=TRIGGER_S + cut, args=(cut, restart_after, down))]
 
 
 def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Event]) -> list[Event]:

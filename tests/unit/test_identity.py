@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from torch_mingle import _identity
-from torch_mingle._ballot import NodeState
+from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._identity import Identity
-from torch_mingle._rounds import History
+from torch_mingle._rounds import NOTHING_HEARD, History
 from torch_mingle.errors import MingleConfigError
 
 HOLDER = """
@@ -247,6 +247,34 @@ def test_the_highest_epoch_a_node_led_goes_to_its_next_process(tmp_path):
     after = Identity.claim(tmp_path, "job42")
     assert after.node_id == ident.node_id and after.state.led == 7
     after.release(forget=True)
+
+
+def test_the_rounds_a_node_heard_of_go_to_its_next_process(tmp_path):
+    """A new member is counted in its round without its vote: a new process of it must still
+    know of the rounds it heard of before it joined, or it founds a job beside them (seed
+    8025425, ``Ballot.remember``)."""
+    ident = Identity.claim(tmp_path, "job42")
+    heard = NOTHING_HEARD.with_keys((1, 0x498D, 2), (2, 0x77, 1))
+    assert ident.save(NodeState(heard=heard))
+    ident.release(forget=False)  # its process dies
+    after = Identity.claim(tmp_path, "job42")
+    assert after.node_id == ident.node_id and after.state.heard == heard
+    after.release(forget=True)
+
+
+def test_a_node_joins_only_once_what_it_heard_of_is_on_the_disk():
+    saved: list[NodeState] = []
+
+    def persist(state: NodeState) -> bool:
+        saved.append(state)
+        return True
+
+    ballot = Ballot.of(None, persist)
+    heard = NOTHING_HEARD.with_keys((1, 5, 1))
+    assert ballot.remember(heard) and saved[-1].heard == heard
+    assert ballot.remember(heard) and len(saved) == 1  # unchanged: no write
+    refusing = Ballot.of(None, lambda state: False)
+    assert not refusing.remember(heard) and refusing.heard == NOTHING_HEARD  # the disk refused: no join
 
 
 #: What ``/tmp`` or a Kubernetes emptyDir allows (anyone may write there).
