@@ -1,12 +1,14 @@
 """A node's vote, and what it must not forget across a restart of its agent.
 
-Four values: the newest round the node knows formed (``history``), the newest proposal it
+Five values: the newest round the node knows formed (``history``), the newest proposal it
 accepted beyond it (``accepted``: its vote, see ``_rounds``), the highest epoch it led
 (``led``: a new process starts its election above it, and never leads a term of the same
 (epoch, node) as its predecessor's, whose proposals may be out), and the rounds it heard of
 (``heard``: a node counted in a round without its vote, as a new member is, knows of that
 round only what it heard before it joined; a new process that forgot it would found a job of
-its own beside the round, seed 8025425). Each change is written
+its own beside the round, seed 8025425), and whether it left the job (``left``: a leave
+takes its vote away, and the others count it gone; a new process of it is a new node, seed
+8038304). Each change is written
 (``persist``: ``_identity`` keeps the state file) before anything that rests on it leaves the
 node: a vote sent before it is on the disk is forgotten by a power loss, and a second round
 could form from the same base without knowing of the first. A change the disk refused is
@@ -29,6 +31,7 @@ class NodeState:
     accepted: History | None = None
     led: int = 0
     heard: Heard = NOTHING_HEARD
+    left: bool = False
 
 
 #: Writes the state where a new process of the node finds it; False if the disk refused it.
@@ -41,16 +44,17 @@ class Ballot:
     accepted: History | None = None
     led: int = 0
     heard: Heard = NOTHING_HEARD
+    left: bool = False
     #: Where each change goes before the node acts on it.
     persist: Persist = field(default=lambda state: True, repr=False, compare=False)
 
     @classmethod
     def of(cls, state: NodeState | None, persist: Persist) -> Ballot:
         state = state or NodeState()
-        return cls(state.history, state.accepted, state.led, state.heard, persist)
+        return cls(state.history, state.accepted, state.led, state.heard, state.left, persist)
 
     def state(self) -> NodeState:
-        return NodeState(self.history, self.accepted, self.led, self.heard)
+        return NodeState(self.history, self.accepted, self.led, self.heard, self.left)
 
     def own_key(self) -> RoundKey | None:
         """The newest round this node was in or voted for: where its departure counts."""
@@ -104,5 +108,19 @@ class Ballot:
         previous, self.heard = self.heard, heard
         if not self.persist(self.state()):
             self.heard = previous
+            return False
+        return True
+
+    def leave(self) -> bool:
+        """This node leaves the job: on the disk before its leave goes out, for the others
+        count it gone and form the next round without its vote; a new process of it that took
+        the vote back (a host that lost power as it left) could form another round from the
+        same base with nodes that left too (seed 8038304). A new process of a node that left is
+        a new node (``_identity``). False if the disk refused it (it must not say it leaves)."""
+        if self.left:
+            return True
+        self.left = True
+        if not self.persist(self.state()):
+            self.left = False
             return False
         return True

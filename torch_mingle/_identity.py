@@ -148,8 +148,10 @@ class Identity:
             if fd is None:
                 continue  # a live (or frozen) process holds it
             node_id, incarnation, state, kept = _read(path)
-            if node_id and _stale(path, kept):
-                node_id, incarnation, state = 0, 0, NodeState()  # died long ago: start afresh
+            if node_id and (state.left or _stale(path, kept)):
+                # It left the job (its vote went with it: ``Ballot.leave``), or died long ago:
+                # start afresh, as a new node.
+                node_id, incarnation, state = 0, 0, NodeState()
             ident = cls(
                 node_id or secrets.randbits(64) or 1,
                 incarnation + 1,
@@ -191,6 +193,7 @@ class Identity:
                 "accepted": state.accepted.to_json() if state.accepted else None,
                 "led": state.led,
                 "seen": state.heard.to_json(),
+                "left": state.left,
             }
             tmp = _tmp_path(path)
             try:
@@ -410,9 +413,10 @@ def _read(path: Path) -> tuple[int, int, NodeState, float]:
         accepted = History.from_json(data["accepted"]) if data.get("accepted") else None
         led = int(data.get("led", 0))
         heard = Heard.of(data.get("seen"))
+        left = data.get("left", False) is not False
     except (OSError, ValueError, KeyError, TypeError):
         return 0, 0, NodeState(), KEEP_S
-    return node_id, incarnation, NodeState(history, accepted, led, heard), keep_s
+    return node_id, incarnation, NodeState(history, accepted, led, heard, left), keep_s
 
 
 def _mtime(path: Path) -> float:

@@ -544,6 +544,9 @@ class Node:
     ) -> None:
         """``shutdown()``: close the job and leave; a leader first waits for the others to leave.
         ``failed``: this agent failed, and so did the job for the nodes still waiting for a place."""
+        if not self.ballot.leave():  # (as ``request_leave``)
+            self.board.resolve(ticket, error=MingleStateError("cannot record that this node leaves"))
+            return
         self._shutdown = ticket
         self._shutdown_deadline = now + close_timeout_s
         if self._join is not None:
@@ -633,6 +636,10 @@ class Node:
         Only then may the agent stop its own workers: stopped earlier, they would make the
         others' workers fail, and those failures would count against ``--max-restarts``.
         """
+        if not self.ballot.leave():
+            # (``Identity.save`` said why) Its vote stays: it leaves as a node that dies does.
+            self.board.resolve(ticket, error=MingleStateError("cannot record that this node leaves"))
+            return
         self._leaving = ticket
         if self._join is not None:
             self.board.resolve(self._join, error=MingleStateError("this node is leaving the job"))

@@ -324,13 +324,13 @@ class World(Agents[_Agent]):
             node = self.sim.add_node(at, node_id=node_id, place=self._place(host))
         self._record_accepts(node)
         self._record_terms(node)
+        self._record_leaves(node)
         for known in (node.node.history, node.node.accepted):  # its state file's: it knows them
             lineage = self._lineage_known(known.key) if known is not None else None
             if lineage is not None:
                 self.sim.learn(node, ("lineage", lineage))
         agent = self.start(host, node, at)
         self.alive_at[node.core.node_id] = at
-        self.said_left.pop(node.core.node_id, None)  # a new process of a node that left votes again
         self._quiet_since = max(self._quiet_since, at)
         self._note(agent, f"starts node {node_hex(node.core.node_id)[:6]}")
         return agent
@@ -344,6 +344,7 @@ class World(Agents[_Agent]):
             ok = inner(rnd, base, covers)
             if ok:
                 key = (rnd.epoch, rnd.members[0], rnd.number)
+                self._check_left(node, rnd)
                 self._check_vote(node.core.node_id, key, base, covers)
                 self.accepted.setdefault(key, (rnd.base, rnd.members))
                 self.proposed_at.setdefault(key, self.sim.now)
@@ -354,6 +355,21 @@ class World(Agents[_Agent]):
             return ok
 
         node.node._accept = accept  # type: ignore[method-assign]
+
+    def _record_leaves(self, node: SimNode) -> None:
+        """Each node that leaves (SIGTERM or ``shutdown()``), with the newest round it was in or
+        voted for, as its process handles it (a frozen process handles its SIGTERM once thawed,
+        if it still lives then) (``quorum``)."""
+        for name in ("request_leave", "request_shutdown"):
+            inner = getattr(node.node, name)
+
+            def leave(*args: Any, inner: Callable[..., None] = inner, **kw: Any) -> None:
+                key = node.node._own_key()
+                inner(*args, **kw)
+                if node.node.ballot.left:  # (recorded: its leave may go out)
+                    self.said_left.setdefault(node.core.node_id, key)
+
+            setattr(node.node, name, leave)
 
     def _record_terms(self, node: SimNode) -> None:
         """Every term the process leads: a term (epoch, node id) is one process's, or two could
@@ -389,9 +405,6 @@ class World(Agents[_Agent]):
 
     def unanswered(self, agent: _Agent, result: object) -> None:
         raise Violation("bounded-wait", f"host {agent.host}: join answered {result!r}", self.sim.now)
-
-    def will_leave(self, agent: _Agent) -> None:
-        self.said_left[agent.node_id] = agent.node.node._own_key()
 
     def noted(self, agent: _Agent, what: str) -> None:
         if what == "joins again" and agent.round is not None:
@@ -462,6 +475,23 @@ class World(Agents[_Agent]):
             return True
         said = self.said_left[member]
         return said is not None and age(said) > age(base)
+
+    def _check_left(self, node: SimNode, rnd: Round) -> None:
+        """``quorum`` at each vote: a node that said it leaves votes on no successor of the round
+        its leave took it out of, in any process of its id: the leader that got the leave counts
+        it gone, and another that counts its vote could form a second round from the same base
+        (a new process of it is a new node: ``Ballot.leave``)."""
+        me = node.core.node_id
+        if me in self.said_left and rnd.base is not None and not self._votes_on(me, rnd.base):
+            said = self.said_left[me]
+            raise Violation(
+                "quorum",
+                f"node {node_hex(me)[:6]} (incarnation {node.node.settings.incarnation}) accepted "
+                f"{_key((rnd.epoch, rnd.members[0], rnd.number))} from {_key(rnd.base)} after it said "
+                f"it leaves {_key(said) if said is not None else 'before any round'}: "
+                "a vote its leave took away",
+                self.sim.now,
+            )
 
     def _check_vote(
         self, node: int, key: tuple[int, int, int], base: int, covers: frozenset[tuple[int, int, int]]
@@ -1106,6 +1136,15 @@ class World(Agents[_Agent]):
     def _do_sigterm(self, e: sc.Event, agent: _Agent) -> None:
         if agent.phase in (Phase.JOINING, Phase.RUNNING):
             self.preempt(agent)
+
+    def _do_preempt(self, e: sc.Event, agent: _Agent) -> None:
+        """A spot preemption (``PREEMPT_SHARE``): the notice, then the host down before its agent
+        is done, and started again by its scheduler."""
+        if agent.phase not in (Phase.JOINING, Phase.RUNNING):
+            return
+        self.preempt(agent)
+        down = sc.Event(self.sim.now + float(e.args[0]), "power", agent.host, dur=e.dur, args=("restart",))  # type: ignore[arg-type]
+        self._at(down.at, lambda: self._fire(down))
 
     def _do_shutdown(self, e: sc.Event, agent: _Agent) -> None:
         if agent.phase in (Phase.JOINING, Phase.RUNNING):

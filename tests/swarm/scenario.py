@@ -79,6 +79,13 @@ REGROUP_SALT = 0x2E6209
 #: (seed 8025425: it forgot, and founded a job of one beside the round).
 NEWCOMER_SHARE = 0.15
 NEWCOMER_SALT = 0x4E3C0E
+#: A share of the seeds (``PREEMPT_SHARE``, drawn apart) preempt a host as a spot instance is:
+#: a notice (SIGTERM: its agent leaves), then the host goes down before the agent is done
+#: (``args``: how long after the notice) and its scheduler starts it again (``dur``): a leave
+#: that reached the others but not the state file gives the new process a vote the others
+#: count gone (seed 8038304).
+PREEMPT_SHARE = 0.15
+PREEMPT_SALT = 0x5E0771
 #: A share of the seeds (``LONG_SHARE``, drawn apart from ``KINDS``) run for an hour of
 #: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S``, no agent that
 #: leaves for good (no SIGTERM, no shutdown), every host that crashes or loses power started
@@ -97,6 +104,7 @@ TRIGGER_S = 6.0
 AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept"))
 TRIGGERS = AT_ACCEPT | {"newcomer_at_propose"}
 FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut"}) - {"workers_fail", "sigterm", "shutdown"}
+#: (``preempt`` is not one: its notice is a leave, and the power loss it brings counts itself.)
 
 
 @dataclass(frozen=True)
@@ -196,7 +204,7 @@ def generate(seed: int) -> Scenario:
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
     events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
-    events += _newcomer(seed)
+    events += _newcomer(seed) + _preempt(seed, hosts)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -267,6 +275,17 @@ def _newcomer(seed: int) -> list[Event]:
     cut = round(rng.uniform(3.0, 8.0), 3)
     restart_after, down = round(rng.uniform(0.1, 2.0), 3), round(rng.uniform(0.2, 1.5), 3)
     return [Event(at, "newcomer_at_propose", dur=TRIGGER_S + cut, args=(cut, restart_after, down))]
+
+
+def _preempt(seed: int, hosts: int) -> list[Event]:
+    """A spot preemption: the notice, then the host down soon after (``PREEMPT_SHARE``), from a
+    stream of its own."""
+    rng = random.Random(seed ^ PREEMPT_SALT)
+    if rng.random() >= PREEMPT_SHARE:
+        return []
+    at = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3)
+    down_after, back = round(rng.uniform(0.0, 1.5), 3), round(rng.uniform(0.5, 4.0), 3)
+    return [Event(at, "preempt", rng.randrange(hosts), dur=back, args=(down_after,))]
 
 
 def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Event]) -> list[Event]:

@@ -262,6 +262,18 @@ def test_the_rounds_a_node_heard_of_go_to_its_next_process(tmp_path):
     after.release(forget=True)
 
 
+def test_a_node_that_left_comes_back_as_a_new_node(tmp_path):
+    """Its leave took its vote away (the others formed the next round without it): a process
+    that took over its slot, the host having lost power before the agent let it go, must not
+    vote with it again (seed 8038304, ``Ballot.leave``)."""
+    ident = Identity.claim(tmp_path, "job42")
+    assert ident.save(NodeState(History(epoch=1, round=5, members=(ident.node_id, 7)), None, left=True))
+    ident.release(forget=False)  # the host went down before the agent released the slot
+    after = Identity.claim(tmp_path, "job42")
+    assert after.node_id != ident.node_id and after.incarnation == 1 and after.state == NodeState()
+    after.release(forget=True)
+
+
 def test_a_node_joins_only_once_what_it_heard_of_is_on_the_disk():
     saved: list[NodeState] = []
 

@@ -129,7 +129,6 @@ class Agents(Generic[A]):
                     self.rejoin(agent)
             elif ticket is not None and ticket.done:
                 if agent.phase is Phase.ARRIVING:
-                    self.will_leave(agent)
                     self.call(
                         agent,
                         Phase.SHUTTING,
@@ -170,14 +169,12 @@ class Agents(Generic[A]):
 
     def shut(self, agent: A) -> None:
         """``shutdown()``: it is done (or failed for good), and closes the job."""
-        self.will_leave(agent)
         self.call(
             agent, Phase.SHUTTING, self.sim.leave(agent.node, self.close_timeout_s), self.close_timeout_s
         )
 
     def preempt(self, agent: A) -> None:
         """SIGTERM: it leaves the job at once."""
-        self.will_leave(agent)
         self.call(
             agent, Phase.LEAVING, self.sim.preempt(agent.node, self.leave_timeout_s), self.leave_timeout_s
         )
@@ -213,9 +210,6 @@ class Agents(Generic[A]):
 
     def round_ended(self, agent: A, rnd: Any) -> None:
         """The agent's workers stopped running ``rnd``."""
-
-    def will_leave(self, agent: A) -> None:
-        """The agent is about to leave the job (shutdown or SIGTERM)."""
 
     def noted(self, agent: A, what: str) -> None:
         """Something the agent did, for a trace."""

@@ -251,8 +251,10 @@ class Simulation:
     def restart(self, old: SimNode, at: float, *, node_id: int | None = None) -> SimNode:
         """A new process of the agent on ``old``'s host, starting at ``at`` (``old`` is dead by
         then); under ``old``'s node id it reads what ``old`` saved (``_identity``), one
-        incarnation later."""
+        incarnation later, unless ``old`` left the job (then it is a new node)."""
         was = old.node.settings
+        if node_id is not None and node_id in self.saved and self.saved[node_id].left:
+            node_id = None  # it left: a new node (``Identity.claim``)
         incarnation = was.incarnation + 1 if node_id == was.node_id else 1
         return self.add_node(at, node_id=node_id, addr=old.addr, place=was.place, incarnation=incarnation)
 
