@@ -75,17 +75,19 @@ class Ballot:
             return False
         return True
 
-    def formed(self, rnd: Round) -> bool:
+    def formed(self, rnd: Round, heard: Heard | None = None) -> bool:
         """The round ``rnd`` formed with this node in it; False if the disk refused it: the file
         still holds the proposal this node accepted for the round (``accept`` wrote it before
         the vote went out), so a new process of it still accounts for the round; it is kept so
-        in memory too, and this node votes no more (``Identity.save``)."""
+        in memory too, and this node votes no more (``Identity.save``). ``heard``: what the
+        node heard of by now, written with it (``remember``)."""
         self.history = History.of(rnd)
-        kept = self.accepted
+        kept, known = self.accepted, self.heard
         if self.accepted is not None and not self.accepted.newer_than(self.history):
             self.accepted = None
+        self.heard = heard if heard is not None else self.heard
         if not self.persist(self.state()):
-            self.accepted = kept
+            self.accepted, self.heard = kept, known
             return False
         return True
 

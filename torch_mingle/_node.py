@@ -731,10 +731,22 @@ class Node:
             self._check_leaving(now)
             if not busy:
                 break
+        self._remember_heard()
         self._connect_ahead()
         self._publish(now, force=self._answered is not None)
         self._hand_over_answer()
         self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
+
+    def _remember_heard(self) -> bool:
+        """What this node heard of the job, on the disk while a round may count it without its
+        vote (``Ballot.remember``): before its join goes out, and whenever it hears more while
+        the join waits (a spare is taken in on the join it sent before the job's first round).
+        False: the disk refused it (``Identity.save`` said why), and the join fails."""
+        join = self._open_join()
+        if join is None or self.ballot.remember(self._heard()):
+            return True
+        self.board.resolve(join, error=MingleStateError("cannot record what this node heard of the job"))
+        return False
 
     def _open_join(self) -> Ticket | None:
         """The agent's join, while it waits for an answer the node has not decided yet."""
@@ -1159,9 +1171,9 @@ class Node:
         claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
         if rnd.rank_of(self.settings.node_id) is None:
             raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
-        if not self.ballot.formed(rnd):
-            log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
         self.core.hear_round(rnd.key)
+        if not self.ballot.formed(rnd, self._heard()):
+            log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
         self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
         self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
         seen_via = session.ip if session else self.settings.advertised_ip
@@ -1180,8 +1192,8 @@ class Node:
 
     def _send_join(self, now: float) -> None:
         join = self._open_join()
-        if join is None or not self.ballot.remember(self._heard()):
-            return  # (the disk refused what it heard: ``Identity.save`` said so, it joins no more)
+        if join is None or not self._remember_heard():
+            return
         remaining = (
             join.timeout_s if join.deadline is None else max(0.001, join.deadline - now - JOIN_GRACE_S)
         )

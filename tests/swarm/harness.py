@@ -325,8 +325,9 @@ class World(Agents[_Agent]):
         self._record_accepts(node)
         self._record_terms(node)
         self._record_leaves(node)
-        for known in (node.node.history, node.node.accepted):  # its state file's: it knows them
-            lineage = self._lineage_known(known.key) if known is not None else None
+        kept = [h.key for h in (node.node.history, node.node.accepted) if h is not None]
+        for key in (*kept, *node.node.ballot.heard.keys):  # its state file's: it knows them
+            lineage = self._lineage_known(key)
             if lineage is not None:
                 self.sim.learn(node, ("lineage", lineage))
         agent = self.start(host, node, at)

@@ -404,6 +404,27 @@ def test_a_spare_that_joined_before_the_first_round_never_founds_a_job_of_its_ow
     assert all(spare.core.node_id not in r[2] for r in agents.rounds)
 
 
+def test_a_spare_restarted_while_cut_off_still_knows_that_the_job_ran():
+    """A spare that joined before round 1 is taken in, later, on that same join, without its
+    vote: what it heard while it waited goes to its state file (``Ballot.remember``), so a new
+    process of it, cut off alone with ``min_nodes=1``, founds no job of its own either."""
+    sim = Simulation(3, seed=7, timing=FAST, min_nodes=1, max_nodes=2, last_call_timeout_s=0.5)
+    agents = Agents(sim, list(sim.nodes))
+    agents.run_until(3.0)
+    members = set(agents.rounds[-1][2])
+    (spare,) = [n for n in sim.nodes if n.core.node_id not in members]
+    assert spare.node.parked
+    assert sim.saved[spare.core.node_id].heard.round >= 1  # written as it waited, not at its join
+    sim.net.partition([n.addr for n in sim.nodes if n is not spare], [spare.addr])
+    sim.kill(spare)
+    t0 = sim.now + 0.5
+    new = sim.restart(spare, t0, node_id=spare.core.node_id)
+    agents.start(spare.index, new, t0)
+    agents.run_until(t0 + 30.0)
+    assert new.node.core.heard.round >= 1
+    assert all(new.core.node_id not in r[2] for r in agents.rounds if r[0] > t0), "alone, it formed a round"
+
+
 def test_a_restarted_process_draws_nonces_of_its_own():
     """Production seeds each process's nonces from the OS. The simulator must not give a new
     process of a node its predecessor's: every node that heard the old one would drop the new
