@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._record import field, record
-from torch_mingle._rounds import NOTHING_HEARD, Heard, History, Round, RoundKey, may_accept, newest_key
+from torch_mingle._rounds import NOTHING_HEARD, Heard, History, Round, may_accept
 
 
 @record

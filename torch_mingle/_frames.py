@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from torch_mingle._keys import RoundKey
 from torch_mingle._order import MAX_PLACE_CHARS
 from torch_mingle._record import record
 from torch_mingle._rounds import (
@@ -32,7 +33,6 @@ from torch_mingle._rounds import (
     Heard,
     History,
     Round,
-    RoundKey,
     Status,
     bounded_int,
     gone_of,

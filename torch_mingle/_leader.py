@@ -69,6 +69,7 @@ from torch_mingle._frames import (
     Wait,
     from_node,
 )
+from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import Claim
 from torch_mingle._record import assert_never, field, record
@@ -78,11 +79,9 @@ from torch_mingle._rounds import (
     JoinRequest,
     Round,
     RoundBook,
-    RoundKey,
     Status,
     gone_to_json,
     keep_delivered,
-    newest_key,
     node_hex,
     quorum_met,
 )
@@ -344,10 +343,10 @@ class LeaderTerm:
         if leaving:
             self._left(self.claim.leader, own_key)
         rnd = self.book.current
-        departed = sorted((self.book.left | self.book.gone) & rnd.member_set) if rnd else []
+        departed = self.book.ledger.departed_of(rnd.member_set) if rnd else []
         if leaving:
             departed = sorted({*departed, self.claim.leader})
-        gone = gone_to_json((n, key) for n in departed if (key := self.book.left_in(n)) is not None)
+        gone = gone_to_json((n, key) for n in departed if (key := self.book.ledger.left_in(n)) is not None)
         for m in list(self.conns.values()):
             self._send(m, "bye", leaving=leaving, gone=gone)
         for conn in list(self.conns):
@@ -519,7 +518,7 @@ class LeaderTerm:
         rnd = self.book.current
         if rnd is None:
             return True
-        others = rnd.member_set - {self.claim.leader} - self.book.dead - self.book.left
+        others = rnd.member_set - {self.claim.leader} - self.book.ledger.out_of(rnd.member_set)
         return others <= self.book.pending.keys()
 
     def close_job(
@@ -1100,7 +1099,7 @@ class LeaderTerm:
 
     def _node_lost(self, node: int, why: str, now: float, *, votes: bool) -> None:
         """``node`` is lost for the running round (``votes``: it keeps its vote, see ``_evidence``)."""
-        if node in self.book.left:
+        if self.book.ledger.has_left(node):
             return
         if not votes:
             self.book.said_it_left(node, self._voted_for(node))
@@ -1220,8 +1219,7 @@ class LeaderTerm:
         return (
             book.current is not None
             and node in book.current.member_set
-            and node not in book.left
-            and node not in book.dead
+            and book.ledger.live(node)
             and node not in book.arrived  # in torch's exit barrier: its job is done
         )
 
@@ -1309,7 +1307,7 @@ class LeaderTerm:
         )
         self._status_key, self._hello_since_status = key, set()
         # A preempted node that left waits, still connected, for the round without it.
-        leaving = [n for n in self.book.left if n in self._by_node and n not in rnd.member_set]
+        leaving = [n for n in self.book.ledger.leavers() if n in self._by_node and n not in rnd.member_set]
         frame = b""
         digest: bytes | None = None
         for node in itertools.chain(audience, leaving):

@@ -46,6 +46,7 @@ from torch_mingle._frames import (
     Wait,
 )
 from torch_mingle._frames import JobClosed as ClosedAnswer
+from torch_mingle._keys import RoundKey, age, newest_key
 from torch_mingle._leader import (
     ROUND_STORES_KEPT,
     ControlCounters,
@@ -70,7 +71,7 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import assert_never, field, record, replace
-from torch_mingle._rounds import Heard, History, Round, RoundBook, RoundKey, Status, age, newest_key
+from torch_mingle._rounds import Heard, History, Round, RoundBook, Status
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 

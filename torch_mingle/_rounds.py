@@ -63,6 +63,8 @@ import struct
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from torch_mingle._keys import RoundKey, age, newest_key
+from torch_mingle._ledger import Ledger
 from torch_mingle._order import natural_key
 from torch_mingle._record import field, record
 from torch_mingle._wire import deflated, dumps_compact, inflated, parse_ip
@@ -163,7 +165,6 @@ def node_id(value: Any) -> int:
 
 
 #: A round, as (epoch, leader, number): which round it is, across terms.
-RoundKey = tuple[int, int, int]
 #: Nodes that left the job, each with the round it left (None: unknown).
 Gone = tuple[tuple[int, RoundKey | None], ...]
 #: The lines of the job a round continues: the key of its own line's first round, then those of
@@ -173,18 +174,6 @@ Gone = tuple[tuple[int, RoundKey | None], ...]
 Lines = tuple[RoundKey, ...]
 #: Lines a round names at most.
 MAX_LINES = 8
-
-
-def newest_key(*keys: RoundKey | None) -> RoundKey | None:
-    """The newest of round keys, in ``History.newer_than``'s order (round, then epoch); None if
-    none is known."""
-    known = [k for k in keys if k is not None]
-    return max(known, key=age) if known else None
-
-
-def age(key: RoundKey) -> tuple[int, int, int]:
-    """A round key's place in the job's order (``History.newer_than``): round, epoch, then leader."""
-    return (key[2], key[0], -key[1])
 
 
 #: Rounds a node keeps (and says) it heard of: the newest ones, one per term.
@@ -720,11 +709,8 @@ class RoundBook:
     closed: bool = False
     #: Why the job failed (closed because a round cannot start), "" if it did not.
     failed: str = ""
-    dead: set[int] = field(default_factory=set)
-    left: set[int] = field(default_factory=set)
-    #: Left the job, as joiners reported (a leader whose ``bye`` said it leaves): like ``left``,
-    #: they no longer vote.
-    gone: set[int] = field(default_factory=set)
+    #: Who is lost, left or gone, and the rules that read it (``_ledger``).
+    ledger: Ledger = field(default_factory=Ledger)
     #: Members of the current round known to be in torch's exit barrier.
     arrived: set[int] = field(default_factory=set)
     last_round_number: int = 0
@@ -735,9 +721,6 @@ class RoundBook:
     #: numbered as the base or above that is not the base is of another line (a split at the
     #: job's start), and may go on: the next round needs a majority of it too (``rivals``).
     lines: dict[tuple[int, int], History] = field(default_factory=dict)
-    #: How often each node was dropped (died) in this term, and why the last time.
-    drops: dict[int, int] = field(default_factory=dict)
-    lost_why: dict[int, str] = field(default_factory=dict)
     ips: dict[int, str] = field(default_factory=dict)
     #: Each node's last restart in this term (``_returns_held``): its incarnation, when that
     #: process first joined, and when the one before it did (None: no restart before).
@@ -766,8 +749,6 @@ class RoundBook:
     #: The highest epoch of a round another term formed or proposed that a joiner reported,
     #: whatever its lineage (``outdated_by``).
     _reported_epoch: int = 0
-    #: The round each node that left the job left (``voters_of``).
-    _left_in: dict[int, RoundKey] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- inputs
 
@@ -776,14 +757,10 @@ class RoundBook:
         self.ips[req.node] = req.ip
         if len(self.ips) > 2 * MAX_MEMBERS:
             self._forget_strangers()
-        self.dead.discard(req.node)
-        self.left.discard(req.node)
-        self.gone.discard(req.node)
-        self._left_in.pop(req.node, None)
+        self.ledger.joined(req.node)
         for node, key in req.gone:
             if node not in self.pending:
-                self.gone.add(node)
-                self._departed(node, key)
+                self.ledger.reported_gone(node, key)
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
             if req.history.term != (self.epoch, self.leader):
@@ -796,7 +773,7 @@ class RoundBook:
         returning = (
             self.current is not None
             and req.node not in self.current.member_set
-            and (was_member or req.node in self.drops)
+            and (was_member or req.node in self.ledger.drops)
         )
         if self._returns_held(req, returning, now):
             self._returning.add(req.node)
@@ -840,14 +817,12 @@ class RoundBook:
     def said_it_left(self, node: int, said: RoundKey | None = None) -> None:
         """``node`` left the job by its own word, seen on its connection (``_evidence``): it no
         longer votes on the successor of the newest round it was in or voted for."""
-        self.gone.add(node)
-        self._departed(node, newest_key(said, self.known_key(node)))
+        self.ledger.said_it_left(node, newest_key(said, self.known_key(node)))
 
     def leave(self, node: int, said: RoundKey | None = None) -> None:
         """``node`` leaves the job; ``said``: the newest round it was in or voted for, by its own
         word (its ``leave`` frame)."""
-        self.left.add(node)
-        self._departed(node, newest_key(said, self.known_key(node)))
+        self.ledger.leave(node, newest_key(said, self.known_key(node)))
         self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self._broken_by.add(node)  # it left a running round (preempted): the others go on without it
@@ -866,11 +841,8 @@ class RoundBook:
     def died(self, node: int, why: str) -> bool:
         """Mark ``node`` lost (its connection ended or went silent: it keeps its vote, see
         ``_evidence``); True if it had a pending join (to be answered "retry")."""
-        if node in self.left:
+        if not self.ledger.died(node, why):
             return False
-        self.dead.add(node)
-        self.lost_why[node] = why
-        self.drops[node] = self.drops.get(node, 0) + 1
         dropped = self._unpend(node)
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self._broken_by.add(node)  # (a member that finished and is in the exit barrier stalls no one)
@@ -891,7 +863,7 @@ class RoundBook:
             rnd is not None
             and node in rnd.member_set
             and not self.closed
-            and node not in self.left
+            and not self.ledger.has_left(node)
             and self._rejoined == 0
             and self._broken_by <= {node}
         )
@@ -899,15 +871,7 @@ class RoundBook:
     def revive(self, node: int) -> None:
         """A member of the current round counted lost is in it after all (the leader sent it the
         round again): its loss is forgotten, and the round is healthy again (``may_resend``)."""
-        if node in self.dead:  # counted lost (not when its new connection superseded the old one)
-            self.dead.discard(node)
-            self.gone.discard(node)
-            self._left_in.pop(node, None)
-            self.lost_why.pop(node, None)
-            if self.drops.get(node, 0) > 1:
-                self.drops[node] -= 1
-            else:
-                self.drops.pop(node, None)
+        self.ledger.revive(node)  # (if counted lost: not when its new connection superseded the old one)
         self._broken_by.discard(node)
 
     def withdraw(self, node: int) -> None:
@@ -985,7 +949,7 @@ class RoundBook:
         joins = [self.pending[m] for m in admit]
         number = self.next_number()
         bases = [h for _, h in self._voting(base, uncertain, rivals)] if self.quorum else []
-        constraints = tuple(v for v in (self.voters_of(h.members, h.key) for h in bases) if v)
+        constraints = tuple(v for v in (self.ledger.voters_of(h.members, h.key) for h in bases) if v)
         if first:
             # A first round is accepted by every one of its members before it forms: if its
             # leader is lost before they heard that it formed, each still knows of it, so none
@@ -1134,20 +1098,6 @@ class RoundBook:
             return self._reported_epoch
         return None
 
-    def voters_of(self, members: tuple[int, ...], key: RoundKey) -> frozenset[int]:
-        """Who of the members of round ``key`` votes on the next one: all but those that left it
-        (``_evidence``).
-
-        Invariant: a departure is filed under the newest round its node was in or voted for
-        (``known_key``, its own word) or a newer one, never an older one: a node that left a
-        later round still votes on an older one (its vote there may have formed that later
-        round, and a side that dropped it from the older round's voters could form a second
-        successor). A departure whose round is unknown counts for no round."""
-        left_in = self._left_in
-        if not left_in:
-            return frozenset(members)
-        return frozenset(m for m in members if left_in.get(m) != key)
-
     def known_key(self, node: int) -> RoundKey | None:
         """The newest round ``node`` is known here to have been in or voted for: its join's
         report (its last round, the proposal it accepted) and the current round if it is a
@@ -1160,18 +1110,9 @@ class RoundBook:
             keys.append(self.current_key())
         return newest_key(*keys)
 
-    def _departed(self, node: int, key: RoundKey | None) -> None:
-        key = newest_key(key, self._left_in.get(node))
-        if key is not None:
-            self._left_in[node] = key
-
     def current_key(self) -> RoundKey | None:
         rnd = self.current
         return rnd.key if rnd is not None else None
-
-    def left_in(self, node: int) -> RoundKey | None:
-        """The round ``node`` left (None: not known to have left one)."""
-        return self._left_in.get(node)
 
     def status(self, now: float) -> Status:
         size = self.current.world_size if self.current else 0
@@ -1201,8 +1142,9 @@ class RoundBook:
         missing = self.missing()
         if not missing:
             return self._reason
+        why = self.ledger.lost_why
         named = "; ".join(
-            f"{node_hex(n)} ({self.ips.get(n, 'address unknown')}: {self.lost_why.get(n, 'not re-joined')})"
+            f"{node_hex(n)} ({self.ips.get(n, 'address unknown')}: {why.get(n, 'not re-joined')})"
             for n in missing
         )
         return f"{self._reason}; waiting for {named}"
@@ -1212,16 +1154,18 @@ class RoundBook:
         previous = self._previous_members()
         if previous is None:
             return []
-        return sorted(set(previous) - self.pending.keys() - self.left - {self.leader})
+        return sorted(
+            n for n in previous if n not in self.pending and not self.ledger.has_left(n) and n != self.leader
+        )
 
     def tracked(self) -> set[int]:
         """Nodes whose liveness matters: members of the current round and joiners."""
         members = set(self.current.members) if self.current else set()
-        return (members | self.pending.keys()) - self.dead - self.left
+        return {n for n in members | self.pending.keys() if self.ledger.live(n)}
 
     def departed(self) -> set[int]:
         """Members of the current round that left or died."""
-        return set(self.current.member_set & (self.dead | self.left)) if self.current else set()
+        return self.ledger.out_of(self.current.member_set) if self.current else set()
 
     def barrier_to_open(self) -> bool:
         """True when torch's exit barrier of the current round must be opened by the leader.
@@ -1258,7 +1202,7 @@ class RoundBook:
     def _live(self, node: int) -> bool:
         """Tracked (a member of the current round or a joiner) and neither dead nor left."""
         tracked = node in self.pending or (self.current is not None and node in self.current.member_set)
-        return tracked and node not in self.dead and node not in self.left
+        return tracked and self.ledger.live(node)
 
     # ---------------------------------------------------------------- helpers
 
@@ -1270,19 +1214,16 @@ class RoundBook:
         keep = (
             set(self.pending) | set(self.current.members if self.current else ()) | set(also) | {self.leader}
         )
-        for table in (self.ips, self.drops, self.lost_why, self.restarted_at):
+        for table in (self.ips, self.restarted_at):
             for node in [n for n in table if n not in keep]:
                 del table[node]
-        self.dead &= keep
-        self.left &= keep
-        self.gone &= keep
-        self._left_in = {n: k for n, k in self._left_in.items() if n in keep}
+        self.ledger.forget(keep)
         self._returning &= keep
 
     def voters(self) -> set[int]:
         """The base's members that vote on the next round: all but those that left."""
         base = self.base()
-        return set(self.voters_of(base.members, base.key)) if base is not None else set()
+        return set(self.ledger.voters_of(base.members, base.key)) if base is not None else set()
 
     def _no_quorum(
         self,
@@ -1312,7 +1253,7 @@ class RoundBook:
                 "or another side of a split at the job's start)"
             )
         for what, h in self._voting(base, uncertain, rivals):
-            voters = self.voters_of(h.members, h.key)
+            voters = self.ledger.voters_of(h.members, h.key)
             have = len(voters.intersection(joined))
             if voters and 2 * have <= len(voters):  # none: every voter left
                 return (
@@ -1339,7 +1280,7 @@ class RoundBook:
         return Wait(until=until, reason=reason)
 
     def _hold_end(self, node: int) -> float:
-        doublings = min(MAX_HOLD_DOUBLINGS, max(0, self.drops.get(node, 1) - 1))
+        doublings = min(MAX_HOLD_DOUBLINGS, max(0, self.ledger.drops.get(node, 1) - 1))
         return self.formed_at + self.rejoin_delay_s * float(2**doublings)
 
     def _held(self, now: float) -> set[int]:
@@ -1381,9 +1322,9 @@ class RoundBook:
         its state (empty: nowhere). The kept values are the joiners in the running round
         (``_rejoined``), the newest history a joiner reported (``_latest``), the running
         round's history, the base's members a re-rendezvous waits for, and the cursor of
-        ``all_gone``. The swarm asks after every step of the agents (invariant ``book``); the
-        unit tests after every operation."""
-        problems: list[str] = []
+        ``all_gone``; and the ledger's standings agree (``Ledger.check``). The swarm asks after
+        every step of the agents (invariant ``book``); the unit tests after every operation."""
+        problems: list[str] = self.ledger.check()
         members = self.current.member_set if self.current is not None else frozenset()
         rejoined = len(self.pending.keys() & members)
         if self._rejoined != rejoined:
@@ -1402,7 +1343,7 @@ class RoundBook:
             base = set(source.members)
             if source.epoch != self.epoch and source.members and source.members[0] != self.leader:
                 base.discard(source.members[0])
-            expected = (base - self.dead - self.left) | {self.leader} <= self.pending.keys()
+            expected = (base - self.ledger.out_of(base)) | {self.leader} <= self.pending.keys()
             if self._expected_joined() != expected:
                 problems.append(f"every node of the base joined: kept {not expected}, counted {expected}")
         gone = not (self.tracked() - {self.leader})
@@ -1433,10 +1374,10 @@ class RoundBook:
         base = self._expected_base()
         if base is None:
             return False  # first round of the job: wait for the last call like c10d
-        pending, dead, left = self.pending, self.dead, self.left
-        if len(base) > len(pending) + len(dead) + len(left):
+        pending, ledger = self.pending, self.ledger
+        if len(base) > len(pending) + ledger.out_count():
             return False
-        return all(n in pending or n in dead or n in left for n in base)
+        return all(n in pending or not ledger.live(n) for n in base)
 
     def _expected_base(self) -> frozenset[int] | None:
         """The last round's members (its leader left out after a failover), cached per round or
@@ -1465,6 +1406,6 @@ class RoundBook:
         rejoining = self._rejoined
         # Held nodes are joiners outside the round (returning ones, see ``join``).
         newcomers = len(self.pending) - rejoining - len(self._held(now))
-        live_size = len(members) - len(members & (self.dead | self.left))  # the small sets walked
+        live_size = len(members) - len(self.ledger.out_of(members))
         room = max(0, self.max_nodes - live_size)
         return rejoining + min(newcomers, room)

@@ -75,11 +75,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.swarm import scenario as sc
+from torch_mingle._keys import age
 from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import Joined
 from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS, Timing
-from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form, Round, age, node_hex
+from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form, Round, node_hex
 from torch_mingle._wire import (
     MAX_REMEMBERED_NONCES,
     Announce,
@@ -840,7 +841,7 @@ class World(Agents[_Agent]):
             term = node.node.term
             if node.alive and not node.frozen and term is not None:
                 for h in term.book.rivals():
-                    rival = term.book.voters_of(h.members, h.key)
+                    rival = term.book.ledger.voters_of(h.members, h.key)
                     if rival and 2 * len(alive & rival) <= len(rival):
                         return False
         if not newest:
@@ -865,7 +866,7 @@ class World(Agents[_Agent]):
         for node in self.sim.nodes:
             term = node.node.term
             if node.alive and not node.frozen and term is not None and term.book.current_key() == r.key:
-                heard |= {m for m in term.book.left & set(r.members) if self.said_left.get(m) == r.key}
+                heard |= {m for m in term.book.ledger.left & set(r.members) if self.said_left.get(m) == r.key}
         return heard
 
     def _finish(self, *, check_again: bool) -> None:
@@ -1251,10 +1252,10 @@ def _term_sizes(term: LeaderTerm, ids: int, kept: int) -> dict[str, tuple[int, i
     return {
         "leader's connections": (len(term.conns), 2 * ids + 8),
         "pending joins": (len(book.pending), ids),
-        "dead": (len(book.dead), kept),
-        "left": (len(book.left), kept),
-        "gone": (len(book.gone), kept),
-        "drops": (len(book.drops), kept),
+        "dead": (len(book.ledger.lost), kept),
+        "left": (len(book.ledger.left), kept),
+        "gone": (len(book.ledger.gone), kept),
+        "drops": (len(book.ledger.drops), kept),
         "ips": (len(book.ips), kept),
         "restarts": (len(book.restarted_at), kept),
         "join deadlines": (len(term._deadlines), 4 * (len(term._by_node) + 16)),

@@ -29,6 +29,7 @@ from tests.swarm.__main__ import run_seed
 from torch_mingle import _ballot, _evidence, _leader, _rounds
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
+from torch_mingle._ledger import Ledger
 from torch_mingle._node import Node
 from torch_mingle._record import replace
 from torch_mingle._rounds import History, RoundBook
@@ -89,15 +90,12 @@ def _lead_without_quorum_after_a_restart(self: Node, epoch: int, now: float) -> 
     _sound_lead(self, epoch, now)
 
 
-def _voters_without_anyone_who_left_anything(self: RoundBook, members: tuple[int, ...], key: Any) -> Any:
-    return frozenset(m for m in members if m not in self._left_in)
+def _voters_without_anyone_who_left_anything(self: Ledger, members: tuple[int, ...], key: Any) -> Any:
+    return frozenset(m for m in members if self.left_in(m) is None)
 
 
-def _leave_keeping_the_vote(self: RoundBook, node: int, said: Any = None) -> None:
-    self.left.add(node)
-    self._unpend(node)
-    if self.current is not None and node in self.current.member_set and node not in self.arrived:
-        self._broken_by.add(node)
+def _leave_keeping_the_vote(self: Ledger, node: int, key: Any) -> None:
+    self.left.add(node)  # no departure filed: it still votes
 
 
 def _quorum_met_by_a_majority(constraints: Any, accepted: Any, counts: Any = None, **_: Any) -> bool:
@@ -123,9 +121,9 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a broken protocol proves nothing", "_evidence.judge(BROKEN)", "a protocol error: no vote",
                (_verdict(Evidence.BROKEN, votes=False),)),
         Mutant("only its word takes a vote", "_evidence.judge(LEFT)", "a leave keeps the vote",
-               (_attr(RoundBook, "leave", _leave_keeping_the_vote),)),
-        Mutant("a departure counts for its round only", "RoundBook.voters_of",
-               "a node that left any round votes on none", (_attr(RoundBook, "voters_of",
+               (_attr(Ledger, "leave", _leave_keeping_the_vote),)),
+        Mutant("a departure counts for its round only", "Ledger.voters_of",
+               "a node that left any round votes on none", (_attr(Ledger, "voters_of",
                                                                 _voters_without_anyone_who_left_anything),)),
         Mutant("a node accepts only what accounts for what it knows", "_rounds.may_accept",
                "it accepts every proposal", (_attr(_ballot, "may_accept", lambda *a: True),)),

@@ -252,7 +252,9 @@ def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropp
     _connect(term, 11, 3, 0.4)
     term.received(11, [{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}], 0.5)
     _store_opened(term, 5002, 0.6)
-    assert 2 not in term.book.dead and 2 not in term.book.drops and 2 not in term.book.gone
+    assert (
+        2 not in term.book.ledger.lost and 2 not in term.book.ledger.drops and 2 not in term.book.ledger.gone
+    )
     assert _rounds_formed(_sent(term)) == set()  # node 2, alive, is still expected (until the last call)
     _connect(term, 12, 2, 1.0)
     term.received(12, [{"t": "join", "id": 2, "ip": "198.18.0.2", "history": history}], 1.1)
@@ -276,7 +278,7 @@ def test_a_join_read_in_the_same_batch_as_its_bye_is_withdrawn_not_put_in_a_roun
     term.received(10, [hello, join, {"t": "bye"}], 0.3)
     term.closed(10, "closed by the peer", 0.3)
     assert _rounds_formed(_sent(term)) == set()
-    assert 2 not in term.book.dead and 2 not in term.book.drops
+    assert 2 not in term.book.ledger.lost and 2 not in term.book.ledger.drops
     _connect(term, 12, 2, 1.0)
     term.received(12, [{"t": "join", "id": 4, "ip": "198.18.0.2", "history": history}], 1.1)
     assert _rounds_formed(_sent(term)) == {tuple(f"{n:016x}" for n in (LEADER, 2, 3))}
@@ -287,7 +289,9 @@ def test_a_member_of_the_running_round_that_says_bye_is_still_lost():
     assert _rounds_formed(_sent(term))
     term.received(10, [{"t": "bye"}], 1.0)
     term.closed(10, "closed by the peer", 1.0)
-    assert 2 in term.book.dead and 2 not in term.book.gone  # lost (the round is stale), not gone
+    assert (
+        2 in term.book.ledger.lost and 2 not in term.book.ledger.gone
+    )  # lost (the round is stale), not gone
     assert term.book.stale
 
 
@@ -336,11 +340,11 @@ def test_a_member_whose_round_was_lost_with_its_connection_gets_it_again_and_is_
     term = _round_of_two()
     assert _rounds_sent(_sent(term), 10) == [(7, 1)]
     term.closed(10, "connection reset by peer", 0.31)
-    assert (term.book.stale, 2 in term.book.dead) == (True, True)  # lost, as far as we know
+    assert (term.book.stale, 2 in term.book.ledger.lost) == (True, True)  # lost, as far as we know
     _connect(term, 11, 2, 0.32)
     _join(term, 11, 7, 0.33)
     assert _rounds_sent(_sent(term), 11) == [(7, 1)]
-    assert not term.book.stale and 2 not in term.book.dead and 2 not in term.book.drops
+    assert not term.book.stale and 2 not in term.book.ledger.lost and 2 not in term.book.ledger.drops
     assert term.book.current is not None and term.book.current.number == 1
     # A new join of that node (another ticket) is a re-join, as before.
     _join(term, 11, 8, 1.0)
@@ -364,12 +368,12 @@ def test_a_member_whose_new_connection_came_first_gets_its_round_again_and_keeps
     # The new connection's hello superseded the old one before its close was seen: the node
     # was never counted lost, and an earlier drop of it in this term still counts.
     term = _round_of_two()
-    term.book.drops[2] = 1
+    term.book.ledger.drops[2] = 1
     _connect(term, 11, 2, 0.31)
     term.closed(10, "connection reset by peer", 0.32)
     _join(term, 11, 7, 0.33)
     assert _rounds_sent(_sent(term), 11) == [(7, 1)]
-    assert term.book.drops == {2: 1} and not term.book.stale
+    assert term.book.ledger.drops == {2: 1} and not term.book.stale
 
 
 def test_a_new_process_of_a_member_breaks_its_round_and_does_not_get_it_for_its_first_ticket():
@@ -381,7 +385,7 @@ def test_a_new_process_of_a_member_breaks_its_round_and_does_not_get_it_for_its_
     term.accepted(11, 0.31)
     hello = {"t": "hello", "node": f"{2:016x}", "epoch": 1, "leader": f"{LEADER:016x}", "ip": "198.18.0.2"}
     term.received(11, [{**hello, "inc": 2, "ahead": True}], 0.31)
-    assert term.book.stale and "a new process of the node started" in term.book.lost_why[2]
+    assert term.book.stale and "a new process of the node started" in term.book.ledger.lost_why[2]
     _join(term, 11, 7, 0.33)
     assert _rounds_sent(_sent(term), 11) == []
     assert 2 in term.book.pending

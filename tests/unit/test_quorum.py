@@ -134,8 +134,8 @@ def test_a_node_that_left_a_later_round_still_votes_on_an_older_one():
     later = History(epoch=1, round=4, members=(1, 2, 3, 4))
     join(b, 1, history=later, gone=frozenset({4}))
     join(b, 2, history=PREVIOUS)
-    assert b.voters_of(later.members, later.key) == {1, 2, 3}
-    assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
+    assert b.ledger.voters_of(later.members, later.key) == {1, 2, 3}
+    assert b.ledger.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
 
 
 def test_spares_alone_never_form_a_round_of_a_job_that_ran():
@@ -405,21 +405,21 @@ def test_a_departure_counts_for_the_newest_round_its_node_voted_for_not_the_lead
     other = History(epoch=3, round=4, members=(5, 2, 3))
     b.join(JoinRequest(node=2, ip="198.18.0.2", history=PREVIOUS, accepted=other), 0.0)
     b.leave(2)
-    assert b.left_in(2) == other.key
-    assert 2 in b.voters_of(PREVIOUS.members, PREVIOUS.key)
-    assert 2 not in b.voters_of(other.members, other.key)
+    assert b.ledger.left_in(2) == other.key
+    assert 2 in b.ledger.voters_of(PREVIOUS.members, PREVIOUS.key)
+    assert 2 not in b.ledger.voters_of(other.members, other.key)
 
 
 def test_a_departure_by_its_own_word_counts_for_its_round_and_an_unknown_one_for_none():
     b = book(1)
     later = History(epoch=3, round=7, members=(1, 2))
     b.leave(2, later.key)  # its leave frame named round 7
-    assert b.voters_of(later.members, later.key) == {1}
-    assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
+    assert b.ledger.voters_of(later.members, later.key) == {1}
+    assert b.ledger.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
     b.leave(3)  # nothing known of node 3's rounds: it keeps its vote everywhere
-    assert b.left_in(3) is None
+    assert b.ledger.left_in(3) is None
     b.join(JoinRequest(node=4, ip="198.18.0.4", history=PREVIOUS, gone=((3, None),)), 0.0)
-    assert b.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
+    assert b.ledger.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
 
 
 def test_a_leader_gives_way_to_a_joiner_that_ran_a_round_of_a_higher_epoch_in_any_lineage():

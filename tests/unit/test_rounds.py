@@ -518,7 +518,9 @@ def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
             assert not b._expected_joined()  # the first round waits for the last call
             continue
         if b.leader in b.pending:
-            assert b._expected_joined() == ((base - b.dead - b.left) | {b.leader} <= b.pending.keys())
+            assert b._expected_joined() == (
+                (base - b.ledger.lost - b.ledger.left) | {b.leader} <= b.pending.keys()
+            )
 
 
 def test_with_first_round_majority_no_side_of_a_split_below_half_of_max_nodes_starts_a_job():
