@@ -65,10 +65,17 @@ class Ballot:
         """Whether the proposal ``rnd`` accounts for what this node knows (``_rounds.may_accept``)."""
         return may_accept(self.history, self.accepted, History.of(rnd), base, covers)
 
+    def votes(self) -> bool:
+        """Whether this node still votes: not once it said it leaves. Its leave took its vote
+        (the leader that heard it counts it gone); a vote for a proposal that crossed the leave
+        on the way, counted by a term that never heard the leave, could form a second round
+        from the base the others form without it (seeds 9001332, 9001558)."""
+        return not self.left
+
     def accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
         """Record the proposal ``rnd`` as this node's vote, if it may (on the disk before the
-        vote goes out); False: no vote."""
-        if not self.may_accept(rnd, base, covers):
+        vote goes out, and only while it votes); False: no vote."""
+        if not self.votes() or not self.may_accept(rnd, base, covers):
             return False
         previous, self.accepted = self.accepted, History.of(rnd)
         if not self.persist(self.state()):

@@ -1112,7 +1112,7 @@ class Node:
         if self.ballot.accept(rnd, base, covers):
             return True
         log.info(
-            "%s not accepting round %d of epoch %d: it does not account for %s / %s, or no disk",
+            "%s not accepting round %d of epoch %d: it does not account for %s / %s, it left, or no disk",
             self.label, rnd.number, rnd.epoch, self.history, self.accepted,
         )  # fmt: skip
         return False

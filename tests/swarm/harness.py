@@ -973,7 +973,8 @@ class World(Agents[_Agent]):
     def _do_power_at_accept(self, e: sc.Event, agent: _Agent | None) -> None:
         self._triggers.append(e)
 
-    _do_partition_at_accept = _do_sigterm_at_accept = _do_newcomer_at_propose = _do_power_at_accept
+    _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_accept
+    _do_newcomer_at_propose = _do_sigterm_at_propose = _do_power_at_accept
 
     def _voted(self, node: SimNode) -> None:
         """``node`` accepted a proposal: an armed fault of that moment fires right after its vote
@@ -990,20 +991,34 @@ class World(Agents[_Agent]):
 
     def _proposing(self, form: Form) -> None:
         """A term is about to send out the proposal ``form``: an armed ``newcomer_at_propose``
-        cuts off a member that the proposal's base did not hold, before the proposal leaves
-        (``NEWCOMER_SHARE``)."""
+        cuts off a member that the proposal's base did not hold (``NEWCOMER_SHARE``), an armed
+        ``sigterm_at_propose`` sends SIGTERM to a member that waits for it (``LEAVE_SHARE``),
+        before the proposal leaves."""
         now = self.sim.now
         for trigger in list(self._triggers):
-            if trigger.kind != "newcomer_at_propose" or trigger.at > now:
+            if trigger.kind not in sc.AT_PROPOSE or trigger.at > now:
                 continue
             if now > trigger.at + sc.TRIGGER_S:
                 self._triggers.remove(trigger)
+                continue
+            if trigger.kind == "sigterm_at_propose":
+                leaver = self._joiner_of(form)
+                if leaver is not None:
+                    self._triggers.remove(trigger)
+                    self._fire(sc.Event(now, "sigterm", leaver))
                 continue
             newcomer = self._newcomer(form)
             if newcomer is not None:
                 self._triggers.remove(trigger)
                 cut, restart_after, down = (float(a) for a in trigger.args)  # type: ignore[arg-type]
                 self._fire(sc.Event(now, "newcomer_cut", newcomer, dur=cut, args=(restart_after, down)))
+
+    def _joiner_of(self, form: Form) -> int | None:
+        """The host of a member of the proposal ``form`` that is not its leader and waits for a
+        round (the lowest node id); None if there is none."""
+        waiting = [a for a in self.agents if a.node.alive and a.phase is Phase.JOINING]
+        hosts = {a.node.core.node_id: a.host for a in waiting}
+        return next((hosts[m] for m in sorted(form.members[1:]) if m in hosts), None)
 
     def _newcomer(self, form: Form) -> int | None:
         """The host of a member of the proposal ``form`` that its base round did not hold (the

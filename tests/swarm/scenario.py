@@ -86,6 +86,11 @@ NEWCOMER_SALT = 0x4E3C0E
 #: count gone (seed 8038304).
 PREEMPT_SHARE = 0.15
 PREEMPT_SALT = 0x5E0771
+#: A share of the seeds (``LEAVE_SHARE``, drawn apart) send a member SIGTERM the moment a
+#: round that counts it is proposed: its leave and the proposal cross on the way, and the
+#: proposal reaches a node that no longer votes (seeds 9001332, 9001558: it voted).
+LEAVE_SHARE = 0.15
+LEAVE_SALT = 0x1EA7E5
 #: A share of the seeds (``LONG_SHARE``, drawn apart from ``KINDS``) run for an hour of
 #: simulated time (``LONG_S``) under churn: a fault every ``CHURN_GAP_S``, no agent that
 #: leaves for good (no SIGTERM, no shutdown), every host that crashes or loses power started
@@ -102,7 +107,8 @@ CHURN_KINDS = tuple(k for k in KINDS if k not in ("shutdown", "sigterm", "sigter
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
 AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept"))
-TRIGGERS = AT_ACCEPT | {"newcomer_at_propose"}
+AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
+TRIGGERS = AT_ACCEPT | AT_PROPOSE
 FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut"}) - {"workers_fail", "sigterm", "shutdown"}
 #: (``preempt`` is not one: its notice is a leave, and the power loss it brings counts itself.)
 
@@ -204,7 +210,7 @@ def generate(seed: int) -> Scenario:
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
     events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
-    events += _newcomer(seed) + _preempt(seed, hosts)
+    events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -286,6 +292,15 @@ def _preempt(seed: int, hosts: int) -> list[Event]:
     at = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3)
     down_after, back = round(rng.uniform(0.0, 1.5), 3), round(rng.uniform(0.5, 4.0), 3)
     return [Event(at, "preempt", rng.randrange(hosts), dur=back, args=(down_after,))]
+
+
+def _leave_at_propose(seed: int) -> list[Event]:
+    """SIGTERM to a member as a round that counts it is proposed (``LEAVE_SHARE``), from a
+    stream of its own."""
+    rng = random.Random(seed ^ LEAVE_SALT)
+    if rng.random() >= LEAVE_SHARE:
+        return []
+    return [Event(round(rng.uniform(0.0, FAULTS_UNTIL_S), 3), "sigterm_at_propose", dur=TRIGGER_S)]
 
 
 def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Event]) -> list[Event]:
