@@ -315,7 +315,7 @@ class Generator:
         """A round's members (``members``, ``propose``): the same bytes for every member, so
         decoded once; then what the follower session does with it (it keeps the round, which
         the ``round`` answer names by number; a proposal gets its vote)."""
-        from torch_mingle._rounds import Round
+        from torch_mingle._records import Round
 
         msg = self.parsed.get(body)
         if msg is None:
@@ -369,7 +369,7 @@ class Generator:
     def join_all(self, ticket: int, round_number: int) -> float:
         """Every live member asks for a place at once; returns when the last join was sent."""
         from torch_mingle._frames import Join
-        from torch_mingle._rounds import History
+        from torch_mingle._records import History
 
         # The round each member got on its connection: its join names it by number (``ref``).
         history = History.of(self.rounds[round_number]) if round_number else None

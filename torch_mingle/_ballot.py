@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch_mingle._keys import RoundKey, newest_key
+from torch_mingle._quorum import may_accept
 from torch_mingle._record import field, record
-from torch_mingle._rounds import NOTHING_HEARD, Heard, History, Round, may_accept
+from torch_mingle._records import NOTHING_HEARD, Heard, History, Round
 
 
 @record
@@ -62,7 +63,7 @@ class Ballot:
         return newest_key(*(h.key for h in (self.history, self.accepted) if h is not None))
 
     def may_accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
-        """Whether the proposal ``rnd`` accounts for what this node knows (``_rounds.may_accept``)."""
+        """Whether the proposal ``rnd`` accounts for what this node knows (``_quorum.may_accept``)."""
         return may_accept(self.history, self.accepted, History.of(rnd), base, covers)
 
     def votes(self) -> bool:

@@ -72,7 +72,7 @@ from torch_mingle._keys import RoundKey
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record, replace
-from torch_mingle._rounds import NOTHING_HEARD, Gone, Heard, History, Round, Status, keep_delivered
+from torch_mingle._records import NOTHING_HEARD, Gone, Heard, History, Round, Status, keep_delivered
 from torch_mingle._wire import Invalid, Seal, encode_frame
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Any
 from torch_mingle._keys import RoundKey
 from torch_mingle._order import MAX_PLACE_CHARS
 from torch_mingle._record import record
-from torch_mingle._rounds import (
+from torch_mingle._records import (
     MAX_EPOCH,
     MAX_MEMBERS,
     MAX_ROUND,

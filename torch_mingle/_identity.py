@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_mingle._ballot import NodeState
-from torch_mingle._rounds import Heard, History
+from torch_mingle._records import Heard, History
 from torch_mingle.errors import MingleConfigError
 
 log = logging.getLogger(__name__)

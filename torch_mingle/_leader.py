@@ -72,19 +72,10 @@ from torch_mingle._frames import (
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._protocol import Claim
+from torch_mingle._quorum import quorum_met
 from torch_mingle._record import assert_never, field, record
-from torch_mingle._rounds import (
-    Form,
-    History,
-    JoinRequest,
-    Round,
-    RoundBook,
-    Status,
-    gone_to_json,
-    keep_delivered,
-    node_hex,
-    quorum_met,
-)
+from torch_mingle._records import History, Round, Status, gone_to_json, keep_delivered, node_hex
+from torch_mingle._rounds import Form, JoinRequest, RoundBook
 from torch_mingle._wire import Invalid, Seal, dumps_compact, encode_frame, frame_digest
 
 log = logging.getLogger(__name__)

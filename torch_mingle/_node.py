@@ -71,7 +71,8 @@ from torch_mingle._protocol import (
     Succession,
 )
 from torch_mingle._record import assert_never, field, record, replace
-from torch_mingle._rounds import Heard, History, Round, RoundBook, Status
+from torch_mingle._records import Heard, History, Round, Status
+from torch_mingle._rounds import RoundBook
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 

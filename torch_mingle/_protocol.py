@@ -52,7 +52,7 @@ from typing import TypeVar
 
 from torch_mingle._keys import RoundKey
 from torch_mingle._record import field, record, replace
-from torch_mingle._rounds import NOTHING_HEARD, Heard
+from torch_mingle._records import NOTHING_HEARD, Heard
 from torch_mingle._wire import (
     EPOCH_MAX,
     Announce,

@@ -48,9 +48,9 @@ MAGIC = b"MNGL"
 #: cannot do; 6: a join names a round its leader delivered by number (``ref``), which a
 #: leader of version 5 would read as no history, and a formed round comes once as ``members``
 #: and is named by number; 7: a round's per-member lists travel as one compressed string
-#: (``_rounds.Round.to_json``: ``columns``), which a node of version 6 cannot read; 8: a query
+#: (``_records.Round.to_json``: ``columns``), which a node of version 6 cannot read; 8: a query
 #: says the highest round its node heard of (``Query.round_seen``); 9: a round heard of is named
-#: by its key (epoch, leader, number), in queries, announcements and frames (``_rounds.Heard``),
+#: by its key (epoch, leader, number), in queries, announcements and frames (``_records.Heard``),
 #: not by its number. Nodes of different versions drop each other's datagrams (bad_version).
 VERSION = 9
 MAX_DATAGRAM_BYTES = 1200
@@ -104,7 +104,7 @@ class Query:
 
     epoch_seen: int
     addrs: tuple[str, ...] = ()
-    #: Them, as (epoch, leader, round), newest first (``_rounds.Heard``).
+    #: Them, as (epoch, leader, round), newest first (``_records.Heard``).
     round_seen: tuple[tuple[int, int, int], ...] = ()
 
     type = MsgType.QUERY
@@ -132,7 +132,7 @@ class Announce:
     established: bool = False
     followers: int = 0
     #: The rounds of the job the leader knows ran, as (epoch, leader, round), newest first
-    #: (``_rounds.Heard``): who hears it knows which rounds ran, not only the highest number.
+    #: (``_records.Heard``): who hears it knows which rounds ran, not only the highest number.
     heard: tuple[tuple[int, int, int], ...] = ()
 
     type = MsgType.ANNOUNCE

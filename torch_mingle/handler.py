@@ -40,7 +40,7 @@ from torch_mingle._health import HEALTH_RETRY_S, Verdict, wait_until_healthy
 from torch_mingle._interfaces import Interface, interface_for
 from torch_mingle._node import Diagnostics, JobClosed, Joined, Ticket, TimedOut
 from torch_mingle._notes import Note
-from torch_mingle._rounds import History, Round
+from torch_mingle._records import History, Round
 from torch_mingle._store import AgentStore, open_client
 from torch_mingle._wire import REPLAY_WINDOW_MS, parse_ip
 from torch_mingle.config import MingleConfig

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import rendezvous_all, unique_job
 from torch_mingle import _loop
-from torch_mingle._rounds import Round
+from torch_mingle._records import Round
 from torch_mingle._wire import (
     EPOCH_MAX,
     Announce,

@@ -80,7 +80,8 @@ from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import Joined
 from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS, Timing
-from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form, Round, node_hex
+from torch_mingle._records import Round, node_hex
+from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form
 from torch_mingle._wire import (
     MAX_REMEMBERED_NONCES,
     Announce,

@@ -26,13 +26,14 @@ from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _ballot, _evidence, _leader, _rounds
+from torch_mingle import _ballot, _evidence, _leader, _quorum
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
 from torch_mingle._ledger import Ledger
 from torch_mingle._node import Node
 from torch_mingle._record import replace
-from torch_mingle._rounds import History, RoundBook
+from torch_mingle._records import History
+from torch_mingle._rounds import RoundBook
 from torch_mingle.testing import sim as _sim
 
 Patch = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -99,7 +100,7 @@ def _leave_keeping_the_vote(self: Ledger, node: int, key: Any) -> None:
 
 
 def _quorum_met_by_a_majority(constraints: Any, accepted: Any, counts: Any = None, **_: Any) -> bool:
-    return _rounds.quorum_met(constraints, accepted, counts)
+    return _quorum.quorum_met(constraints, accepted, counts)
 
 
 _sound_voting = RoundBook._voting
@@ -125,7 +126,7 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a departure counts for its round only", "Ledger.voters_of",
                "a node that left any round votes on none", (_attr(Ledger, "voters_of",
                                                                 _voters_without_anyone_who_left_anything),)),
-        Mutant("a node accepts only what accounts for what it knows", "_rounds.may_accept",
+        Mutant("a node accepts only what accounts for what it knows", "_quorum.may_accept",
                "it accepts every proposal", (_attr(_ballot, "may_accept", lambda *a: True),)),
         Mutant("a vote is on the disk before it goes out", "Ballot.accept",
                "the vote goes out unrecorded", (_attr(Ballot, "accept", _accept_without_persisting),)),

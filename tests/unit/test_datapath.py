@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torch_mingle._datapath import MAX_PROBES, ProbeListener, _address, failure_message, peers_to_probe, probe
-from torch_mingle._rounds import Round, Status
+from torch_mingle._records import Round, Status
 from torch_mingle._wire import deflated
 
 

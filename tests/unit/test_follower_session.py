@@ -10,7 +10,8 @@ from torch_mingle._follower import FollowerSession, SessionOver
 from torch_mingle._frames import Join, Propose, RoundFormed
 from torch_mingle._leader import LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import History, Round, RoundBook, Status
+from torch_mingle._records import History, Round, Status
+from torch_mingle._rounds import RoundBook
 from torch_mingle._wire import FrameReader, Seal, derive_key
 
 LEADER = 0x1

@@ -31,7 +31,7 @@ from torch_mingle._frames import (
     from_leader,
     from_node,
 )
-from torch_mingle._rounds import Heard, History, Round
+from torch_mingle._records import Heard, History, Round
 from torch_mingle._wire import FrameReader, Invalid, encode_frame
 
 HIST = History(epoch=3, round=7, members=(0xA, 0xB, 0xC), lines=((1, 0xA, 1), (1, 0xC, 1)))

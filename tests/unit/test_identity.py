@@ -20,7 +20,7 @@ import pytest
 from torch_mingle import _identity
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._identity import Identity
-from torch_mingle._rounds import NOTHING_HEARD, History
+from torch_mingle._records import NOTHING_HEARD, History
 from torch_mingle.errors import MingleConfigError
 
 HOLDER = """

@@ -33,7 +33,20 @@ def test_nothing_in_the_package_imports_the_simulator():
 def test_the_node_and_its_parts_import_no_thread_no_clock_and_no_torch_directly():
     """What the node's protocol parts import themselves (``errors`` still brings torch's
     exception classes in: the core raises ``MingleStateError``)."""
-    core = ["_node", "_leader", "_follower", "_rounds", "_protocol", "_frames", "_notes", "_evidence"]
+    core = [
+        "_node",
+        "_leader",
+        "_follower",
+        "_rounds",
+        "_records",
+        "_quorum",
+        "_ledger",
+        "_ballot",
+        "_protocol",
+        "_frames",
+        "_notes",
+        "_evidence",
+    ]
     banned = ("threading", "time", "selectors", "socket", "torch")
     found = {
         name: sorted(n for n in _imports(PACKAGE / f"{name}.py") if n.split(".")[0] in banned)

@@ -10,7 +10,8 @@ import pytest
 from torch_mingle._frames import Join, Propose
 from torch_mingle._leader import MAX_UNIDENTIFIED, NEXT_STORE_DELAY_S, LeaderTerm, OpenStore
 from torch_mingle._protocol import Claim
-from torch_mingle._rounds import History, Round, RoundBook, Wait, node_hex
+from torch_mingle._records import History, Round, node_hex
+from torch_mingle._rounds import RoundBook, Wait
 from torch_mingle._wire import FrameReader
 
 LEADER = 0x1

@@ -15,7 +15,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_mingle._rounds import Form, Heard, History, JoinRequest, Round, RoundBook, Wait, quorum_met
+from torch_mingle._quorum import quorum_met
+from torch_mingle._records import Heard, History, Round
+from torch_mingle._rounds import Form, JoinRequest, RoundBook, Wait
 
 PREVIOUS = History(epoch=1, round=3, members=(1, 2, 3, 4))
 

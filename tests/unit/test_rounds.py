@@ -13,7 +13,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from torch_mingle._rounds import Form, History, JoinRequest, Round, RoundBook, Status, Wait, may_accept
+from torch_mingle._quorum import may_accept
+from torch_mingle._records import History, Round, Status
+from torch_mingle._rounds import Form, JoinRequest, RoundBook, Wait
 from torch_mingle._wire import deflated
 
 LEADER = 0x10
