@@ -111,7 +111,7 @@ class Ballot:
     def remember(self, heard: Heard) -> bool:
         """The rounds this node heard of (``heard``), on the disk before it offers itself to a
         round: a round may count it as a member without its vote, and a new process of it must
-        still know of what it knew then (``RoundBook._unaccounted``). Written only when it
+        still know of what it knew then (``OtherTerms.unaccounted``). Written only when it
         changed (at most once per round of each term); False if the disk refused it (it must
         not join)."""
         if heard == self.heard:

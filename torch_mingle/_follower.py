@@ -126,7 +126,7 @@ class FollowerSession:
     #: Which process of this node id this is (``_identity``).
     incarnation: int = 1
     #: The rounds of the job this node heard of, told in the hello: a leader that never heard
-    #: of them learns from it that they ran (``RoundBook._unaccounted``).
+    #: of them learns from it that they ran (``OtherTerms.unaccounted``).
     seen: Heard = NOTHING_HEARD
     #: With a secret: the connection's authentication (``_wire.Seal``); the hello waits for the
     #: leader's challenge.

@@ -212,7 +212,7 @@ class Bye:
     """The sender closes this connection itself, alive (not a death). From the leader:
     ``leaving`` (it leaves the job, else it no longer leads) and the nodes it knows left; from
     a node: the highest round of the job it heard of (``seen``: it may go to a leader whose
-    job ran, and the leader it leaves must then found no job alone, ``RoundBook._unaccounted``)."""
+    job ran, and the leader it leaves must then found no job alone, ``OtherTerms.unaccounted``)."""
 
     leaving: bool = False
     gone: Gone = ()

@@ -56,6 +56,7 @@ from torch_mingle._leader import (
     ReleaseStores,
 )
 from torch_mingle._notes import Note, Sink, ignore
+from torch_mingle._others import OtherTerms
 from torch_mingle._protocol import (
     RESIGNED,
     BecomeLeader,
@@ -911,7 +912,7 @@ class Node:
             rejoin_delay_s=s.rejoin_delay_s,
             quorum=s.quorum,
             first_round_majority=s.first_round_majority,
-            heard=self._heard(),
+            others=OtherTerms(heard=self._heard()),
         )
         self._term_tag += 1
         self.term = LeaderTerm(

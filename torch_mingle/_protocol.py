@@ -328,7 +328,7 @@ class Discovery:
         #: The rounds of this job this node heard of: one it was in, or one any authentic word
         #: named (an announcement or a query, one outside the replay window too; the shell adds
         #: what its leader's frames said): a round of the job ran, so this node must not found a
-        #: job of its own, nor go on beside it (``RoundBook._unaccounted``); its queries say so.
+        #: job of its own, nor go on beside it (``OtherTerms.unaccounted``); its queries say so.
         self.heard: Heard = NOTHING_HEARD
         self.stats = Stats()
         self.peers: OrderedDict[int, PeerInfo] = OrderedDict()

@@ -65,7 +65,7 @@ Gone = tuple[tuple[int, RoundKey | None], ...]
 #: The lines of the job a round continues: the key of its own line's first round, then those of
 #: the other lines it took in. A job has more than one line only where a split at its start let
 #: each side found one; where they meet, the round that takes a member of the other line in
-#: needs a majority of that line's round too, and the line is then its own (``RoundBook.rivals``).
+#: needs a majority of that line's round too, and the line is then its own (``OtherTerms.rivals``).
 Lines = tuple[RoundKey, ...]
 #: Lines a round names at most.
 MAX_LINES = 8
@@ -81,7 +81,7 @@ class Heard:
     a frame of its leader, a round it was in): newest first in ``age`` order, one per term (a
     term's rounds form a chain), at most ``MAX_HEARD``. A round is named by its key, not its
     number: two sides of a split at the job's start each run a round 1, and a node must tell the
-    one whose members it knows from the one it only heard of (``RoundBook._unaccounted``)."""
+    one whose members it knows from the one it only heard of (``OtherTerms.unaccounted``)."""
 
     keys: tuple[RoundKey, ...] = ()
 

@@ -58,14 +58,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 
-from torch_mingle._keys import RoundKey, age, newest_key
+from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._ledger import Ledger
 from torch_mingle._order import natural_key
+from torch_mingle._others import OtherTerms, join_lines
 from torch_mingle._record import field, record
 from torch_mingle._records import (
-    MAX_LINES,
     MAX_MEMBERS,
     NOTHING_HEARD,
     Gone,
@@ -78,8 +78,6 @@ from torch_mingle._records import (
 )
 
 MAX_HOLD_DOUBLINGS = 5
-#: Proposals of other terms a leader keeps account of (the newest ones win a place).
-MAX_REPORTED = 64
 
 
 @record
@@ -104,42 +102,8 @@ class JoinRequest:
     #: Which process of its node id sent it (``_identity``).
     incarnation: int = 1
     #: The rounds of the job its node heard of (a spare told that a round runs without it, too):
-    #: one that no joiner was in leaves no quorum to count (``RoundBook._unaccounted``).
+    #: one that no joiner was in leaves no quorum to count (``OtherTerms.unaccounted``).
     seen: Heard = NOTHING_HEARD
-
-
-def _other_line(h: History, base: History) -> bool:
-    """Whether round ``h`` is of a line that ``base`` does not continue: by the lines they name,
-    or, where one names none, by number (one numbered below the base may be its ancestor). A
-    round or proposal of the base's own term is not: a term's rounds form one chain, and a
-    proposal it made before the base did not form (it went on to propose another)."""
-    if h.term == base.term:
-        return False
-    if h.lines and base.lines:
-        return h.lines[0] not in base.lines
-    return h.round >= base.round
-
-
-def _newest_per_line(rounds: list[History]) -> list[History]:
-    """``rounds``, each once, and of the rounds of one line (by the line they name) only the
-    newest: a line's later round was formed by a majority of the one before, so no other round
-    of that line can form from the older one (rounds that name no line are each kept)."""
-    newest: dict[object, History] = {}
-    for h in rounds:
-        line: object = h.lines[0] if h.lines else h.key
-        old = newest.get(line)
-        if old is None or h.newer_than(old):
-            newest[line] = h
-    return list(newest.values())
-
-
-def join_lines(*groups: Lines) -> Lines:
-    """The lines of ``groups``, in order, each once, at most ``MAX_LINES``: the first (the
-    round's own line) and the newest others (the oldest go first)."""
-    out: list[RoundKey] = []
-    for group in groups:
-        out += [k for k in group if k not in out]
-    return tuple(out[:1] + out[1:][-(MAX_LINES - 1) :]) if len(out) > MAX_LINES else tuple(out)
 
 
 def rank_order(
@@ -219,10 +183,9 @@ class RoundBook:
     quorum: bool = True
     #: A job's first round needs more than half of ``max_nodes`` (``first_round=majority``).
     first_round_majority: bool = False
-    #: The rounds of the job that the leader's node and its joiners heard ran (as a spare it
-    #: followed a leader that announced one): one that no joiner reports, newer than the base or
-    #: of its number, leaves no quorum to count (``_unaccounted``).
-    heard: Heard = NOTHING_HEARD
+    #: What the term knows of the job's other terms: the rounds its nodes heard of, the
+    #: proposals and rounds of other terms its joiners accepted or were in (``_others``).
+    others: OtherTerms = field(default_factory=OtherTerms)
     pending: dict[int, JoinRequest] = field(default_factory=dict)
     #: Joiners that refused a first round without a reason (a node that cannot record its vote
     #: refuses every proposal): left out of first rounds, which every member must accept; a
@@ -238,13 +201,6 @@ class RoundBook:
     #: Members of the current round known to be in torch's exit barrier.
     arrived: set[int] = field(default_factory=set)
     last_round_number: int = 0
-    #: Proposals of other terms that joiners accepted, newest per term (epoch, leader): kept for
-    #: the whole term (what a node reported stays known when it withdraws).
-    reported: dict[tuple[int, int], History] = field(default_factory=dict)
-    #: Rounds of other terms that joiners were in, newest per term, kept as ``reported``: one
-    #: numbered as the base or above that is not the base is of another line (a split at the
-    #: job's start), and may go on: the next round needs a majority of it too (``rivals``).
-    lines: dict[tuple[int, int], History] = field(default_factory=dict)
     ips: dict[int, str] = field(default_factory=dict)
     #: Each node's last restart in this term (``_returns_held``): its incarnation, when that
     #: process first joined, and when the one before it did (None: no restart before).
@@ -270,9 +226,6 @@ class RoundBook:
     _proposed: int = 0
     #: The newest formed round a node reported when it refused a proposal.
     _learned: History | None = None
-    #: The highest epoch of a round another term formed or proposed that a joiner reported,
-    #: whatever its lineage (``outdated_by``).
-    _reported_epoch: int = 0
 
     # ----------------------------------------------------------------- inputs
 
@@ -288,11 +241,10 @@ class RoundBook:
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
             if req.history.term != (self.epoch, self.leader):
-                self._reported_epoch = max(self._reported_epoch, req.history.epoch)
-                self._keep(self.lines, req.history)
+                self.others.ran(req.history, self.base)
         if req.accepted is not None:
             self.join_report(req.accepted)
-        self.hear(req.seen)
+        self.others.hear(req.seen)
         was_member = req.history is not None and req.history.has(req.node)
         returning = (
             self.current is not None
@@ -322,21 +274,7 @@ class RoundBook:
         if not accepted.members or accepted.term == (self.epoch, self.leader):
             return
         self.last_round_number = max(self.last_round_number, accepted.round)
-        self._reported_epoch = max(self._reported_epoch, accepted.epoch)
-        self._keep(self.reported, accepted)
-
-    def _keep(self, kept: dict[tuple[int, int], History], h: History) -> None:
-        """Keep ``h``, the newest of its term, in ``kept`` (``reported``, ``lines``): at most
-        ``MAX_REPORTED``, forgetting first those the base is already newer than."""
-        old = kept.get(h.term)
-        if old is None or h.round > old.round:
-            kept[h.term] = h
-            if len(kept) > MAX_REPORTED:
-                base = self.base()
-                for term in [t for t, p in kept.items() if not p.newer_than(base)]:
-                    del kept[term]
-                while len(kept) > MAX_REPORTED:
-                    del kept[min(kept, key=lambda t: age(kept[t].key))]
+        self.others.accepted(accepted, self.base)
 
     def said_it_left(self, node: int, said: RoundKey | None = None) -> None:
         """``node`` left the job by its own word, seen on its connection (``_evidence``): it no
@@ -439,7 +377,7 @@ class RoundBook:
         if n < self.min_nodes:
             self._min_reached_at = None
             return self._wait(hold, f"{n} of min_nodes={self.min_nodes} nodes joined")
-        first = self.first_round_majority and self.base() is None and not self.heard
+        first = self.first_round_majority and self.base() is None and not self.others.heard
         if first and 2 * n <= self.max_nodes:
             self._min_reached_at = None
             return self._wait(
@@ -524,15 +462,15 @@ class RoundBook:
 
     def next_number(self) -> int:
         """The next round's number: after every round this term knows of, formed or proposed."""
-        return max(self.last_round_number, self.heard.round, self._proposed) + 1
+        return max(self.last_round_number, self.others.heard.round, self._proposed) + 1
 
     def proposed(self, number: int) -> None:
         """The term proposed round ``number`` (formed or not, no later round reuses it)."""
         self._proposed = max(self._proposed, number)
 
     def hear(self, heard: Heard) -> None:
-        """Rounds of the job formed: a node of this term heard of them (``heard``)."""
-        self.heard = self.heard.with_heard(heard)
+        """Rounds of the job formed: a node of this term heard of them (``OtherTerms.hear``)."""
+        self.others.hear(heard)
 
     def highest_heard(self) -> Heard:
         """The rounds of the job this leader knows formed: its base (its own round, the newest
@@ -540,7 +478,7 @@ class RoundBook:
         does not count). Told to every node it welcomes, answers or announces to, so a node that
         met this term knows the job ran, and which round, even before the term forms one."""
         base = self.base()
-        return self.heard.with_keys(base.key if base is not None else None)
+        return self.others.heard.with_keys(base.key if base is not None else None)
 
     def highest_round(self) -> int:
         """The highest round number of ``highest_heard``."""
@@ -557,70 +495,17 @@ class RoundBook:
         return best
 
     def uncertain(self) -> list[History]:
-        """Proposals of other terms, newer than the base, that joiners accepted: each may have
-        formed without this leader knowing, so the next round must win a majority of its voters too."""
-        base = self.base()
-        return [p for p in self.reported.values() if p.newer_than(base)]
+        """Proposals of other terms, newer than the base, that joiners accepted (``OtherTerms.uncertain``)."""
+        return self.others.uncertain(self.base())
 
     def rivals(self) -> list[History]:
-        """Rounds of another line of the job (two sides of a split at the job's start each
-        founded one, and met) that joiners were in, or accepted as proposals: each may go on
-        where its other members are, so the next round must win a majority of its voters too,
-        as of an ``uncertain`` proposal, and its line is then the new round's (``Round.lines``).
-        Another line's is a round of a line the base does not continue, or, where a round does
-        not name its lines, one numbered as the base or above that is not the base."""
-        base = self.base()
-        if base is None:
-            return _newest_per_line(list(self.lines.values()))
-        heard = set(self.heard.keys)
-        # The term's own round too, when the base is of another line (a joiner of that line
-        # brought a higher round number): its line may go on where its other members are.
-        kept = [*self.lines.values(), *([self._current_history] if self._current_history is not None else [])]
-        found = [h for h in kept if h.key != base.key and _other_line(h, base)]
-        # A proposal a joiner accepted, not newer than the base (``uncertain`` counts those), of
-        # another line: it may have formed (seed 5003241: a first round whose member was cut
-        # off once it accepted formed on the other side, and that member was taken into a round
-        # of another line). Where rounds name no lines, only one heard to have formed beside it.
-        found += [
-            p
-            for p in self.reported.values()
-            if p.key != base.key
-            and not p.newer_than(base)
-            and _other_line(p, base)
-            and (p.key in heard or (p.lines and base.lines))
-        ]
-        return _newest_per_line(found)
-
-    def _unaccounted(self, base: History | None, known: Iterable[History]) -> RoundKey | None:
-        """A round of the job that the term heard of (``heard``) and cannot count a quorum of: of
-        another term, numbered as the base or above, neither the base nor a round or proposal
-        a joiner reported (``known``). Its members are unknown: they may train beside the next
-        round, and only one of them, joining, tells who votes (seed 29186: one side of a
-        one-way split at the job's start heard the other's round 1 and formed its round 2)."""
-        floor = base.round if base is not None else 0
-        known = list(known)
-        # A round is accounted for by a round or proposal that continues its line or took it in.
-        known_keys = {h.key for h in known}.union(*(h.lines for h in known), base.lines if base else ())
-        for key in self.heard.keys:
-            if key[2] < floor or key[:2] == (self.epoch, self.leader):
-                continue
-            if (base is None or key != base.key) and key not in known_keys:
-                return key
-        return None
+        """Rounds of another line of the job that joiners were in or accepted (``OtherTerms.rivals``)."""
+        return self.others.rivals(self.base(), self._current_history)
 
     def outdated_by(self) -> int | None:
-        """The epoch of another term, at least as new as this one, that formed or proposed a round
-        this leader knows of (None if none): this term must give way to a newer one, or the
-        fencing token (epoch, round) of its next round would go back."""
-        for h in (self.base(), *self.uncertain()):
-            if h is not None and h.term != (self.epoch, self.leader) and h.epoch >= self.epoch:
-                return h.epoch
-        # A joiner that ran a round of a higher epoch elsewhere (a side that started apart, before
-        # the job's first round reached it): our round, of a lower epoch, would be its token going
-        # back. (Of the same epoch it cannot: our round numbers pass every round reported.)
-        if self._reported_epoch > self.epoch:
-            return self._reported_epoch
-        return None
+        """The epoch of a newer term that formed or proposed a round this leader knows of
+        (``OtherTerms.outdated_by``): this term must give way."""
+        return self.others.outdated_by(self.base(), (self.epoch, self.leader))
 
     def known_key(self, node: int) -> RoundKey | None:
         """The newest round ``node`` is known here to have been in or voted for: its join's
@@ -759,7 +644,7 @@ class RoundBook:
         """Why the nodes that ``joined`` may not form a round (None: they may): they must hold a
         majority of the voters of the base, of every proposal it must account for
         (``uncertain``) and of every round of another line it knows of (``rivals``); no round
-        it heard of may be one whose members it does not know (``_unaccounted``); the round
+        it heard of may be one whose members it does not know (``OtherTerms.unaccounted``); the round
         forms once those voters accepted it (``quorum_met``).
 
         Invariant: two rounds formed from one base share a voter. A member that was lost keeps
@@ -768,7 +653,7 @@ class RoundBook:
         """
         if not self.quorum:
             return None
-        stranger = self._unaccounted(base, [*uncertain, *rivals])
+        stranger = self.others.unaccounted(base, [*uncertain, *rivals], (self.epoch, self.leader))
         if stranger is not None:
             epoch, leader, number = stranger
             return (

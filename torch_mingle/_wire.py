@@ -99,7 +99,7 @@ class Query:
     """ "Who leads this job?" from a node; also its candidacy during an election.
 
     ``round_seen``: the highest round of the job its node heard of: whoever hears the query
-    knows that the job ran, and founds no job of its own alone (``RoundBook._unaccounted``).
+    knows that the job ran, and founds no job of its own alone (``OtherTerms.unaccounted``).
     """
 
     epoch_seen: int

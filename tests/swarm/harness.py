@@ -54,7 +54,7 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
   as a spare beside a full one) within ``recovery_bound_s()``. A member whose leave a live
   leader of that round heard is no voter (``_left_before``). So too a majority of each round
-  of another line that a live leader knows a joiner was in (``RoundBook.rivals``).
+  of another line that a live leader knows a joiner was in (``OtherTerms.rivals``).
 * ``resources``: per-node state (peers, suspects, store ports, connections, pending joins,
   what a leader keeps per node, remembered nonces) stays under bounds that do not grow with
   time, rounds or the ids ever seen: the ids that are part of the job now (alive within
@@ -637,7 +637,7 @@ class World(Agents[_Agent]):
             # A round beside one of another lineage that shares a node with it (the node was
             # counted in a round of each): one job split in two, whatever anyone heard. The
             # first round of a lineage, or a later one: once the lineages met in a node, they
-            # are one job, and a round of each may not train at once (``RoundBook.rivals``).
+            # are one job, and a round of each may not train at once (``OtherTerms.rivals``).
             both = self.lineage_members[log.lineage] & self.lineage_members[beside.lineage]
             if both:
                 raise Violation(
@@ -835,7 +835,7 @@ class World(Agents[_Agent]):
                 continue
             if key[2] >= ran and 2 * len(alive & set(members)) <= len(members):
                 return False
-        # A round of another line that a live leader knows a joiner was in (``RoundBook.rivals``:
+        # A round of another line that a live leader knows a joiner was in (``OtherTerms.rivals``:
         # two lines of the job met in a node) may go on where its members are, as far as any
         # live node can tell: a majority of its voters too.
         for node in self.sim.nodes:

@@ -31,6 +31,7 @@ from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
 from torch_mingle._ledger import Ledger
 from torch_mingle._node import Node
+from torch_mingle._others import OtherTerms
 from torch_mingle._record import replace
 from torch_mingle._records import History
 from torch_mingle._rounds import RoundBook
@@ -151,14 +152,14 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a restarted node keeps the quorum", "NodeSettings.quorum",
                "a leader whose process was restarted forms without a quorum",
                (_attr(Node, "_lead", _lead_without_quorum_after_a_restart),)),
-        Mutant("a round heard of that no joiner was in leaves no quorum", "RoundBook._unaccounted",
+        Mutant("a round heard of that no joiner was in leaves no quorum", "OtherTerms.unaccounted",
                "a term forms beside a round it only heard of (a spare's first round, a side of a split)",
-               (_attr(RoundBook, "_unaccounted", lambda self, *a: None),)),
-        Mutant("a round of another line needs its majority too", "RoundBook.rivals",
+               (_attr(OtherTerms, "unaccounted", lambda self, *a: None),)),
+        Mutant("a round of another line needs its majority too", "OtherTerms.rivals",
                "only the base and the proposals it accounts for count",
                (_attr(RoundBook, "_voting", staticmethod(_voting_without_rivals)),)),
-        Mutant("a term that learns of a newer term's round gives way", "RoundBook.outdated_by",
-               "it goes on", (_attr(RoundBook, "outdated_by", lambda self: None),)),
+        Mutant("a term that learns of a newer term's round gives way", "OtherTerms.outdated_by",
+               "it goes on", (_attr(OtherTerms, "outdated_by", lambda self, *a: None),)),
     )
 }  # fmt: skip
 

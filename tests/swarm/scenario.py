@@ -69,7 +69,7 @@ STARTUP_SALT = 0x57A27
 #: the job starts: each side may found a job of its own), and when the split heals a second
 #: one follows at once that moves one host across: a member of one side's round now reaches
 #: only the other side, whose next round may count it while its old side goes on without it
-#: (the two lines of one job meet in a node: ``RoundBook.rivals``).
+#: (the two lines of one job meet in a node: ``OtherTerms.rivals``).
 REGROUP_SHARE = 0.1
 REGROUP_SALT = 0x2E6209
 #: A share of the seeds (``NEWCOMER_SHARE``, drawn apart) cut a new member off the moment a

@@ -22,6 +22,7 @@ from torch_mingle import _evidence, _leader, _rounds
 from torch_mingle._ballot import Ballot
 from torch_mingle._evidence import Evidence, Verdict
 from torch_mingle._node import Node
+from torch_mingle._others import OtherTerms
 from torch_mingle._rounds import RoundBook
 from torch_mingle._wire import Seal
 
@@ -202,7 +203,7 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     # Ranks in descending place order after the leader: the ring of places is broken.
     "rank-order": (_placed_and_a_crash, [(_rounds, "rank_order", _against_the_ring)]),
     # A term that learns of a newer term's round goes on: its next round has an older epoch.
-    "token": (_stale_leader_comes_back, [(_rounds.RoundBook, "outdated_by", lambda self: None)]),
+    "token": (_stale_leader_comes_back, [(OtherTerms, "outdated_by", lambda self, *a: None)]),
     # The leader does not check the control connection's MAC.
     "secret": (_rogue, [(Seal, "check_hello", _lenient(Seal.check_hello)),
                         (Seal, "open", _lenient(Seal.open))]),

@@ -638,7 +638,7 @@ def test_a_node_that_leaves_for_a_job_that_ran_says_so_and_the_leader_founds_no_
     term = _term(1, 4)
     _connect(term, 10, 2, 0.1)
     term.received(10, [{"t": "bye", "seen": [[1, "0b", 2]]}], 0.2)
-    assert term.book.heard.keys == ((1, 0xB, 2),)
+    assert term.book.others.heard.keys == ((1, 0xB, 2),)
     _leader_joined(term)
     d = term.book.decide(100.0)
     assert isinstance(d, Wait) and "round 2 of this job (epoch 1, leader 000000000000000b) ran" in d.reason
