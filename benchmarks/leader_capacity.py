@@ -202,7 +202,7 @@ class Generator:
     """Every member of one measurement, in one ``selectors`` loop on this thread."""
 
     def __init__(self, n: int, leader: dict[str, Any], interval_s: float, attempts: int) -> None:
-        from torch_mingle._protocol import Claim
+        from torch_mingle._claims import Claim
 
         self.n = n
         self.leader = leader

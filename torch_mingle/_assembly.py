@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from torch_mingle._board import Board
+from torch_mingle._claims import Timing
 from torch_mingle._datapath import ProbeListener
 from torch_mingle._host import raise_descriptor_limit, warn_if_accept_queue_short
 from torch_mingle._identity import Identity, default_state_dir
@@ -23,7 +24,7 @@ from torch_mingle._interfaces import Interface, discovery_interfaces, family_of
 from torch_mingle._loop import Loop
 from torch_mingle._node import Diagnostics, Node, NodeSettings
 from torch_mingle._order import place_of
-from torch_mingle._protocol import Discovery, Timing
+from torch_mingle._protocol import Discovery
 from torch_mingle._record import record
 from torch_mingle._slurm import JOB_ID_ENV
 from torch_mingle._store import StoreKeeper

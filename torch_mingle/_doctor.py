@@ -11,8 +11,8 @@ import sys
 import time
 from collections import Counter
 
+from torch_mingle._claims import Dest, announced_store_ip
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, list_interfaces
-from torch_mingle._protocol import Dest, announced_store_ip
 from torch_mingle._record import field, record
 from torch_mingle._transport import McastTransport
 from torch_mingle._wire import PROBE_JOB, Announce, Codec, Datagram, Invalid, Probe, Query, derive_key

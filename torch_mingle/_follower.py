@@ -42,6 +42,7 @@ import logging
 from typing import Any
 
 from torch_mingle import _faults
+from torch_mingle._claims import Claim
 from torch_mingle._frames import (
     Accept,
     Ack,
@@ -70,7 +71,6 @@ from torch_mingle._frames import (
 )
 from torch_mingle._keys import RoundKey
 from torch_mingle._notes import Note, Sink, ignore
-from torch_mingle._protocol import Claim
 from torch_mingle._record import field, record, replace
 from torch_mingle._records import NOTHING_HEARD, Gone, Heard, History, Round, Status, keep_delivered
 from torch_mingle._wire import Invalid, Seal, encode_frame

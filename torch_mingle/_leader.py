@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from torch_mingle import _faults
+from torch_mingle._claims import Claim
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._frames import (
     Accept,
@@ -71,7 +72,6 @@ from torch_mingle._frames import (
 )
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._notes import Note, Sink, ignore
-from torch_mingle._protocol import Claim
 from torch_mingle._quorum import quorum_met
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._records import History, Round, Status, gone_to_json, keep_delivered, node_hex

@@ -42,12 +42,12 @@ from torch.distributed import TCPStore
 
 from torch_mingle import _faults
 from torch_mingle._ballot import NodeState
+from torch_mingle._claims import Dest
 from torch_mingle._evidence import Evidence, of_errno
 from torch_mingle._identity import Identity
 from torch_mingle._interfaces import Interface
 from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node
-from torch_mingle._protocol import Dest
 from torch_mingle._record import field, record
 from torch_mingle._slurm import STANDBY_AFTER_S, STANDBY_CHECKS
 from torch_mingle._store import (

@@ -27,6 +27,18 @@ from typing import Protocol
 from torch_mingle import _faults
 from torch_mingle._ahead import StoreAhead, Target
 from torch_mingle._ballot import Ballot, NodeState
+from torch_mingle._claims import (
+    BecomeLeader,
+    Claim,
+    Dest,
+    LeaderFound,
+    LeaderLost,
+    LeaderView,
+    Role,
+    Stats,
+    SteppedDown,
+    Succession,
+)
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     FollowerSession,
@@ -57,20 +69,7 @@ from torch_mingle._leader import (
 )
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._others import OtherTerms
-from torch_mingle._protocol import (
-    RESIGNED,
-    BecomeLeader,
-    Claim,
-    Dest,
-    Discovery,
-    LeaderFound,
-    LeaderLost,
-    LeaderView,
-    Role,
-    Stats,
-    SteppedDown,
-    Succession,
-)
+from torch_mingle._protocol import RESIGNED, Discovery
 from torch_mingle._record import assert_never, field, record, replace
 from torch_mingle._records import Heard, History, Round, Status
 from torch_mingle._rounds import RoundBook

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 from multicast_expert import McastRxSocket, McastTxSocket, MulticastExpertError
 
+from torch_mingle._claims import Dest
 from torch_mingle._interfaces import Interface
-from torch_mingle._protocol import Dest
 from torch_mingle._wire import parse_ip
 from torch_mingle.errors import README_NETWORKS, MingleNetworkError
 

@@ -75,11 +75,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.swarm import scenario as sc
+from torch_mingle._claims import Timing
 from torch_mingle._keys import age
 from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
 from torch_mingle._node import Joined
 from torch_mingle._order import natural_key
-from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS, Timing
+from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS
 from torch_mingle._records import Round, node_hex
 from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form
 from torch_mingle._wire import (

@@ -4,8 +4,8 @@ handed over once, and every connect toward a lost leader known for the cut."""
 from __future__ import annotations
 
 from torch_mingle._ahead import StoreAhead
+from torch_mingle._claims import Claim
 from torch_mingle._leader import OpenClient
-from torch_mingle._protocol import Claim
 
 A, B = Claim(1, 0xA), Claim(2, 0xB)
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from torch_mingle._protocol import Role, Timing
+from torch_mingle._claims import Role, Timing
 from torch_mingle._wire import EPOCH_MAX, Announce, Body, Codec, Datagram, Query, Resign
 from torch_mingle.testing.sim import Simulation
 

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
+from torch_mingle._claims import BecomeLeader, Dest, LeaderFound, LeaderLost, SteppedDown, Timing
 from torch_mingle._node import Joined
-from torch_mingle._protocol import BecomeLeader, Dest, LeaderFound, LeaderLost, SteppedDown, Timing
 from torch_mingle._wire import derive_key
 from torch_mingle.testing import agents
 from torch_mingle.testing.net import Route

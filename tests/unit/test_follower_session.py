@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from torch_mingle._claims import Claim
 from torch_mingle._follower import FollowerSession, SessionOver
 from torch_mingle._frames import Join, Propose, RoundFormed
 from torch_mingle._leader import LeaderTerm, OpenStore
-from torch_mingle._protocol import Claim
 from torch_mingle._records import History, Round, Status
 from torch_mingle._rounds import RoundBook
 from torch_mingle._wire import FrameReader, Seal, derive_key

@@ -8,10 +8,9 @@ import random
 import pytest
 
 from torch_mingle import _protocol
-from torch_mingle._protocol import (
+from torch_mingle._claims import (
     BecomeLeader,
     Claim,
-    Discovery,
     LeaderFound,
     LeaderLost,
     Role,
@@ -19,6 +18,7 @@ from torch_mingle._protocol import (
     Succession,
     Timing,
 )
+from torch_mingle._protocol import Discovery
 from torch_mingle._wire import Announce, Codec, Datagram, MsgType, Probe, Query, Resign
 from torch_mingle.errors import MingleStateError
 from torch_mingle.testing.sim import Simulation

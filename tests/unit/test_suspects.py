@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from torch_mingle._protocol import MAX_SUSPECTS, Discovery, Timing
+from torch_mingle._claims import Timing
+from torch_mingle._protocol import MAX_SUSPECTS, Discovery
 
 
 def test_ended_suspicions_are_forgotten_and_the_table_stays_bounded():

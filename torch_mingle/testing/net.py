@@ -34,7 +34,7 @@ import heapq
 import random
 from collections.abc import Callable, Iterable
 
-from torch_mingle._protocol import Dest
+from torch_mingle._claims import Dest
 from torch_mingle._record import field, record
 
 #: A segment lost behind a silent cut is retransmitted this long after the cut heals.

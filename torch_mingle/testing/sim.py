@@ -16,10 +16,11 @@ from typing import Any
 
 from torch_mingle._ballot import NodeState
 from torch_mingle._board import Board
+from torch_mingle._claims import Dest, Event, Role, Timing
 from torch_mingle._evidence import Evidence
 from torch_mingle._leader import Job, OpenStore
 from torch_mingle._node import Diagnostics, Node, NodeSettings, Ticket
-from torch_mingle._protocol import Dest, Discovery, Event, Role, Timing
+from torch_mingle._protocol import Discovery
 from torch_mingle._record import field, record
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
 from torch_mingle.testing.net import Delivery, InMemoryNetwork, RouteHook

@@ -46,8 +46,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from torch_mingle._claims import BecomeLeader, LeaderFound, LeaderLost, Role, SteppedDown, Timing
 from torch_mingle._node import Joined
-from torch_mingle._protocol import BecomeLeader, LeaderFound, LeaderLost, Role, SteppedDown, Timing
 from torch_mingle._wire import derive_key
 from torch_mingle.testing.agents import MONITOR_S, Agent, Phase, TorchAgents
 from torch_mingle.testing.net import DROP, FIN, RESET
