@@ -574,7 +574,7 @@ def test_a_join_naming_its_round_by_number_gets_its_members_and_an_unknown_one_l
 def test_a_rounds_frame_for_every_member_is_one_object_that_the_term_hands_out_to_each():
     """A round's ``propose`` (and, without a quorum, its ``members``) frame holds every member:
     encoded once, and the same ``bytes`` object handed out for each connection (the loop
-    queues it as it is: ``_loop.Outbox``), never a copy per member."""
+    queues it as it is: ``_outbox.Outbox``), never a copy per member."""
     for quorum, kind in ((True, "propose"), (False, "members")):
         term = _term(4, 4)
         term.book.quorum = quorum

@@ -1,4 +1,4 @@
-"""A stream's output queue (``_loop.Outbox``): frames leave whole and in order, never copied."""
+"""A stream's output queue (``_outbox.Outbox``): frames leave whole and in order, never copied."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_mingle._loop import SEND_CHUNKS, Outbox
+from torch_mingle._outbox import SEND_CHUNKS, Outbox
 
 
 class _Sock:
