@@ -348,7 +348,9 @@ class Simulation:
             self.now = max(self.now, until)
             return False
         self.now = max(self.now, t)
-        batch: list[SimNode] = []
+        # As the real loop does: what one wake-up brought each node is handed in, and flushed,
+        # together; the nodes take their turns in the order their first delivery came.
+        batches: dict[int, tuple[SimNode, list[Delivery]]] = {}
         for delivery in self.net.pop_due(self.now):
             target = self._by_addr.get(delivery.dst)
             if target is None and delivery.dst in self._observers:
@@ -358,11 +360,14 @@ class Simulation:
                 if target.frozen:
                     target.held.append(delivery)
                     continue
-                if not target.node.batching:
-                    target.node.batching = True
-                    batch.append(target)
-                self._dispatch(target, delivery)
-        for target in batch:  # as the real loop does: what one wake-up brought, flushed once
+                batches.setdefault(target.index, (target, []))[1].append(delivery)
+        for target, deliveries in batches.values():
+            target.node.batching = True
+            for delivery in deliveries:
+                if target.frozen:  # (a fault that an earlier delivery set off)
+                    target.held.append(delivery)
+                elif target.alive:
+                    self._dispatch(target, delivery)
             target.node.end_batch(self.now)
             self._schedule_timer(target)
         while self._heap and self._heap[0][0] <= self.now:
