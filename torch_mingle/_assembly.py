@@ -22,13 +22,14 @@ from torch_mingle._host import raise_descriptor_limit, warn_if_accept_queue_shor
 from torch_mingle._identity import Identity, default_state_dir
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of
 from torch_mingle._loop import Loop
-from torch_mingle._node import Diagnostics, Node, NodeSettings
+from torch_mingle._node import Node, NodeSettings
 from torch_mingle._order import place_of
 from torch_mingle._protocol import Discovery
 from torch_mingle._record import record
 from torch_mingle._slurm import JOB_ID_ENV
 from torch_mingle._store import StoreKeeper
 from torch_mingle._transport import McastTransport
+from torch_mingle._view import Diagnostics
 from torch_mingle._wire import Codec, derive_key, parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import README_SECURITY, MingleConfigError
@@ -142,8 +143,7 @@ def assemble(config: MingleConfig, *, node_id: int | None = None) -> Assembly:
         identity=identity,
     )
     board = Board(Diagnostics(node_id=f"{settings.node_id:016x}", job=settings.job, role="idle"))
-    node = Node(settings, core, loop, board, state=identity.state)
-    node.on_event = board.post_note
+    node = Node(settings, core, loop, state=identity.state)
     return Assembly(ifaces, multi, ip, connect_ip, identity, label, probe, loop, board, node)
 
 

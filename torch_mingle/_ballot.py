@@ -8,11 +8,11 @@ accepted beyond it (``accepted``: its vote, see ``_rounds``), the highest epoch 
 round only what it heard before it joined; a new process that forgot it would found a job of
 its own beside the round, seed 8025425), and whether it left the job (``left``: a leave
 takes its vote away, and the others count it gone; a new process of it is a new node, seed
-8038304). Each change is written
-(``persist``: ``_identity`` keeps the state file) before anything that rests on it leaves the
-node: a vote sent before it is on the disk is forgotten by a power loss, and a second round
-could form from the same base without knowing of the first. A change the disk refused is
-undone here, and the node then votes no more.
+8038304). Each change goes to ``persist``: into the step's ``Ready.state``, which the shell
+writes (``_identity`` keeps the state file) before anything of that step leaves the node
+(``_ready.apply``): a vote sent before it is on the disk is forgotten by a power loss, and a
+second round could form from the same base without knowing of the first. A disk that refuses
+the state stops the node before anything goes out.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ class NodeState:
     left: bool = False
 
 
-#: Writes the state where a new process of the node finds it; False if the disk refused it.
-Persist = Callable[[NodeState], bool]
+#: Where each change goes: on the disk, where a new process of the node finds it, before
+#: anything that rests on it leaves the node (``_ready.Ready.state``).
+Persist = Callable[[NodeState], None]
 
 
 @record(frozen=False)
@@ -48,7 +49,7 @@ class Ballot:
     heard: Heard = NOTHING_HEARD
     left: bool = False
     #: Where each change goes before the node acts on it.
-    persist: Persist = field(default=lambda state: True, repr=False, compare=False)
+    persist: Persist = field(default=lambda state: None, repr=False, compare=False)
 
     @classmethod
     def of(cls, state: NodeState | None, persist: Persist) -> Ballot:
@@ -74,64 +75,43 @@ class Ballot:
         return not self.left
 
     def accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
-        """Record the proposal ``rnd`` as this node's vote, if it may (on the disk before the
-        vote goes out, and only while it votes); False: no vote."""
+        """Record the proposal ``rnd`` as this node's vote (on the disk before the vote goes
+        out), if it may and it still votes; False: no vote."""
         if not self.votes() or not self.may_accept(rnd, base, covers):
             return False
-        previous, self.accepted = self.accepted, History.of(rnd)
-        if not self.persist(self.state()):
-            self.accepted = previous  # not on the disk: not a vote (``Identity.save``)
-            return False
+        self.accepted = History.of(rnd)
+        self.persist(self.state())
         return True
 
-    def formed(self, rnd: Round, heard: Heard | None = None) -> bool:
-        """The round ``rnd`` formed with this node in it; False if the disk refused it: the file
-        still holds the proposal this node accepted for the round (``accept`` wrote it before
-        the vote went out), so a new process of it still accounts for the round; it is kept so
-        in memory too, and this node votes no more (``Identity.save``). ``heard``: what the
-        node heard of by now, written with it (``remember``)."""
+    def formed(self, rnd: Round, heard: Heard | None = None) -> None:
+        """The round ``rnd`` formed with this node in it. ``heard``: what the node heard of by
+        now, written with it (``remember``)."""
         self.history = History.of(rnd)
-        kept, known = self.accepted, self.heard
         if self.accepted is not None and not self.accepted.newer_than(self.history):
             self.accepted = None
         self.heard = heard if heard is not None else self.heard
-        if not self.persist(self.state()):
-            self.accepted, self.heard = kept, known
-            return False
-        return True
+        self.persist(self.state())
 
-    def lead(self, epoch: int) -> bool:
-        """This node leads a term of ``epoch``; False if the disk refused it (it must not lead)."""
-        previous, self.led = self.led, max(self.led, epoch)
-        if not self.persist(self.state()):
-            self.led = previous
-            return False
-        return True
+    def lead(self, epoch: int) -> None:
+        """This node leads a term of ``epoch`` (its announcements rest on it)."""
+        self.led = max(self.led, epoch)
+        self.persist(self.state())
 
-    def remember(self, heard: Heard) -> bool:
+    def remember(self, heard: Heard) -> None:
         """The rounds this node heard of (``heard``), on the disk before it offers itself to a
         round: a round may count it as a member without its vote, and a new process of it must
         still know of what it knew then (``OtherTerms.unaccounted``). Written only when it
-        changed (at most once per round of each term); False if the disk refused it (it must
-        not join)."""
-        if heard == self.heard:
-            return True
-        previous, self.heard = self.heard, heard
-        if not self.persist(self.state()):
-            self.heard = previous
-            return False
-        return True
+        changed (at most once per round of each term)."""
+        if heard != self.heard:
+            self.heard = heard
+            self.persist(self.state())
 
-    def leave(self) -> bool:
+    def leave(self) -> None:
         """This node leaves the job: on the disk before its leave goes out, for the others
         count it gone and form the next round without its vote; a new process of it that took
         the vote back (a host that lost power as it left) could form another round from the
         same base with nodes that left too (seed 8038304). A new process of a node that left is
-        a new node (``_identity``). False if the disk refused it (it must not say it leaves)."""
-        if self.left:
-            return True
-        self.left = True
-        if not self.persist(self.state()):
-            self.left = False
-            return False
-        return True
+        a new node (``_identity``)."""
+        if not self.left:
+            self.left = True
+            self.persist(self.state())

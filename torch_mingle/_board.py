@@ -13,9 +13,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from torch_mingle._node import Diagnostics, Ticket
 from torch_mingle._notes import MAX_PENDING_NOTES, Note
+from torch_mingle._ready import Ticket
 from torch_mingle._record import replace
+from torch_mingle._view import Diagnostics
 from torch_mingle.errors import MingleStateError
 
 

@@ -41,6 +41,7 @@ from torch.distributed import TCPStore
 
 from torch_mingle import _faults
 from torch_mingle._ballot import NodeState
+from torch_mingle._board import Board
 from torch_mingle._claims import Dest
 from torch_mingle._evidence import Evidence, of_errno
 from torch_mingle._identity import Identity
@@ -48,6 +49,21 @@ from torch_mingle._interfaces import Interface
 from torch_mingle._leader import Job, OpenClient
 from torch_mingle._node import Node
 from torch_mingle._outbox import Outbox
+from torch_mingle._ready import (
+    CodeFailed,
+    Connected,
+    ConnectionAccepted,
+    ConnectionClosed,
+    DatagramReceived,
+    FramesReceived,
+    Input,
+    Ready,
+    Started,
+    StateNotRecorded,
+    TimerFired,
+    WorkDone,
+    apply,
+)
 from torch_mingle._record import field, record
 from torch_mingle._slurm import STANDBY_AFTER_S, STANDBY_CHECKS
 from torch_mingle._store import (
@@ -216,7 +232,12 @@ class Loop:
         # Re-entrant: a signal handler on the agent's thread (SIGTERM: leave) may call in while
         # that thread is inside call() already.
         self._calls_lock = threading.RLock()
-        self._deferred: deque[Callable[[float], None]] = deque()
+        #: What happened since the node last stepped (a wake-up's datagrams, connections,
+        #: frames and closes): handed in together, in order (``Node.step``).
+        self._inputs: list[Input] = []
+        self.board: Board | None = None
+        #: When the node asked to step again (``Ready.timer``).
+        self._timer: float | None = None
         self._streams: dict[int, _Stream] = {}
         #: The streams with a deadline (closing, or output that stopped moving): the only ones a
         #: wake-up looks at, so a leader of 16,384 members does not scan them all each time.
@@ -243,9 +264,9 @@ class Loop:
 
     # ------------------------------------------------------------ other threads
 
-    def start(self, node: Node) -> None:
+    def start(self, node: Node, board: Board) -> None:
         """Open the discovery sockets (errors raise here, in the caller) and start the thread."""
-        self.node = node
+        self.node, self.board = node, board
         opened: list[McastTransport] = []
         try:
             for transport in self.transports:
@@ -269,7 +290,7 @@ class Loop:
         self._renew_at = now + self.membership_refresh_s
         if self.standby_peers and not self.peer_hosts:
             self._standby_at = now + STANDBY_AFTER_S
-        self._guard("start", lambda: node.start(now), now)
+        self._step([Started()], now)
         self._thread.start()
 
     def call(self, fn: Callable[[float], None]) -> None:
@@ -278,6 +299,10 @@ class Loop:
             self._calls.append(fn)
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
+
+    def ask(self, event: Input) -> None:
+        """Hand the node ``event`` (a request of the agent) on the loop thread, soon (thread-safe)."""
+        self.call(lambda now: self._step([event], now))
 
     def stop(self, timeout_s: float = STOP_JOIN_S) -> None:
         """Stop the thread, finish the worker's queue, close every socket (bounded by ``timeout_s``)."""
@@ -334,7 +359,7 @@ class Loop:
                 self._sel.unregister(sock)
             sock.close()
 
-    def connect(self, ip: str, port: int) -> int:
+    def connect(self, conn: int, ip: str, port: int) -> None:
         sock = socket.socket(ip_family(ip), socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
@@ -343,12 +368,11 @@ class Loop:
         except OSError:
             sock.close()
             raise
-        stream = self._add_stream(sock, connecting=True)
+        stream = self._add_stream(sock, connecting=True, conn=conn)
         if code in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             self._watch(stream)
         else:
             self._defer_close(stream, f"connect failed: {errno.errorcode.get(code, code)}", of_errno(code))
-        return stream.id
 
     def send(self, conn: int, data: bytes) -> None:
         stream = self._streams.get(conn)
@@ -370,13 +394,8 @@ class Loop:
         self._write(stream, self.clock())
 
     def submit(self, job: Job, tag: int) -> None:
-        node = self.node
-
         def done(result: Any, error: str | None, now: float) -> None:
-            if node is not None:
-                self._guard(
-                    "a background result", lambda: node.on_work_done(job, tag, result, error, now), now
-                )
+            self._step([WorkDone(job, tag, result, error)], now)
 
         (self.connector if isinstance(job, OpenClient) else self.worker).submit(job, done)
 
@@ -430,8 +449,6 @@ class Loop:
         timeout = self._timeout(node, now)
         events = self._sel.select(timeout)
         now = self.clock()
-        node.core.wall_offset_s = wall_clock() - now  # follows clock steps (NTP)
-        node.batching = True  # one flush for everything this wake-up brought (Node.end_batch)
         for key, mask in events:
             kind, obj = key.data
             if kind == "udp":
@@ -445,19 +462,16 @@ class Loop:
                 stream = self._streams.get(obj)
                 if stream is not None:
                     self._stream_ready(stream, mask, now)
-            self._run_deferred(now)
-        self._guard("the inputs of a wake-up", lambda: node.end_batch(now), now)
-        node.batching = False  # also when that failed: later inputs flush at once
+        self._step([], now)  # one step for everything this wake-up brought
         self._run_calls(now)
         self._housekeeping(now)
-        timer = node.next_timer()
-        if timer is not None and now >= timer:
-            self._guard("a timer", lambda: node.on_timer(now), now)
-        self._run_deferred(now)
+        if self._timer is not None and now >= self._timer:
+            self._step([TimerFired()], now)
+        self._step([], now)
 
     def _timeout(self, node: Node, now: float) -> float:
         times = [
-            node.next_timer(),
+            self._timer,
             self._next_resolve,
             self._accept_paused_until,
             self._renew_at,
@@ -470,7 +484,7 @@ class Loop:
             if s.stalled_since is not None
         )
         present = [t for t in times if t is not None]
-        if self._calls or self._deferred:
+        if self._calls or self._inputs:
             return 0.0
         if not present:
             return IDLE_WAKE_S
@@ -488,39 +502,70 @@ class Loop:
                     return
                 fn = self._calls.popleft()
             self._guard("a request", lambda fn=fn: fn(now), now)  # type: ignore[misc]
-            self._run_deferred(now)
 
-    def _run_deferred(self, now: float) -> None:
-        while self._deferred:
-            fn = self._deferred.popleft()
-            self._guard("a connection event", lambda fn=fn: fn(now), now)  # type: ignore[misc]
+    def _step(self, inputs: list[Input], now: float) -> None:
+        """Step the node with ``inputs`` and what else happened since it last stepped, carry
+        out its ``Ready`` (``_ready.apply``), and step it again with what that brought back
+        (a listening port, a close), until nothing is left."""
+        todo = [*self._inputs, *inputs]
+        self._inputs = []
+        wall_s = wall_clock()  # (its datagrams follow clock steps: NTP)
+        while todo and not self._stopping:
+            ready = self._guarded_step(todo, now, wall_s)
+            todo = []
+            if ready is not None:
+                self._timer = ready.timer
+                try:
+                    todo = self._apply(ready)
+                except StateNotRecorded as exc:
+                    log.error("%s %s", self.label, exc)  # noqa: TRY400 - the advice matters
+                    self._fail(exc)
+                    return
+            todo += self._inputs
+            self._inputs = []
 
-    def _guard(self, what: str, fn: Callable[[], None], now: float) -> None:
-        """Run node code; an error makes the node recover (logged at ERROR), or fail loudly."""
+    def _apply(self, ready: Ready) -> list[Input]:
+        assert self.board is not None  # noqa: S101 - start() sets it
+        return apply(ready, self, self.board)
+
+    def _guarded_step(self, inputs: list[Input], now: float, wall_s: float) -> Ready | None:
+        """The node's step; an error in its code makes it recover (logged at ERROR: it resigns
+        as leader, or joins again), or, when errors keep coming, fails the loop loudly."""
         node = self.node
-        if self._stopping:
-            return  # the loop failed or stops: the node's code runs no more
+        if self._stopping or node is None:
+            return None  # the loop failed or stops: the node's code runs no more
         try:
             _faults.hit("loop.callback")
-            fn()
+            return node.step(inputs, now, wall_s=wall_s)
         except Exception as exc:
-            log.exception("%s internal error while handling %s", self.label, what)
+            log.exception("%s internal error while handling %s", self.label, type(inputs[0]).__name__)
             self._recoveries.append(now)
             while self._recoveries and now - self._recoveries[0] > RECOVERY_WINDOW_S:
                 self._recoveries.popleft()
-            if node is None or len(self._recoveries) > MAX_RECOVERIES:
+            if len(self._recoveries) > MAX_RECOVERIES:
                 self._fail(exc)
-                return
+                return None
             try:
-                node.recover(exc, now)
+                return node.step([CodeFailed(exc)], now, wall_s=wall_s)
             except Exception as again:
                 log.exception("%s recovering from an internal error failed", self.label)
                 self._fail(again)
+                return None
+
+    def _guard(self, what: str, fn: Callable[[], None], now: float) -> None:
+        """Run the loop's own work of a call; an error in it fails the loop loudly."""
+        if self._stopping:
+            return
+        try:
+            fn()
+        except Exception as exc:
+            log.exception("%s internal error while handling %s", self.label, what)
+            self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
         self._stopping = True
-        if self.node is not None:
-            self.node.board.fail(
+        if self.board is not None:
+            self.board.fail(
                 MingleStateError(f"{self.label} the rendezvous loop stopped after an internal error: {exc}")
             )
 
@@ -572,8 +617,7 @@ class Loop:
         assert node is not None  # noqa: S101
         for data, addr in transport.receive([sock]):
             self._note_route(addr, transport)
-            self._guard("a datagram", lambda data=data, addr=addr: node.on_datagram(data, addr, now), now)  # type: ignore[misc]
-            self._run_deferred(now)
+            self._inputs.append(DatagramReceived(data, addr))
 
     def _note_route(self, addr: Dest, transport: McastTransport) -> None:
         if addr is None or len(self.transports) == 1:
@@ -631,10 +675,13 @@ class Loop:
     # ------------------------------------------------------------ streams
 
     def _add_stream(
-        self, sock: socket.socket, *, connecting: bool, reader: FrameReader | None = None
+        self, sock: socket.socket, *, connecting: bool, reader: FrameReader | None = None, conn: int = 0
     ) -> _Stream:
-        self._next_id += 1
-        stream = _Stream(id=self._next_id, sock=sock, connecting=connecting, reader=reader or FrameReader())
+        """A stream under the node's id for it (``conn``, one it opens), or a new one (accepted)."""
+        if not conn:
+            self._next_id += 1
+            conn = self._next_id
+        stream = _Stream(id=conn, sock=sock, connecting=connecting, reader=reader or FrameReader())
         self._streams[stream.id] = stream
         return stream
 
@@ -682,12 +729,7 @@ class Loop:
             )
             self._watch(stream)
             source = str(addr[0]) if isinstance(addr, tuple) else ""
-            self._guard(
-                "an accepted connection",
-                lambda sid=stream.id, src=source: node.on_accepted(sid, now, src),  # type: ignore[misc]
-                now,
-            )
-            self._run_deferred(now)
+            self._inputs.append(ConnectionAccepted(stream.id, source))
 
     def _stream_ready(self, stream: _Stream, mask: int, now: float) -> None:
         node = self.node
@@ -701,7 +743,7 @@ class Loop:
                 return
             stream.connecting = False
             self._watch(stream)
-            self._guard("a connection", lambda: node.on_connected(stream.id, now), now)
+            self._inputs.append(Connected(stream.id))
             self._write(stream, now)
             return
         if mask & selectors.EVENT_WRITE:
@@ -724,8 +766,7 @@ class Loop:
             return
         if stream.closing_by is not None:
             return  # we are done with it; only its output still drains
-        frames = stream.reader.feed(data)
-        self._guard("a frame", lambda: node.on_frames(stream.id, frames, now), now)
+        self._inputs.append(FramesReceived(stream.id, stream.reader.feed(data)))
 
     def _write(self, stream: _Stream, now: float) -> None:
         out = stream.out
@@ -755,9 +796,8 @@ class Loop:
         what was seen (``evidence``: the node's ``_evidence.judge`` decides what it proves)."""
         notify = stream.closing_by is None
         self._drop(stream)
-        node = self.node
-        if notify and node is not None:
-            self._deferred.append(lambda now: node.on_closed(stream.id, reason, evidence, now))
+        if notify:
+            self._inputs.append(ConnectionClosed(stream.id, reason, evidence))
 
     def _stalled(self, stream: _Stream, since: float | None) -> None:
         """Set when ``stream``'s output stopped moving (None: it moves, or nothing waits)."""

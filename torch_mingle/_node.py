@@ -35,7 +35,6 @@ from torch_mingle._claims import (
     LeaderLost,
     LeaderView,
     Role,
-    Stats,
     SteppedDown,
     Succession,
 )
@@ -58,7 +57,7 @@ from torch_mingle._frames import (
     Wait,
 )
 from torch_mingle._frames import JobClosed as ClosedAnswer
-from torch_mingle._keys import RoundKey, age, newest_key
+from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._leader import (
     ROUND_STORES_KEPT,
     ControlCounters,
@@ -67,12 +66,39 @@ from torch_mingle._leader import (
     OpenClient,
     ReleaseStores,
 )
-from torch_mingle._notes import Note, Sink, ignore
+from torch_mingle._notes import Note, Sink
 from torch_mingle._others import OtherTerms
 from torch_mingle._protocol import RESIGNED, Discovery
-from torch_mingle._record import assert_never, field, record, replace
+from torch_mingle._ready import (
+    ArriveRequested,
+    CloseRequested,
+    CodeFailed,
+    Connected,
+    ConnectionAccepted,
+    ConnectionClosed,
+    DatagramReceived,
+    Extend,
+    FramesReceived,
+    HealthChecking,
+    HealthJudged,
+    Input,
+    JoinRequested,
+    LeaveRequested,
+    Listening,
+    ListenRefused,
+    Ready,
+    Resolve,
+    ShutdownRequested,
+    Started,
+    StoreUnreachable,
+    Ticket,
+    TimerFired,
+    WorkDone,
+)
+from torch_mingle._record import assert_never, record, replace
 from torch_mingle._records import Heard, History, Round, Status
 from torch_mingle._rounds import RoundBook
+from torch_mingle._view import Diagnostics, JobClosed, Joined, TimedOut
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -85,21 +111,12 @@ FLUSH_ROUNDS = 32
 DIAG_REFRESH_S = 0.1
 
 
-class Net(Protocol):
-    """What a node asks of its shell. Calls never block; outcomes come back as ``Node.on_*``."""
+class Routes(Protocol):
+    """What a node asks its shell about the network (lookups, not effects: those go in ``Ready``)."""
 
-    def send_datagram(self, data: bytes, dest: Dest) -> None: ...
-    def listen(self, ip: str) -> int: ...
-    def stop_listening(self) -> None: ...
-    def connect(self, ip: str, port: int) -> int: ...
-    def send(self, conn: int, data: bytes) -> None: ...
-    def close(self, conn: int) -> None: ...
-    def submit(self, job: Job, tag: int) -> None: ...
-    def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None: ...
     def local_ip_towards(self, ip: str) -> str: ...
     def discovery_port_towards(self, ip: str) -> int: ...
     def describe(self) -> str: ...
-    def persist(self, state: NodeState) -> bool: ...
 
 
 @record
@@ -134,141 +151,6 @@ class NodeSettings:
     place: str = ""
 
 
-# ------------------------------------------------------------------ outcomes of a join
-
-
-@record
-class Joined:
-    round: Round
-    claim: Claim
-    #: The leader's address as this node reached it; None when this node leads.
-    leader_ip: str | None
-    #: A client of the round's store, connected while the join waited (None: connect now).
-    client: object = None
-
-
-@record
-class TimedOut:
-    why: str
-
-
-@record
-class JobClosed:
-    """The job is over; ``was_waiting``: this node saw it run and waited for a place (a spare)."""
-
-    was_waiting: bool
-    why: str
-    #: The job failed (a round could not start, or the closing agent failed): a waiting node
-    #: fails too, it does not exit 0.
-    failed: bool = False
-    #: A round of the job formed (this node was a spare of it, or heard of it): a spare that
-    #: waited for a job that never ran did no work either.
-    ran: bool = False
-
-
-@record(frozen=False)
-class Ticket:
-    """A request from the agent's thread; the node resolves it on the loop thread."""
-
-    kind: str
-    id: int
-    timeout_s: float = 0.0
-    #: When the node gives up on its own (loop clock); None while parked behind a healthy round.
-    deadline: float | None = None
-    done: bool = False
-    result: object = None
-    error: BaseException | None = None
-
-
-@record
-class Diagnostics:
-    """A consistent snapshot of one node, for tests, benchmarks, logs and error messages."""
-
-    node_id: str
-    job: str
-    role: str
-    leader: str | None = None
-    leader_ip: str | None = None
-    leader_port: int = 0
-    epoch: int = 0
-    established: bool = False
-    is_leader: bool = False
-    round: int = 0
-    #: The round this node is in, (epoch, leader, number): which one, across terms.
-    round_key: RoundKey | None = None
-    rank: int | None = None
-    world_size: int = 0
-    status: Status | None = None
-    #: The round it is in broke: not every member will take its rank (``Node._round_state``).
-    round_broken: bool = False
-    nodes_waiting: int = 0
-    #: When (the loop's clock) the leader told this node that its round will change: every
-    #: member hears it within milliseconds, so agents that hold their poll until a common time
-    #: after it stop their workers together (``MingleRendezvousHandler.num_nodes_waiting``).
-    #: None: nothing told, or this node found out on its own (a lost leader, its loop).
-    told_at: float | None = None
-    closed: bool = False
-    trouble: str | None = None
-    peers_heard: int = 0
-    connected_nodes: int = 0
-    stats: Stats = field(default_factory=Stats)
-    recoveries: int = 0
-    last_error: str | None = None
-    max_epoch_seen: int = 0
-    remembered_nonces: int = 0
-    loop_alive: bool = True
-    #: The agent's client of the next round's store is open, waiting for that round.
-    store_ahead: bool = False
-    #: The leader's control plane in this term (zeros on a follower).
-    control: ControlCounters = field(default_factory=ControlCounters)
-
-    @property
-    def failure(self) -> str:
-        """Why the job failed, as its leader said ("" while it did not)."""
-        return self.status.failure if self.status is not None else ""
-
-    def waiting_in(self, key: RoundKey) -> int:
-        """What ``num_nodes_waiting()`` tells an agent running round ``key``: > 0 only on positive
-        knowledge that the round cannot go on, never because this snapshot is older than the
-        round (docs/faults.md#the-world-of-a-round).
-
-        The loop died, or the job failed: 1. A newer round than ``key`` came: at least 1. An
-        older one (a snapshot from before the round was handed over): 0, nothing is known of
-        ``key`` yet. The same round: what the node says of it (a loss, a departure, a newcomer).
-        """
-        if not self.loop_alive or self.failure:
-            return 1
-        mine = self.round_key
-        if mine == key:
-            return self.nodes_waiting
-        if mine is not None and age(mine) > age(key):
-            return max(1, self.nodes_waiting)
-        return 0
-
-    def round_broke(self, key: RoundKey) -> bool:
-        """Whether round ``key`` is known to have broken: a member will not take its rank (it
-        is lost or left, or the leader is), a newer round formed, the job failed or the loop
-        died. A snapshot older than ``key`` knows nothing of it: False. A newcomer waiting
-        does not break a round (``waiting_in`` restarts it once its workers started)."""
-        if not self.loop_alive or self.failure:
-            return True
-        mine = self.round_key
-        if mine == key:
-            return self.round_broken
-        return mine is not None and age(mine) > age(key)
-
-
-class Answers(Protocol):
-    """Where the node answers the agent's requests and shows its state: ``_board.Board``, the
-    one place where the agent's thread and the loop's meet (the node itself has no lock)."""
-
-    def publish(self, diag: Diagnostics) -> None: ...
-    def diagnostics(self) -> Diagnostics: ...
-    def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None: ...
-    def extend(self, ticket: Ticket, deadline: float | None) -> None: ...
-    def fail(self, exc: BaseException) -> None: ...
-
-
 class Node:
     """Discovery, the leader's term and the follower's session of one node, driven by a shell."""
 
@@ -276,17 +158,23 @@ class Node:
         self,
         settings: NodeSettings,
         core: Discovery,
-        net: Net,
-        board: Answers,
+        routes: Routes,
         state: NodeState | None = None,
     ) -> None:
         self.settings = settings
         self.core = core
-        self.net = net
-        self.board = board
+        self.routes = routes
+        #: What the step under way decided (``step`` hands it over and starts the next).
+        self._out = Ready()
+        #: The inputs of a step after the one whose handling raised (``CodeFailed``).
+        self._rest: list[Input] = []
+        self._next_conn = 0
+        #: The epoch this node won while its control port opens (``_lead``, ``_start_term``).
+        self._claiming: int | None = None
         self.term: LeaderTerm | None = None
         self.session: FollowerSession | None = None
-        #: Its vote and what it must not forget (a predecessor's, after a restart: ``_identity``).
+        #: Its vote and what it must not forget (a predecessor's, after a restart: ``_identity``):
+        #: each change goes into the step's ``Ready.state``, on the disk before anything leaves.
         self.ballot = Ballot.of(state, self._persist)
         core.hear(self.ballot.heard)  # what a predecessor heard of (``Ballot.remember``)
         if self.history is not None:
@@ -339,15 +227,16 @@ class Node:
         self._published: tuple[object, ...] = ()
         self._published_at = float("-inf")
         self._told: tuple[RoundKey, float] | None = None  # (round, when) for Diagnostics.told_at
-        #: Set by the shell while it hands in the inputs of one wake-up: they are flushed
-        #: together by ``end_batch`` (a new leader woken by a thousand hellos flushes once,
-        #: not a thousand times).
-        self.batching = False
+        #: While ``step`` hands in the inputs of one wake-up: they are flushed together at its
+        #: end (a new leader woken by a thousand hellos flushes once, not a thousand times).
+        self._batching = False
         self._unflushed = False
         #: Called with every election event (tests and simulations record them).
         self.trace: Callable[[float, object], None] | None = None
-        #: Where the node's rendezvous events go (``_events``; the handler: the board).
-        self.on_event: Sink = ignore
+        #: Called with every input as the node takes it (the simulator's causal bookkeeping).
+        self.observe: Callable[[Input], None] | None = None
+        #: Where the node's rendezvous events go (``_events``): the step's ``Ready.notes``.
+        self.on_event: Sink = self._note
         #: Its health check fails (``set_unfit``): it leads no term.
         self.unfit = False
         #: Since when its health check runs (``set_checking``); None while none runs.
@@ -357,15 +246,86 @@ class Node:
     def label(self) -> str:
         return self.settings.label
 
-    # ------------------------------------------------------------ shell inputs
+    # ------------------------------------------------------------ the one input
 
-    def start(self, now: float) -> None:
+    def step(self, inputs: Sequence[Input], now: float, *, wall_s: float | None = None) -> Ready:
+        """Hand in what happened (in order), get what to do (``_ready``). The inputs of one
+        step are flushed together at its end, but a datagram that changes who leads is
+        flushed at once (see ``_on_datagram``). ``CodeFailed`` (the node's own code raised in
+        the step before) recovers first, then takes the inputs that step did not get to.
+        ``wall_s``: the wall clock now, where the shell follows it (what signed datagrams
+        carry: a clock that steps, as NTP does, moves with it)."""
+        if wall_s is not None:
+            self.core.wall_offset_s = wall_s - now
+        if inputs and isinstance(inputs[0], CodeFailed):
+            inputs = [inputs[0], *self._rest]
+        self._batching = True
+        try:
+            for index, event in enumerate(inputs):
+                self._rest = list(inputs[index + 1 :])
+                if self.observe is not None:
+                    self.observe(event)
+                self._handle(event, now)
+            self._rest = []
+            self._batching = False
+            if self._unflushed:
+                self._flush(now)
+        finally:
+            self._batching = False
+        ready, self._out = self._out, Ready()
+        ready.timer = self.next_timer()
+        return ready
+
+    def _handle(self, event: Input, now: float) -> None:
+        match event:
+            case DatagramReceived(data=data, addr=addr):
+                self._on_datagram(data, addr, now)
+            case FramesReceived(conn=conn, frames=frames):
+                self._on_frames(conn, frames, now)
+            case ConnectionAccepted(conn=conn, source=source):
+                self._on_accepted(conn, now, source)
+            case Connected(conn=conn):
+                self._on_connected(conn, now)
+            case ConnectionClosed(conn=conn, reason=reason, evidence=evidence):
+                self._on_closed(conn, reason, evidence, now)
+            case WorkDone(job=job, tag=tag, result=result, error=error):
+                self._on_work_done(job, tag, result, error, now)
+            case TimerFired():
+                self._on_timer(now)
+            case Listening(port=port):
+                self._start_term(port, now)
+            case ListenRefused(why=why):
+                self._cannot_lead(why, now)
+            case Started():
+                self._start(now)
+            case CodeFailed(exc=exc):
+                self._recover(exc, now)
+            case JoinRequested(ticket=ticket):
+                self._request_join(ticket, now)
+            case ArriveRequested(ticket=ticket, round_number=number):
+                self._request_arrive(ticket, number, now)
+            case CloseRequested(why=why, failed=failed):
+                self._request_close(why, now, failed=failed)
+            case ShutdownRequested(ticket=ticket, close_timeout_s=timeout_s, why=why, failed=failed):
+                self._request_shutdown(ticket, timeout_s, why, now, failed=failed)
+            case LeaveRequested(ticket=ticket):
+                self._request_leave(ticket, now)
+            case HealthChecking(running=running):
+                self._set_checking(running, now)
+            case HealthJudged(unfit=unfit):
+                self._set_unfit(unfit, now)
+            case StoreUnreachable(claim=claim, why=why):
+                self._report_unreachable(claim, why, now)
+            case _:
+                assert_never(event)
+
+    def _start(self, now: float) -> None:
         if self.settings.discovery_warning_s > 0:
             self._quiet_at = now + self.settings.discovery_warning_s
         self.core.start(now)
         self._flush(now)
 
-    def on_datagram(self, data: bytes, addr: Dest, now: float) -> None:
+    def _on_datagram(self, data: bytes, addr: Dest, now: float) -> None:
         # A datagram may change who leads: what came before it in this wake-up is flushed
         # first, and what it changed at once (a term overtaken must not take the frames that
         # follow; a session replaced must not lose the round it was just sent).
@@ -377,20 +337,20 @@ class Node:
         else:
             self._flushed_later(now)
 
-    def on_accepted(self, conn: int, now: float, source: str = "") -> None:
+    def _on_accepted(self, conn: int, now: float, source: str = "") -> None:
         """A connection to our control port from ``source`` (an address)."""
         if self.term is None:
-            self.net.close(conn)
+            self._out.close(conn)
             return
         self.term.accepted(conn, now, source)
         self._flushed_later(now)
 
-    def on_connected(self, conn: int, now: float) -> None:
+    def _on_connected(self, conn: int, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
             self.session.connected(now)
             self._flushed_later(now)
 
-    def on_frames(self, conn: int, frames: list[dict[str, object]] | Invalid, now: float) -> None:
+    def _on_frames(self, conn: int, frames: list[dict[str, object]] | Invalid, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
             self.session.received(frames, now)
             if not self.session.over:
@@ -399,36 +359,29 @@ class Node:
             self.term.received(conn, frames, now)
         self._flushed_later(now)
 
-    def on_closed(self, conn: int, reason: str, evidence: Evidence, now: float) -> None:
-        """A connection ended; ``evidence``: what the transport saw (``_evidence.judge`` decides)."""
+    def _on_closed(self, conn: int, reason: str, evidence: Evidence, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
             self.session.closed(reason, now)
         elif self.term is not None:
             self.term.closed(conn, reason, now, evidence)
         self._flushed_later(now)
 
-    def on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
+    def _on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenClient):
             self.ahead.opened(tag, result, error)
         elif self.term is not None and tag == self._term_tag:
             self.term.job_done(job, result, error, now)
         elif isinstance(result, int) and error is None and not isinstance(job, ReleaseStores):
-            self.net.submit(ReleaseStores(ports=(result,)), tag)  # a store for a term that ended
+            self._out.submit(ReleaseStores(ports=(result,)), tag)  # a store for a term that ended
         self._flushed_later(now)
 
-    def end_batch(self, now: float) -> None:
-        """The shell handed in every input of this wake-up: flush what they decided."""
-        self.batching = False
-        if self._unflushed:
-            self._flush(now)
-
     def _flushed_later(self, now: float) -> None:
-        if self.batching:
+        if self._batching:
             self._unflushed = True
         else:
             self._flush(now)
 
-    def on_timer(self, now: float) -> None:
+    def _on_timer(self, now: float) -> None:
         timer = self.core.next_timer()
         if timer is not None and now >= timer:
             self.core.handle_timer(now)
@@ -459,15 +412,15 @@ class Node:
             self._quiet_at,
             self._quorum_check_at,
             self._check_too_long_at(),
-            join.deadline if (join := self._open_join()) is not None else None,
-            self._shutdown_deadline if self._shutdown is not None and not self._shutdown.done else None,
-            self._leaving.deadline if self._leaving is not None and not self._leaving.done else None,
-            *(t.deadline for t in self._arrivals.values()),
+            join.due if (join := self._open_join()) is not None else None,
+            self._shutdown_deadline if self._shutdown is not None and not self._shutdown.decided else None,
+            self._leaving.due if self._leaving is not None and not self._leaving.decided else None,
+            *(t.due for t in self._arrivals.values()),
         ]
         present = [t for t in times if t is not None]
         return min(present) if present else None
 
-    def recover(self, exc: BaseException, now: float) -> None:
+    def _recover(self, exc: BaseException, now: float) -> None:
         """An unexpected error in this node's code: a leader resigns, a follower re-joins."""
         self.recoveries += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -486,11 +439,11 @@ class Node:
 
     # ------------------------------------------------------------ requests
 
-    def request_join(self, ticket: Ticket, now: float) -> None:
+    def _request_join(self, ticket: Ticket, now: float) -> None:
         """The agent asks for a place in the next round (``next_rendezvous``)."""
         superseded = self._open_join()
         if superseded is not None:
-            self.board.resolve(superseded, error=MingleStateError("superseded by a newer join"))
+            self._resolve(superseded, error=MingleStateError("superseded by a newer join"))
         self._join, self._answered = ticket, None
         self.parked = False
         if self.settings.discovery_warning_s > 0 and not self._quorum_warned:
@@ -502,20 +455,20 @@ class Node:
             self._send_join(now)
         self._flush(now)
 
-    def request_arrive(self, ticket: Ticket, round_number: int, now: float) -> None:
+    def _request_arrive(self, ticket: Ticket, round_number: int, now: float) -> None:
         """The agent enters torch's exit barrier: the leader must know before it counts us."""
         self._arrivals[ticket.id] = ticket
-        self.board.extend(ticket, now + ticket.timeout_s)
+        self._extend(ticket, now + ticket.timeout_s)
         if self.term is not None and self.core.role is Role.LEADING:
             self.term.arrive_local(ticket.id, round_number, now)
         elif self.session is not None and self.in_round is not None:
             self.session.arrive(ticket.id, round_number, self.in_round.epoch)
         else:
             self._arrivals.pop(ticket.id)
-            self.board.resolve(ticket, result=False)
+            self._resolve(ticket, result=False)
         self._flush(now)
 
-    def request_close(self, why: str, now: float, *, failed: bool = False) -> None:
+    def _request_close(self, why: str, now: float, *, failed: bool = False) -> None:
         """``set_closed()``: no further rounds for anyone (told to the next leader if there is none now).
 
         ``failed``: the job cannot go on (this node's round cannot start): the members running
@@ -538,21 +491,19 @@ class Node:
         elif self.session is not None and self.session.ready:
             self.session.close_job(why, failed=self._close_failed, job_failed=self._close_job_failed)
             self._pending_close = None
-            if self._shutdown is not None and not self._shutdown.done:
+            if self._shutdown is not None and not self._shutdown.decided:
                 self._leave_for_good(now)  # the close of a shutdown waited for this leader
 
-    def request_shutdown(
+    def _request_shutdown(
         self, ticket: Ticket, close_timeout_s: float, why: str, now: float, *, failed: bool = False
     ) -> None:
         """``shutdown()``: close the job and leave; a leader first waits for the others to leave.
         ``failed``: this agent failed, and so did the job for the nodes still waiting for a place."""
-        if not self.ballot.leave():  # (as ``request_leave``)
-            self.board.resolve(ticket, error=MingleStateError("cannot record that this node leaves"))
-            return
+        self.ballot.leave()  # (as ``request_leave``)
         self._shutdown = ticket
         self._shutdown_deadline = now + close_timeout_s
         if self._join is not None:
-            self.board.resolve(self._join, error=MingleStateError("the handler was shut down"))
+            self._resolve(self._join, error=MingleStateError("the handler was shut down"))
         if self.term is not None:
             self.term.close_job(self.settings.node_id, why, now, job_failed=failed)
             self.term.leave_local(now, self._own_key())
@@ -563,7 +514,7 @@ class Node:
                 self._pending_close, self._close_failed, self._close_job_failed = why, False, failed
             if (self.session is not None and self.session.ready) or self.job_closed:
                 self._deliver_close(now)  # and leaves, once its close (if any) is out
-                if not ticket.done:
+                if not ticket.decided:
                     self._leave_for_good(now)  # the job closed already: nothing to tell
             else:
                 # Between leaders (ours was just lost): the close goes to the next one, if one
@@ -578,11 +529,11 @@ class Node:
         if session is not None and session.ready:
             session.leave(self._own_key())
             for frame in session.frames():
-                self.net.send(session.conn, frame)
+                self._out.send(session.conn, frame)
         self._end_session()
         self.core.stop()
         if self._shutdown is not None:
-            self.board.resolve(self._shutdown, result=True)
+            self._resolve(self._shutdown, result=True)
 
     def alone(self) -> bool:
         """Whether this node is cut off from its job as far as it can tell: it heard no other
@@ -593,7 +544,7 @@ class Node:
             return self.term.connected_nodes() == 0
         return self.session is None or not self.session.ready
 
-    def set_checking(self, checking: bool, now: float) -> None:
+    def _set_checking(self, checking: bool, now: float) -> None:
         """The node's health check starts (or ended) before a join. The members' next round
         waits for its leader's join: a check that runs longer than the heartbeat timeout, on a
         node of a job that has other nodes, makes it unfit meanwhile (it gives up its term, so
@@ -617,9 +568,9 @@ class Node:
             "next round must not wait for it)",
             self.label, now - since,
         )  # fmt: skip
-        self.set_unfit(True, now)
+        self._set_unfit(True, now)
 
-    def set_unfit(self, unfit: bool, now: float) -> None:
+    def _set_unfit(self, unfit: bool, now: float) -> None:
         """The node's health check failed (``unfit``) or passed again. An unfit node leads no
         term: a leader gives its term up (the others elect another, and form their round
         without this node), and it abandons any claim it wins until it is fit again."""
@@ -629,7 +580,7 @@ class Node:
             self.core.abandon(now)
         self._flush(now)
 
-    def request_leave(self, ticket: Ticket, now: float) -> None:
+    def _request_leave(self, ticket: Ticket, now: float) -> None:
         """Leave the job at once (a preemption notice), the job going on without this node.
 
         The ticket resolves once the others no longer need this node's workers: a follower
@@ -638,13 +589,11 @@ class Node:
         Only then may the agent stop its own workers: stopped earlier, they would make the
         others' workers fail, and those failures would count against ``--max-restarts``.
         """
-        if not self.ballot.leave():
-            # (``Identity.save`` said why) Its vote stays: it leaves as a node that dies does.
-            self.board.resolve(ticket, error=MingleStateError("cannot record that this node leaves"))
-            return
+        self.ballot.leave()  # on the disk before the leave goes out: its vote goes with it
+        ticket.due = ticket.deadline  # (the handler's: it waits that long for the others)
         self._leaving = ticket
         if self._join is not None:
-            self.board.resolve(self._join, error=MingleStateError("this node is leaving the job"))
+            self._resolve(self._join, error=MingleStateError("this node is leaving the job"))
         if self.term is not None:
             self.term.leave_local(now, self._own_key())
         elif self.session is not None:
@@ -654,18 +603,18 @@ class Node:
     def _leaving_deadline(self, now: float) -> None:
         """The others did not go on in time: leave anyway (a leader still hands over)."""
         ticket = self._leaving
-        if ticket is None or ticket.done or ticket.deadline is None or now < ticket.deadline:
+        if ticket is None or ticket.decided or ticket.due is None or now < ticket.due:
             return
         if self.term is not None:
             self._hand_over(now)
         else:
             self._end_session()
             self.core.stop()
-        self.board.resolve(ticket, result=False)
+        self._resolve(ticket, result=False)
 
     def _check_leaving(self, now: float) -> None:
         ticket = self._leaving
-        if ticket is None or ticket.done:
+        if ticket is None or ticket.decided:
             return
         rnd = self.in_round
         if self.term is not None:
@@ -687,9 +636,9 @@ class Node:
         else:
             self._end_session()  # not in a round: nobody waits for us
             self.core.stop()
-            self.board.resolve(ticket, result=False)
+            self._resolve(ticket, result=False)
             return
-        self.board.resolve(ticket, result=True)
+        self._resolve(ticket, result=True)
 
     def _hand_over(self, now: float) -> None:
         """A leaving leader ends its term: its ``bye`` says it leaves (the members then take
@@ -698,7 +647,7 @@ class Node:
         self._unlead("the leader's node left the job", now, leaving=True)
         self.core.stop()
 
-    def report_unreachable(self, claim: Claim, why: str, now: float) -> None:
+    def _report_unreachable(self, claim: Claim, why: str, now: float) -> None:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
         if self.session is not None and self.session.claim == claim:
             self._end_session()
@@ -714,7 +663,7 @@ class Node:
         for _ in range(FLUSH_ROUNDS):
             busy = False
             for data, dest in self.core.datagrams_to_send(now):
-                self.net.send_datagram(data, dest)
+                self._out.send_datagram(data, dest)
             for ev in self.core.events():
                 busy = True
                 self._core_event(ev, now)
@@ -724,11 +673,11 @@ class Node:
             session = self.session
             if session is not None:
                 for frame in session.frames():
-                    self.net.send(session.conn, frame)
+                    self._out.send(session.conn, frame)
                 for sev in session.events():
                     busy = True
                     self._session_event(session, sev, now)
-            if self._shutdown is not None and not self._shutdown.done and self.term is not None:
+            if self._shutdown is not None and not self._shutdown.decided and self.term is not None:
                 self._finish_leader_shutdown(now)
             self._check_leaving(now)
             if not busy:
@@ -739,21 +688,17 @@ class Node:
         self._hand_over_answer()
         self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
 
-    def _remember_heard(self) -> bool:
+    def _remember_heard(self) -> None:
         """What this node heard of the job, on the disk while a round may count it without its
         vote (``Ballot.remember``): before its join goes out, and whenever it hears more while
-        the join waits (a spare is taken in on the join it sent before the job's first round).
-        False: the disk refused it (``Identity.save`` said why), and the join fails."""
-        join = self._open_join()
-        if join is None or self.ballot.remember(self._heard()):
-            return True
-        self.board.resolve(join, error=MingleStateError("cannot record what this node heard of the job"))
-        return False
+        the join waits (a spare is taken in on the join it sent before the job's first round)."""
+        if self._open_join() is not None:
+            self.ballot.remember(self._heard())
 
     def _open_join(self) -> Ticket | None:
         """The agent's join, while it waits for an answer the node has not decided yet."""
         join = self._join
-        return join if join is not None and not join.done and self._answered is None else None
+        return join if join is not None and not join.decided and self._answered is None else None
 
     def _answer_join(self, result: object) -> None:
         """The join's answer, handed over by ``_hand_over_answer`` once the snapshot shows it."""
@@ -767,7 +712,7 @@ class Node:
         join, answer = self._join, self._answered
         if join is not None and answer is not None:
             self._answered = None
-            self.board.resolve(join, result=answer)
+            self._resolve(join, result=answer)
 
     def _stop_failed_round(self, now: float) -> None:
         """The job failed while this node runs a round (a member's data path check): its
@@ -783,7 +728,7 @@ class Node:
         self._failure_cut = rnd.number
         ip = self.settings.connect_ip if self.term is not None else self._last_leader_ip
         if ip:
-            self.net.abort_connections_to(ip, [rnd.store_port], ended=True)
+            self._out.abort_connections_to(ip, [rnd.store_port], ended=True)
 
     def _connect_ahead(self) -> None:
         """Unless the leader parked this node, open the agent's client of the store the next
@@ -804,7 +749,7 @@ class Node:
                 target = (session.claim, session.ip, session.next_store_port)
         start = self.ahead.aim(target)
         if start is not None:
-            self.net.submit(*start)
+            self._out.submit(*start)
 
     def _flush_term(self, term: LeaderTerm, now: float) -> bool:
         busy = False
@@ -812,11 +757,11 @@ class Node:
         # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
         term.book.hear(self._heard())
         for conn, frame in term.frames():
-            self.net.send(conn, frame)
+            self._out.send(conn, frame)
         for conn, _why in term.closes():
-            self.net.close(conn)
+            self._out.close(conn)
         for job in term.jobs():
-            self.net.submit(job, self._term_tag)
+            self._out.submit(job, self._term_tag)
         cannot_vote = False
         for answer in term.local():
             busy = True
@@ -875,8 +820,9 @@ class Node:
             self._leader_lost(ev.claim, ev.reason, now)
 
     def _lead(self, epoch: int, now: float) -> None:
-        s = self.settings
-        if self._shutdown is not None and not self._shutdown.done:
+        """This node won the election for ``epoch``: it opens its control port, and leads once
+        the port is open (``_start_term``)."""
+        if self._shutdown is not None and not self._shutdown.decided:
             # Shutting down between two leaders: it only waits to tell the next one that the
             # job closed. Leading, it would resign at once, and nobody would hear the close.
             self.core.abandon(now)
@@ -884,24 +830,34 @@ class Node:
         if self.unfit:
             self.core.abandon(now)  # its health check fails: a round needs its leader's node
             return
-        try:
-            port = self.net.listen(s.bind_ip)
-        except OSError as exc:
-            log.error(  # noqa: TRY400 - the advice matters, the traceback does not
-                "%s cannot lead: listening on %s failed: %s; leaving leadership to another node",
-                self.label,
-                s.bind_ip,
-                exc,
-            )
-            self.last_error = f"listen failed: {exc}"
+        self._claiming = epoch
+        self._out.listen(self.settings.bind_ip)
+
+    def _cannot_lead(self, why: str, now: float) -> None:
+        """The control port could not be opened: another node leads."""
+        if self._claiming is None:
+            return
+        self._claiming = None
+        log.error("%s cannot lead: %s; leaving leadership to another node", self.label, why)
+        self.last_error = why
+        self.core.abandon(now)
+        self._flush(now)
+
+    def _start_term(self, port: int, now: float) -> None:
+        """The control port is open: the term of the epoch this node won begins."""
+        s = self.settings
+        epoch, self._claiming = self._claiming, None
+        if epoch is None or self.core.role is not Role.CLAIMING:
+            self._out.stop_listening()  # the claim was given up meanwhile
+            self._flush(now)
+            return
+        if self.unfit or (self._shutdown is not None and not self._shutdown.decided):
+            self._out.stop_listening()  # (as ``_lead``: it became unfit, or shuts down, meanwhile)
             self.core.abandon(now)
+            self._flush(now)
             return
         claim = Claim(epoch=epoch, leader=s.node_id)
-        if not self.ballot.lead(epoch):
-            self.net.stop_listening()
-            self.last_error = "cannot record the term in the state directory"
-            self.core.abandon(now)
-            return
+        self.ballot.lead(epoch)
         book = RoundBook(
             leader=s.node_id,
             epoch=epoch,
@@ -928,6 +884,7 @@ class Node:
         self.term.start(now)
         if not self.core.leader_ready(now, s.advertised_ip, port, self.term.follows):
             self._unlead("the claim was overtaken before the term started", now)
+            self._flush(now)
             return
         self.on_event(Note("leader_elected", f"leads the rendezvous (epoch {epoch})"))
         log.info(
@@ -938,6 +895,7 @@ class Node:
             s.bind_ip,
             port,
         )
+        self._flush(now)
 
     def _unlead(self, why: str, now: float, *, leaving: bool = False) -> None:
         term = self.term
@@ -945,7 +903,7 @@ class Node:
             return
         term.stand_down(why, leaving=leaving, own_key=self._own_key() if leaving else None)
         self._flush_term(term, now)
-        self.net.stop_listening()
+        self._out.stop_listening()
         self.term = None
         if self.in_round_claim == term.claim:
             self.trouble = why
@@ -998,17 +956,13 @@ class Node:
     def _connect(self, view: LeaderView, now: float) -> None:
         s = self.settings
         ip = view.store_ip
-        try:
-            conn = self.net.connect(ip, view.store_port)
-        except OSError as exc:
-            self.core.leader_failed(now, view.claim, f"cannot connect to the leader {ip}: {exc}")
-            return
+        conn = self._connect_to(ip, view.store_port)
         self.session = FollowerSession(
             claim=view.claim,
             ip=ip,
             port=view.store_port,
             node=s.node_id,
-            own_ip=self.net.local_ip_towards(ip),
+            own_ip=self.routes.local_ip_towards(ip),
             history=self.history,
             interval_s=s.interval_s,
             timeout_s=s.timeout_s,
@@ -1036,13 +990,13 @@ class Node:
             if self.in_round is not None and ports and self._last_leader_ip:
                 # The agent may sit in a TCPStore call on that leader's store; a frozen store
                 # never answers, and TCPStore's own timeouts do not cover it: cut it loose.
-                self.net.abort_connections_to(self._last_leader_ip, ports, ended=True)
+                self._out.abort_connections_to(self._last_leader_ip, ports, ended=True)
         for ip, port in self.ahead.toward(claim):
             # A connect ahead to the lost leader; not ended: if the same leader speaks again
             # (it was only silent), its next round may use that store.
-            self.net.abort_connections_to(ip, [port])
+            self._out.abort_connections_to(ip, [port])
         join = self._open_join()
-        if join is not None and join.deadline is None:
+        if join is not None and join.due is None:
             self._set_deadline(join, now + join.timeout_s)  # no longer parked
 
     # ------------------------------------------------------------ session events
@@ -1055,7 +1009,7 @@ class Node:
                 return
             self.saw_open = True
             self._deliver_close(now)
-            if self._leaving is not None and not self._leaving.done:
+            if self._leaving is not None and not self._leaving.decided:
                 # (our leave may have been lost with the last leader's connection)
                 session.leave(self._own_key())
         elif isinstance(ev, StatusChanged):
@@ -1089,9 +1043,31 @@ class Node:
                         self._gone[node] = newest
                 self.core.leader_failed(now, session.claim, ev.reason)
 
-    def _persist(self, state: NodeState) -> bool:
-        """The shell's ``persist`` (looked up at each call: a test may swap the shell's)."""
-        return self.net.persist(state)
+    def _persist(self, state: NodeState) -> None:
+        """The ballot changed: its state goes to the disk before anything of this step leaves."""
+        self._out.state = state
+
+    def _connect_to(self, ip: str, port: int) -> int:
+        """Open a connection; its id is the node's own (negative: the shell numbers those it
+        accepts from 1)."""
+        self._next_conn -= 1
+        self._out.connect(self._next_conn, ip, port)
+        return self._next_conn
+
+    def _note(self, note: Note) -> None:
+        self._out.notes.append(note)
+
+    def _resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:
+        """Answer the agent's ``ticket`` (once: a later answer is dropped, as the board does)."""
+        if ticket.decided:
+            return
+        ticket.decided = True
+        self._out.answers.append(Resolve(ticket, result, error))
+
+    def _extend(self, ticket: Ticket, due: float | None) -> None:
+        """The node gives up on ``ticket`` at ``due`` now (None: parked), and so does the agent."""
+        ticket.due = due
+        self._out.answers.append(Extend(ticket, due))
 
     @property
     def history(self) -> History | None:
@@ -1133,7 +1109,7 @@ class Node:
         if isinstance(answer, Ack):
             ticket = self._arrivals.pop(answer.ticket, None)
             if ticket is not None:
-                self.board.resolve(ticket, result=True)
+                self._resolve(ticket, result=True)
             return
         join = self._open_join()
         if join is None or (not isinstance(answer, ClosedAnswer) and join.id != answer.ticket):
@@ -1174,8 +1150,7 @@ class Node:
         if rnd.rank_of(self.settings.node_id) is None:
             raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
         self.core.hear_round(rnd.key)
-        if not self.ballot.formed(rnd, self._heard()):
-            log.warning("%s round %d could not be recorded in the state file", self.label, rnd.number)
+        self.ballot.formed(rnd, self._heard())
         self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
         self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
         seen_via = session.ip if session else self.settings.advertised_ip
@@ -1194,11 +1169,10 @@ class Node:
 
     def _send_join(self, now: float) -> None:
         join = self._open_join()
-        if join is None or not self._remember_heard():
+        if join is None:
             return
-        remaining = (
-            join.timeout_s if join.deadline is None else max(0.001, join.deadline - now - JOIN_GRACE_S)
-        )
+        self._remember_heard()  # on the disk before the join goes out
+        remaining = join.timeout_s if join.due is None else max(0.001, join.due - now - JOIN_GRACE_S)
         term, session = self.term, self.session
         if term is not None and self.core.role is Role.LEADING:
             session = None  # its own term's join: the same record, without a connection
@@ -1215,7 +1189,7 @@ class Node:
             accepted=self.accepted,
             timeout_s=join.timeout_s,
             remaining_s=remaining,
-            dport=self.net.discovery_port_towards(towards),
+            dport=self.routes.discovery_port_towards(towards),
             pport=self.settings.probe_port,
             gone=tuple(self._gone.items()),
             place=self.settings.place,
@@ -1237,22 +1211,22 @@ class Node:
         return self.settings.incarnation > 1 and self.in_round is None
 
     def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:
-        self.board.extend(ticket, None if expires is None else expires + JOIN_GRACE_S)
+        self._extend(ticket, None if expires is None else expires + JOIN_GRACE_S)
 
     def _check_tickets(self, now: float) -> None:
         join = self._open_join()
-        if join is not None and join.deadline is not None and now >= join.deadline:
+        if join is not None and join.due is not None and now >= join.due:
             self._answer_join(TimedOut(self._why_no_round()))
         for key, ticket in list(self._arrivals.items()):
-            if ticket.deadline is not None and now >= ticket.deadline:
+            if ticket.due is not None and now >= ticket.due:
                 del self._arrivals[key]
-                self.board.resolve(ticket, result=False)
-        if self._shutdown is not None and not self._shutdown.done and now >= self._shutdown_deadline:
+                self._resolve(ticket, result=False)
+        if self._shutdown is not None and not self._shutdown.decided and now >= self._shutdown_deadline:
             self._finish_leader_shutdown(now, timed_out=True)
 
     def _finish_leader_shutdown(self, now: float, *, timed_out: bool = False) -> None:
         term, ticket = self.term, self._shutdown
-        if ticket is None or ticket.done:
+        if ticket is None or ticket.decided:
             return
         if term is not None:
             if not term.all_gone() and not timed_out:
@@ -1274,8 +1248,8 @@ class Node:
             self._end_session()
             self.core.stop()
         for data, dest in self.core.datagrams_to_send(now):
-            self.net.send_datagram(data, dest)
-        self.board.resolve(ticket, result=True)
+            self._out.send_datagram(data, dest)
+        self._resolve(ticket, result=True)
 
     def _why_no_round(self) -> str:
         view = self.core.leader
@@ -1290,7 +1264,7 @@ class Node:
     def _job_closed_seen(self, why: str, *, failed: bool = False) -> None:
         self.job_closed = True
         self._closed_answer(why, failed=failed)
-        if self._shutdown is not None and not self._shutdown.done and self.term is None:
+        if self._shutdown is not None and not self._shutdown.decided and self.term is None:
             self._pending_close = None  # closed already: nothing left to tell
             self._leave_for_good(self._now)
 
@@ -1312,11 +1286,11 @@ class Node:
         session, self.session = self.session, None
         if session is not None:
             for frame in session.frames():  # first: with a secret, every frame has its place
-                self.net.send(session.conn, frame)
+                self._out.send(session.conn, frame)
             bye = session.bye(self._heard())
             if bye is not None:
-                self.net.send(session.conn, bye)
-            self.net.close(session.conn)
+                self._out.send(session.conn, bye)
+            self._out.close(session.conn)
 
     def _warn_if_alone(self) -> None:
         """Nothing heard from the job's other nodes yet: say early that multicast may be blocked."""
@@ -1330,7 +1304,7 @@ class Node:
             "peers=HOST;HOST work without multicast (%s)",
             self.label,
             job,
-            self.net.describe(),
+            self.routes.describe(),
             self.settings.discovery_warning_s,
             job,
             README_NETWORKS,
@@ -1434,7 +1408,7 @@ class Node:
         except _faults.FailpointError:
             return  # a test holds this snapshot back (the agent's thread must not depend on it)
         self._published, self._published_at = key, now
-        self.board.publish(
+        self._out.publish(
             Diagnostics(
                 node_id=f"{self.settings.node_id:016x}",
                 job=self.settings.job,

@@ -38,10 +38,22 @@ from torch_mingle._datapath import MingleDataPathError, failure_message, peers_t
 from torch_mingle._events import record_notes
 from torch_mingle._health import HEALTH_RETRY_S, Verdict, wait_until_healthy
 from torch_mingle._interfaces import Interface, interface_for
-from torch_mingle._node import Diagnostics, JobClosed, Joined, Ticket, TimedOut
 from torch_mingle._notes import Note
+from torch_mingle._ready import (
+    ArriveRequested,
+    CloseRequested,
+    HealthChecking,
+    HealthJudged,
+    Input,
+    JoinRequested,
+    LeaveRequested,
+    ShutdownRequested,
+    StoreUnreachable,
+    Ticket,
+)
 from torch_mingle._records import History, Round
 from torch_mingle._store import AgentStore, open_client
+from torch_mingle._view import Diagnostics, JobClosed, Joined, TimedOut
 from torch_mingle._wire import REPLAY_WINDOW_MS, parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
@@ -151,7 +163,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._sigterm_hook = self._on_sigterm  # one bound method: the handler we install, by identity
         self._sigterm_prev: Any = None
         self._left = False
-        self._loop.start(self._node)
+        self._loop.start(self._node, self._board)
 
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> MingleRendezvousHandler:
@@ -227,7 +239,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 self._check_health(started)
                 self._refuse_if_shut()  # shut while its check ran: its loop is gone, nothing would answer
             left = self._config.join_timeout - (time.monotonic() - started)
-            outcome = self._ask("join", left, self._node.request_join, while_waiting=_load_idna_codec)
+            outcome = self._ask("join", left, JoinRequested, while_waiting=_load_idna_codec)
             if isinstance(outcome, TimedOut):
                 error = self._timeout_error(started, outcome.why)
                 self._failure = f"its rendezvous timed out: {outcome.why}"
@@ -242,7 +254,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 where = outcome.leader_ip or "this node"
                 why = f"the round's store at {where}:{outcome.round.store_port} failed: {exc}"
                 log.warning("%s %s; joining again", self._label, why)
-                self._loop.call(functools.partial(self._node.report_unreachable, outcome.claim, why))
+                self._loop.ask(StoreUnreachable(outcome.claim, why))
                 continue
             if not self._check_data_path(outcome, info.rank):
                 continue
@@ -273,17 +285,17 @@ class MingleRendezvousHandler(RendezvousHandler):
                 self._label, cfg.health_check, verdict.why, HEALTH_RETRY_S, verdict.output,
             )  # fmt: skip
             self._note(Note("health_check_failed", f"failed its health check: {verdict.why}", "FAILED"))
-            self._loop.call(functools.partial(self._node.set_unfit, True))
+            self._loop.ask(HealthJudged(unfit=True))
 
         deadline = started + cfg.join_timeout
-        self._loop.call(functools.partial(self._node.set_checking, True))
+        self._loop.ask(HealthChecking(running=True))
         try:
             verdict = wait_until_healthy(
                 cfg.health_check, cfg.health_check_timeout, deadline, on_failure=failed
             )
         finally:
-            self._loop.call(functools.partial(self._node.set_checking, False))
-        self._loop.call(functools.partial(self._node.set_unfit, not verdict.ok))
+            self._loop.ask(HealthChecking(running=False))
+        self._loop.ask(HealthJudged(unfit=not verdict.ok))
         if not verdict.ok:
             self._failure = f"its health check failed: {verdict.why}"
             self._unhealthy = True
@@ -302,7 +314,7 @@ class MingleRendezvousHandler(RendezvousHandler):
     def set_closed(self) -> None:
         self._note(Note("set_closed", "marked the rendezvous as closed (set_closed)", "SUCCEEDED"))
         self._closed = True
-        self._loop.call(functools.partial(self._node.request_close, "set_closed()"))
+        self._loop.ask(CloseRequested("set_closed()"))
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins).
@@ -368,9 +380,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 self._ask(
                     "shutdown",
                     close_timeout,
-                    lambda t, now: self._node.request_shutdown(
-                        t, close_timeout, why, now, failed=bool(failure)
-                    ),
+                    lambda t: ShutdownRequested(t, close_timeout, why, failed=bool(failure)),
                 )
         self._note(Note("shutdown", "closed the rendezvous", "SUCCEEDED"))
         self._loop.stop()
@@ -420,7 +430,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         log.warning("%s leaving: the others go on without this node", self._label)
         started = time.monotonic()
         try:
-            went_on = self._ask("leave", wait_s, self._node.request_leave)
+            went_on = self._ask("leave", wait_s, LeaveRequested)
         except MingleError as exc:
             log.warning("%s left without waiting for the others: %s", self._label, exc)
         else:
@@ -435,15 +445,20 @@ class MingleRendezvousHandler(RendezvousHandler):
     # --------------------------------------------------------------- internals
 
     def _ask(
-        self, kind: str, timeout_s: float, request: object, *, while_waiting: Callable[[], None] | None = None
+        self,
+        kind: str,
+        timeout_s: float,
+        request: Callable[[Ticket], Input],
+        *,
+        while_waiting: Callable[[], None] | None = None,
     ) -> object:
-        """Queue a request for the node and wait for its answer (bounded: see ``Board.wait``).
+        """Hand the node ``request(ticket)`` and wait for its answer (bounded: see ``Board.wait``).
 
         ``while_waiting``: work for the agent's thread if no answer came within ``PRELOAD_AFTER_S``.
         """
         ticket = Ticket(kind, next(_ticket_ids), timeout_s=max(0.001, timeout_s))
         ticket.deadline = time.monotonic() + ticket.timeout_s
-        self._loop.call(lambda now: request(ticket, now))  # type: ignore[operator]
+        self._loop.ask(request(ticket))
         if while_waiting is not None and not self._board.answered_within(ticket, PRELOAD_AFTER_S):
             while_waiting()
         return self._board.wait(ticket, grace_s=ANSWER_GRACE_S, on_notes=self._record_notes)
@@ -459,7 +474,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         """torch's agent enters the exit barrier: tell the leader first (bounded wait)."""
         timeout = min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout)
         with contextlib.suppress(MingleError):
-            self._ask("arrive", timeout, lambda t, now: self._node.request_arrive(t, round_number, now))
+            self._ask("arrive", timeout, lambda t: ArriveRequested(t, round_number))
 
     def _job_closed(self, outcome: JobClosed) -> NoReturn:
         """The job is over. Only a spare of a job that ran and finished exits 0 (its workers were
@@ -572,7 +587,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 why = failure_message((rank, rnd.ips[rank]), self._iface.name, failed, len(targets), timeout)
                 log.error("%s %s", self._label, why)
                 self._failure = why
-                self._loop.call(functools.partial(self._node.request_close, why, failed=True))
+                self._loop.ask(CloseRequested(why, failed=True))
                 raise MingleDataPathError(f"{self._label} {why}")
         why = self._job_failure()  # another member's check failed while this one ran
         if why:

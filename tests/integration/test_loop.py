@@ -4,6 +4,7 @@ frame sent to many connections is queued, and the cap on what a connection may h
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 import threading
 import time
@@ -15,47 +16,49 @@ import pytest
 
 from torch_mingle._board import Board
 from torch_mingle._loop import MAX_OUTPUT_BYTES, Loop
-from torch_mingle._node import Diagnostics
+from torch_mingle._ready import CodeFailed, Connected, ConnectionClosed, Ready
 from torch_mingle._slurm import STANDBY_AFTER_S, STANDBY_CHECKS
 from torch_mingle._store import StoreKeeper
+from torch_mingle._view import Diagnostics
 
 pytestmark = pytest.mark.integration
 
 
 class _StandIn:
-    """Just enough of a ``Node`` for the loop: it records the connect and decides nothing."""
-
-    batching = False
+    """Just enough of a ``Node`` for the loop: it records the connects and closes, decides nothing."""
 
     def __init__(self) -> None:
         self.board = Board(Diagnostics(node_id="1", job="job", role="idle"))
-        self.core = types.SimpleNamespace(wall_offset_s=0.0)  # the loop follows clock steps there
         self.connected = threading.Event()
         self.up: set[int] = set()  # connections whose connect completed
         self.changed = threading.Condition()
         self.closed: list[tuple[int, str]] = []
         self.closed_any = threading.Event()
+        self._ids = itertools.count(-1, -1)
 
-    def start(self, now: float) -> None: ...
-    def next_timer(self) -> float | None:
-        return None
+    def conn_id(self) -> int:
+        """An id for a connection the test opens, as the node numbers its own (negative)."""
+        return next(self._ids)
 
-    def end_batch(self, now: float) -> None: ...
-    def on_connected(self, conn: int, now: float) -> None:
-        with self.changed:
-            self.up.add(conn)
-            self.changed.notify_all()
-        self.connected.set()
+    def step(self, inputs: list[object], now: float, *, wall_s: float | None = None) -> Ready:
+        for event in inputs:
+            if isinstance(event, Connected):
+                with self.changed:
+                    self.up.add(event.conn)
+                    self.changed.notify_all()
+                self.connected.set()
+            elif isinstance(event, ConnectionClosed):
+                self.closed.append((event.conn, event.reason))
+                self.closed_any.set()
+            elif isinstance(event, CodeFailed):
+                raise event.exc
+        return Ready()
 
-    def on_accepted(self, conn: int, now: float, source: str = "") -> None: ...
-    def on_frames(self, conn: int, frames: object, now: float) -> None: ...
-    def on_closed(self, conn: int, reason: str, evidence: object, now: float) -> None:
-        self.closed.append((conn, reason))
-        self.closed_any.set()
 
-    def on_timer(self, now: float) -> None: ...
-    def recover(self, exc: BaseException, now: float) -> None:
-        raise exc
+def _connect(loop: Loop, node: _StandIn, port: int) -> int:
+    conn = node.conn_id()
+    loop.connect(conn, "127.0.0.1", port)
+    return conn
 
 
 def test_what_a_closing_connection_still_has_to_send_goes_out_when_the_loop_stops():
@@ -66,11 +69,11 @@ def test_what_a_closing_connection_still_has_to_send_goes_out_when_the_loop_stop
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the peer takes little at once
     loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), label="[test]")
     node = _StandIn()
-    loop.start(node)  # type: ignore[arg-type]
+    loop.start(node, node.board)  # type: ignore[arg-type]
     peer: socket.socket | None = None
     try:
         conns: list[int] = []
-        loop.call(lambda now: conns.append(loop.connect("127.0.0.1", listener.getsockname()[1])))
+        loop.call(lambda now: conns.append(_connect(loop, node, listener.getsockname()[1])))
         assert node.connected.wait(10), "the loop did not connect"
         listener.settimeout(10)
         peer, _ = listener.accept()
@@ -107,7 +110,7 @@ def _started(**loop_options: Any) -> Iterator[tuple[Loop, _StandIn, socket.socke
     listener.settimeout(10)
     loop = Loop([], keeper=StoreKeeper("127.0.0.1", "127.0.0.1"), label="[test]", **loop_options)
     node = _StandIn()
-    loop.start(node)  # type: ignore[arg-type]
+    loop.start(node, node.board)  # type: ignore[arg-type]
     try:
         yield loop, node, listener
     finally:
@@ -140,7 +143,7 @@ def _connected(
 ) -> tuple[list[int], list[socket.socket]]:
     """``count`` connections of the loop to ``listener``, established; and the peers' ends."""
     port = listener.getsockname()[1]
-    conns = [_on_loop(loop, lambda now: loop.connect("127.0.0.1", port)) for _ in range(count)]
+    conns = [_on_loop(loop, lambda now: _connect(loop, node, port)) for _ in range(count)]
     peers = [listener.accept()[0] for _ in conns]
     with node.changed:  # every connect seen by the loop: frames go out at once, not held
         assert node.changed.wait_for(lambda: node.up >= set(conns), 10), "the loop did not connect"

@@ -78,11 +78,12 @@ from tests.swarm import scenario as sc
 from torch_mingle._claims import Timing
 from torch_mingle._keys import age
 from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
-from torch_mingle._node import Joined
 from torch_mingle._order import natural_key
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS
+from torch_mingle._ready import HealthJudged
 from torch_mingle._records import Round, node_hex
 from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form
+from torch_mingle._view import Joined
 from torch_mingle._wire import (
     MAX_REMEMBERED_NONCES,
     Announce,
@@ -364,7 +365,7 @@ class World(Agents[_Agent]):
         """Each node that leaves (SIGTERM or ``shutdown()``), with the newest round it was in or
         voted for, as its process handles it (a frozen process handles its SIGTERM once thawed,
         if it still lives then) (``quorum``)."""
-        for name in ("request_leave", "request_shutdown"):
+        for name in ("_request_leave", "_request_shutdown"):
             inner = getattr(node.node, name)
 
             def leave(*args: Any, inner: Callable[..., None] = inner, **kw: Any) -> None:
@@ -379,13 +380,14 @@ class World(Agents[_Agent]):
         """Every term the process leads: a term (epoch, node id) is one process's, or two could
         hand out the same fencing token (``token``); a restarted process that forgot the epochs
         its node led would lead one of them again."""
-        inner = node.node._lead
+        inner = node.node._start_term
 
-        def lead(epoch: int, now: float) -> None:
-            inner(epoch, now)
+        def lead(port: int, now: float) -> None:
+            inner(port, now)
             term = node.node.term
-            if term is None or term.claim.epoch != epoch:
+            if term is None or term.claim.leader != node.core.node_id:
                 return
+            epoch = term.claim.epoch
             propose = term._propose
 
             def proposing(form: Form, port: int, now: float) -> None:
@@ -403,7 +405,7 @@ class World(Agents[_Agent]):
                     self.sim.now,
                 )
 
-        node.node._lead = lead  # type: ignore[method-assign]
+        node.node._start_term = lead  # type: ignore[method-assign]
 
     # ------------------------------------------------------------ the agents' hooks
 
@@ -771,7 +773,11 @@ class World(Agents[_Agent]):
         if self._may_recover(current, live):
             states = ", ".join(
                 f"host {a.host} {a.phase.value}"
-                + (f" in {_show(a.round)}" if a.round else f" ({a.node.node.board.diagnostics().status})")
+                + (
+                    f" in {_show(a.round)}"
+                    if a.round
+                    else f" ({a.node.board.diagnostics().status if a.node.board else None})"
+                )
                 for a in live
             )
             raise Violation(
@@ -1068,7 +1074,7 @@ class World(Agents[_Agent]):
             self._spawn(old.host, self.sim.now, node_id=inherit)
 
     def _do_unfit(self, e: sc.Event, agent: _Agent) -> None:
-        """The agent's health check fails, and passes again at the end (``Node.set_unfit``);
+        """The agent's health check fails, and passes again at the end (``HealthJudged``);
         a frozen agent runs no check: it learns of it when it thaws."""
         node = agent.node
         if node.frozen:
@@ -1078,9 +1084,9 @@ class World(Agents[_Agent]):
             if node.alive and node.frozen:
                 self._at(self.sim.now + 0.25, fit_again)  # it checks again once thawed
             elif node.alive:
-                node.node.set_unfit(False, self.sim.now)
+                self.sim.step_node(node, [HealthJudged(unfit=False)])
 
-        node.node.set_unfit(True, self.sim.now)
+        self.sim.step_node(node, [HealthJudged(unfit=True)])
         self._at(e.ends, fit_again)
 
     def _do_freeze(self, e: sc.Event, agent: _Agent) -> None:

@@ -10,8 +10,9 @@ import time
 import pytest
 
 from torch_mingle._board import Board
-from torch_mingle._node import Diagnostics, Ticket
 from torch_mingle._notes import MAX_PENDING_NOTES, Note
+from torch_mingle._ready import Ticket
+from torch_mingle._view import Diagnostics
 
 
 def _board() -> Board:
@@ -45,7 +46,8 @@ REENTRY = """
 import os, signal
 from torch_mingle._notes import MAX_PENDING_NOTES, Note
 from torch_mingle._board import Board
-from torch_mingle._node import Diagnostics, Ticket
+from torch_mingle._ready import Ticket
+from torch_mingle._view import Diagnostics
 
 board = Board(Diagnostics(node_id="1", job="job", role="idle"))
 ticket = Ticket("leave", 1)

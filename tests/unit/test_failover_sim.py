@@ -11,7 +11,7 @@ import random
 import pytest
 
 from torch_mingle._claims import BecomeLeader, Dest, LeaderFound, LeaderLost, SteppedDown, Timing
-from torch_mingle._node import Joined
+from torch_mingle._view import Joined
 from torch_mingle._wire import derive_key
 from torch_mingle.testing import agents
 from torch_mingle.testing.net import Route
@@ -325,7 +325,8 @@ def test_a_takeover_sends_the_group_a_handful_of_datagrams_whatever_the_round_si
     (old,) = sim.leaders()
     ranks = agents.rounds[-1][2]
     successor = next(node for node in sim.nodes if node.core.node_id == ranks[1])
-    net = successor.node.net
+    net = successor.net
+    assert net is not None
     sent: list[tuple[float, Dest]] = []
     send = net.send_datagram
 
@@ -442,11 +443,10 @@ def test_a_restarted_process_draws_nonces_of_its_own():
 
 
 @pytest.mark.parametrize("who", ["a member", "the leader"])
-def test_a_node_that_cannot_record_its_vote_keeps_no_first_round_from_forming(who):
-    """A first round forms only once every member voted for it; a node whose state directory
-    can neither be written nor cleared votes no more (``Identity.save``) and refuses every
-    proposal. Left out of the first round (or, leading, giving the lead up), it is taken into
-    the next one, which a majority of the first round's voters forms."""
+def test_a_node_whose_disk_refuses_its_vote_stops_before_it_goes_out_and_the_others_go_on(who):
+    """A node whose state directory can neither be written nor cleared (``Identity.save``)
+    cannot keep its word: it stops (``_ready.StateNotRecorded``) before anything it decided in
+    that step leaves it, its agent is told why, and the others form their rounds without it."""
 
     def cluster() -> Simulation:
         return Simulation(3, seed=7, timing=FAST, min_nodes=2, max_nodes=3, last_call_timeout_s=0.5)
@@ -456,12 +456,12 @@ def test_a_node_that_cannot_record_its_vote_keeps_no_first_round_from_forming(wh
     (leader,) = probe.leaders()
     sim = cluster()
     broken = sim.nodes[leader.index if who == "the leader" else (leader.index + 1) % 3]
-    broken.node.net.persist = lambda state: False  # type: ignore[method-assign]
+    assert broken.net is not None and broken.board is not None
+    broken.net.persist = lambda state: False  # type: ignore[method-assign]
     agents = Agents(sim, list(sim.nodes))
     agents.run_until(15.0)
+    assert not broken.alive
+    assert "state directory" in (broken.board.diagnostics().last_error or "")
+    assert broken.core.node_id not in sim.saved  # nothing of it was written, nor went out
     assert agents.rounds, "no round formed"
-    first = agents.rounds[0]
-    assert broken.core.node_id not in first[2], first
-    assert any(len(members) == 3 for _, _, members in agents.rounds), agents.rounds
-    if who == "the leader":
-        assert broken not in sim.leaders()
+    assert all(broken.core.node_id not in members for _, _, members in agents.rounds), agents.rounds

@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from torch_mingle._node import JOIN_GRACE_S, JobClosed, Joined, Ticket, TimedOut
+from torch_mingle._node import JOIN_GRACE_S
+from torch_mingle._ready import Ticket
+from torch_mingle._view import JobClosed, Joined, TimedOut
 from torch_mingle.testing.sim import SimNode, Simulation
 
 #: torch's agent looks at its workers (and asks ``num_nodes_waiting``) this often.

@@ -19,9 +19,28 @@ from torch_mingle._board import Board
 from torch_mingle._claims import Dest, Event, Role, Timing
 from torch_mingle._evidence import Evidence
 from torch_mingle._leader import Job, OpenStore
-from torch_mingle._node import Diagnostics, Node, NodeSettings, Ticket
+from torch_mingle._node import Node, NodeSettings
 from torch_mingle._protocol import Discovery
+from torch_mingle._ready import (
+    ArriveRequested,
+    Connected,
+    ConnectionAccepted,
+    ConnectionClosed,
+    DatagramReceived,
+    FramesReceived,
+    Input,
+    JoinRequested,
+    LeaveRequested,
+    ShutdownRequested,
+    Started,
+    StateNotRecorded,
+    Ticket,
+    TimerFired,
+    WorkDone,
+    apply,
+)
 from torch_mingle._record import field, record
+from torch_mingle._view import Diagnostics
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
 from torch_mingle.testing.net import Delivery, InMemoryNetwork, RouteHook
 
@@ -58,6 +77,10 @@ class SimNet:
         #: Every stream end this process opened or accepted (a restarted process on the same
         #: host never reads its predecessor's).
         self.ends: set[int] = set()
+        #: The node's ids of the connections it opened, and the network's ends of them (the ids
+        #: of those it accepted are the ends themselves).
+        self.end_of: dict[int, int] = {}
+        self.conn_of: dict[int, int] = {}
         self.cuts: list[tuple[str, tuple[int, ...], bool, str | None]] = []
 
     @property
@@ -74,28 +97,32 @@ class SimNet:
     def stop_listening(self) -> None:
         self.sim.net.unlisten(self.owner.addr)
 
-    def connect(self, ip: str, port: int) -> int:
+    def connect(self, conn: int, ip: str, port: int) -> None:
         end = self.sim.net.connect(self.owner.addr, ip, port, self._now)
         self.readers[end] = FrameReader()
         self.ends.add(end)
-        return end
+        self.end_of[conn], self.conn_of[end] = end, conn
 
     def send(self, conn: int, data: bytes) -> None:
-        self.sim.net.stream_send(conn, data, self._now)
+        self.sim.net.stream_send(self.end_of.get(conn, conn), data, self._now)
 
     def close(self, conn: int) -> None:
-        self.readers.pop(conn, None)
-        self.sim.net.stream_close(conn, self._now)
+        end = self.end_of.pop(conn, conn)
+        self.conn_of.pop(end, None)
+        self.readers.pop(end, None)
+        self.sim.net.stream_close(end, self._now)
 
     def submit(self, job: Job, tag: int) -> None:
         result = self.sim.next_port() if isinstance(job, OpenStore) else None
         self.sim.later(
-            STORE_OPEN_S, self.owner, lambda now: self.owner.node.on_work_done(job, tag, result, None, now)
+            STORE_OPEN_S, self.owner, lambda now: self.sim.step_node(self.owner, [WorkDone(job, tag, result)])
         )
 
     def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None:
         # What the agent, woken by this cut, would read on the board at that moment.
-        self.cuts.append((ip, tuple(ports), ended, self.owner.node.board.diagnostics().trouble))
+        board = self.owner.board
+        trouble = board.diagnostics().trouble if board is not None else None
+        self.cuts.append((ip, tuple(ports), ended, trouble))
 
     def local_ip_towards(self, ip: str) -> str:
         return str(self.owner.addr[0])
@@ -119,6 +146,10 @@ class SimNode:
     node: Node
     start_at: float
     net: SimNet | None = None
+    #: What the agent's thread reads of the node (``_board``).
+    board: Board | None = None
+    #: Its wall clock, ahead of the simulation's (``Simulation.step_clock``).
+    wall_offset_s: float = 1.7e9
     started: bool = False
     alive: bool = True
     frozen: bool = False
@@ -182,6 +213,8 @@ class Simulation:
         self._ports = itertools.count(50000)
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         self._observers: dict[object, Any] = {}
+        #: What each delivery handed in carries of its sender's knowledge, until read (``_observer``).
+        self._knows: dict[int, object] = {}
         #: What each process (by index) heard of, transitively (``track_knowledge``); None: off.
         self.knowledge: dict[int, frozenset[object]] | None = None
         #: Each node's state file, by node id (what a restart under the same id reads back).
@@ -229,8 +262,9 @@ class Simulation:
         )  # fmt: skip
         sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
         sim_node.net = SimNet(self, sim_node)
-        board = Board(Diagnostics(node_id=f"{node_id:016x}", job=settings.job, role="idle"))
-        sim_node.node = Node(settings, core, sim_node.net, board, state=self.saved.get(node_id))
+        sim_node.board = Board(Diagnostics(node_id=f"{node_id:016x}", job=settings.job, role="idle"))
+        sim_node.node = Node(settings, core, sim_node.net, state=self.saved.get(node_id))
+        sim_node.node.observe = self._observer(sim_node)
         sim_node.node.trace = lambda now, ev, n=sim_node: n.events.append((now, ev))
         self.nodes.append(sim_node)
         self._by_addr[addr] = sim_node
@@ -286,7 +320,7 @@ class Simulation:
 
     def step_clock(self, node: SimNode, seconds: float) -> None:
         """The node's wall clock steps (NTP, a VM resumed): what signed datagrams carry."""
-        node.node.core.wall_offset_s += seconds
+        node.wall_offset_s += seconds
 
     def observe(self, addr: tuple[str, int], receive: Any) -> None:
         """A host that is not a node (a hostile peer): ``receive(delivery)`` gets what reaches ``addr``."""
@@ -303,8 +337,8 @@ class Simulation:
         held, node.held = node.held, []
         if not node.alive:
             return  # killed while frozen (a restart of its host): a dead process reads nothing
-        for delivery in held:
-            self._dispatch(node, delivery)
+        for delivery in held:  # one at a time, as they would have come
+            self._dispatch(node, [delivery])
         self._schedule_timer(node)
 
     # ------------------------------------------------------------ requests
@@ -312,26 +346,28 @@ class Simulation:
     def join(self, node: SimNode, timeout_s: float = 60.0) -> Ticket:
         """``next_rendezvous()`` on ``node``: the ticket resolves as the simulation runs."""
         ticket = Ticket("join", next(node.tickets), timeout_s=timeout_s)
-        self._call(node, lambda now: node.node.request_join(ticket, now))
+        self._call(node, lambda now: self.step_node(node, [JoinRequested(ticket)]))
         return ticket
 
     def leave(self, node: SimNode, close_timeout_s: float = 5.0) -> Ticket:
         """``shutdown()`` on ``node``."""
         ticket = Ticket("shutdown", next(node.tickets), timeout_s=close_timeout_s)
-        self._call(node, lambda now: node.node.request_shutdown(ticket, close_timeout_s, "finished", now))
+        self._call(
+            node, lambda now: self.step_node(node, [ShutdownRequested(ticket, close_timeout_s, "finished")])
+        )
         return ticket
 
     def arrive(self, node: SimNode, round_number: int, timeout_s: float = 5.0) -> Ticket:
         """torch's agent enters the exit barrier of round ``round_number`` on ``node``."""
         ticket = Ticket("arrive", next(node.tickets), timeout_s=timeout_s)
-        self._call(node, lambda now: node.node.request_arrive(ticket, round_number, now))
+        self._call(node, lambda now: self.step_node(node, [ArriveRequested(ticket, round_number)]))
         return ticket
 
     def preempt(self, node: SimNode, timeout_s: float = 15.0) -> Ticket:
         """SIGTERM to ``node``'s agent: it leaves the job at once (``MingleRendezvousHandler.leave``)."""
         ticket = Ticket("leave", next(node.tickets), timeout_s=timeout_s)
         ticket.deadline = self.now + timeout_s  # as the handler's ``_ask`` sets it
-        self._call(node, lambda now: node.node.request_leave(ticket, now))
+        self._call(node, lambda now: self.step_node(node, [LeaveRequested(ticket)]))
         return ticket
 
     def next_port(self) -> int:
@@ -362,14 +398,7 @@ class Simulation:
                     continue
                 batches.setdefault(target.index, (target, []))[1].append(delivery)
         for target, deliveries in batches.values():
-            target.node.batching = True
-            for delivery in deliveries:
-                if target.frozen:  # (a fault that an earlier delivery set off)
-                    target.held.append(delivery)
-                elif target.alive:
-                    self._dispatch(target, delivery)
-            target.node.end_batch(self.now)
-            self._schedule_timer(target)
+            self._dispatch(target, deliveries)
         while self._heap and self._heap[0][0] <= self.now:
             _, _, index, action = heapq.heappop(self._heap)
             node = self.nodes[index]
@@ -378,7 +407,7 @@ class Simulation:
             if action == "start":
                 node.started = True
                 self.net.attach(node.addr)
-                node.node.start(self.now)
+                self.step_node(node, [Started()])
             elif action == "timer":
                 if node.frozen:
                     node.timer_queued = None  # thaw() schedules its timers again
@@ -386,7 +415,7 @@ class Simulation:
                 if node.timer_queued is None or node.timer_queued > self.now:
                     continue
                 node.timer_queued = None
-                node.node.on_timer(self.now)
+                self.step_node(node, [TimerFired()])
             elif node.frozen:
                 node.held.append(Delivery("call", node.addr, src=action))  # runs when thawed
                 continue
@@ -445,36 +474,77 @@ class Simulation:
 
     # ------------------------------------------------------------ internals
 
-    def _dispatch(self, node: SimNode, d: Delivery) -> None:
-        n, now = node.node, self.now
+    def step_node(self, node: SimNode, inputs: list[Input]) -> None:
+        """Step ``node`` with ``inputs``, carry its ``Ready`` out on the simulated network (as
+        the loop does on sockets), and step it again with what that brought back."""
+        net, board = node.net, node.board
+        assert net is not None and board is not None  # noqa: S101
+        while inputs and node.alive:
+            ready = node.node.step(inputs, self.now, wall_s=self.now + node.wall_offset_s)
+            try:
+                inputs = apply(ready, net, board)
+            except StateNotRecorded as exc:
+                board.fail(exc)  # as the loop does: the node stops, its sockets close
+                self.kill(node)
+                return
+        self._schedule_timer(node)
+
+    def _dispatch(self, node: SimNode, deliveries: list[Delivery]) -> None:
+        """What reached ``node`` in one wake-up, handed in together (a call runs alone)."""
         net = node.net
         assert net is not None  # noqa: S101
+        inputs: list[Input] = []
+        for d in deliveries:
+            if node.frozen:  # (a fault that an earlier delivery set off)
+                node.held.append(d)
+                continue
+            if d.kind == "call":
+                self.step_node(node, inputs)
+                inputs = []
+                d.src(self.now)  # type: ignore[operator]
+                continue
+            event = self._input_of(net, d)
+            if event is not None:
+                self._knows[id(event)] = d.knows
+                inputs.append(event)
+        if node.alive:
+            self.step_node(node, inputs)
+
+    def _input_of(self, net: SimNet, d: Delivery) -> Input | None:
+        """The node's input for delivery ``d`` (None: nothing its process can read)."""
         if d.kind in ("connected", "data", "closed") and (
             d.end not in net.ends or self.net.end_gen(d.end) != d.gen
         ):
-            pass  # a connection of an earlier process on this host, or bytes voided by a reset
-        elif d.kind == "datagram":
-            self._absorb(node, d.knows)
-            n.on_datagram(d.data, d.src, now)  # type: ignore[arg-type]
-        elif d.kind == "accepted":
+            return None  # a connection of an earlier process on this host, or bytes voided by a reset
+        conn = net.conn_of.get(d.end, d.end)
+        if d.kind == "datagram":
+            return DatagramReceived(d.data, d.src)  # type: ignore[arg-type]
+        if d.kind == "accepted":
             net.readers[d.end] = FrameReader()
             net.ends.add(d.end)
             source = d.src[0] if isinstance(d.src, tuple) and d.src else ""
-            n.on_accepted(d.end, now, str(source))
-        elif d.kind == "connected":
-            n.on_connected(d.end, now)
-        elif d.kind == "data":
+            return ConnectionAccepted(d.end, str(source))
+        if d.kind == "connected":
+            return Connected(conn)
+        if d.kind == "data":
             reader = net.readers.get(d.end)
-            if reader is not None:
-                self._absorb(node, d.knows)
-                n.on_frames(d.end, reader.feed(d.data), now)
-        elif d.kind == "closed":
-            if net.readers.pop(d.end, None) is not None or d.refused:
-                seen = Evidence.REFUSED if d.refused else Evidence.RESET if d.reset else Evidence.CLOSED
-                n.on_closed(d.end, d.reason, seen, now)
-        elif d.kind == "call":
-            d.src(now)  # type: ignore[operator]
-        self._schedule_timer(node)
+            return FramesReceived(conn, reader.feed(d.data)) if reader is not None else None
+        if d.kind == "closed" and (net.readers.pop(d.end, None) is not None or d.refused):
+            net.end_of.pop(conn, None)
+            net.conn_of.pop(d.end, None)
+            seen = Evidence.REFUSED if d.refused else Evidence.RESET if d.reset else Evidence.CLOSED
+            return ConnectionClosed(conn, d.reason, seen)
+        return None
+
+    def _observer(self, node: SimNode) -> Any:
+        """What ``node`` learns of what it reads, as it reads it (``track_knowledge``)."""
+
+        def observe(event: object) -> None:
+            knows = self._knows.pop(id(event), None)
+            if knows is not None:
+                self._absorb(node, knows)
+
+        return observe
 
     def _call(self, node: SimNode, fn: Any) -> None:
         self._push(self.now, node, fn)

@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 
 from torch_mingle._claims import BecomeLeader, LeaderFound, LeaderLost, Role, SteppedDown, Timing
-from torch_mingle._node import Joined
+from torch_mingle._view import Joined
 from torch_mingle._wire import derive_key
 from torch_mingle.testing.agents import MONITOR_S, Agent, Phase, TorchAgents
 from torch_mingle.testing.net import DROP, FIN, RESET
@@ -246,7 +246,11 @@ class World:
             where = f"round {rnd.number} (epoch {rnd.epoch})" if rnd is not None else "no round"
             if agent.phase is Phase.JOINING and node.alive and node.node.parked:
                 where += ", a spare"
-            closed = "; is_closed()" if node.alive and node.node.board.diagnostics().closed else ""
+            closed = (
+                "; is_closed()"
+                if node.alive and node.board is not None and node.board.diagnostics().closed
+                else ""
+            )
             lines.append(f"n{host}: {state}; {where}; agent {agent.phase.value}{closed}")
         return lines
 
