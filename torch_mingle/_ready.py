@@ -394,8 +394,8 @@ def apply(ready: Ready, shell: Shell, board: Answers) -> list[Input]:
     """Carry ``ready`` out (see the module doc); the inputs it produced, to step at once."""
     if ready.state is not None and not shell.persist(ready.state):
         raise StateNotRecorded(
-            "the state directory refused this node's vote and could not be cleared either; "
-            "nothing it decided went out, and it stops (see state_dir in docs/usage.md#configuration-in-detail)"
+            "the state directory refused this node's vote and could not be cleared either; nothing "
+            "it decided went out, and it stops (see state_dir in docs/usage.md#configuration-in-detail)"
         )
     feedback: list[Input] = []
     for op in ready.net:
