@@ -22,10 +22,11 @@ from torch_mingle._host import raise_descriptor_limit, warn_if_accept_queue_shor
 from torch_mingle._identity import Identity, default_state_dir
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of
 from torch_mingle._loop import Loop
-from torch_mingle._node import Node, NodeSettings
+from torch_mingle._node import Node
 from torch_mingle._order import place_of
 from torch_mingle._protocol import Discovery
 from torch_mingle._record import record
+from torch_mingle._settings import NodeSettings
 from torch_mingle._slurm import JOB_ID_ENV
 from torch_mingle._store import StoreKeeper
 from torch_mingle._transport import McastTransport

@@ -24,7 +24,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from torch_mingle import _faults
 from torch_mingle._ahead import StoreAhead, Target
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._claims import (
@@ -60,7 +59,6 @@ from torch_mingle._frames import JobClosed as ClosedAnswer
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._leader import (
     ROUND_STORES_KEPT,
-    ControlCounters,
     Job,
     LeaderTerm,
     OpenClient,
@@ -95,10 +93,12 @@ from torch_mingle._ready import (
     TimerFired,
     WorkDone,
 )
-from torch_mingle._record import assert_never, record, replace
+from torch_mingle._record import assert_never
 from torch_mingle._records import Heard, History, Round, Status
 from torch_mingle._rounds import RoundBook
-from torch_mingle._view import Diagnostics, JobClosed, Joined, TimedOut
+from torch_mingle._settings import NodeSettings
+from torch_mingle._snapshot import Snapshots
+from torch_mingle._view import JobClosed, Joined, TimedOut
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import README_NETWORKS, MingleStateError
 
@@ -108,7 +108,6 @@ log = logging.getLogger(__name__)
 #: fires this much later, for a leader that stopped answering without dropping the session.
 JOIN_GRACE_S = 2.0
 FLUSH_ROUNDS = 32
-DIAG_REFRESH_S = 0.1
 
 
 class Routes(Protocol):
@@ -117,38 +116,6 @@ class Routes(Protocol):
     def local_ip_towards(self, ip: str) -> str: ...
     def discovery_port_towards(self, ip: str) -> int: ...
     def describe(self) -> str: ...
-
-
-@record
-class NodeSettings:
-    job: str
-    node_id: int
-    min_nodes: int
-    max_nodes: int
-    last_call_timeout_s: float
-    rejoin_delay_s: float
-    interval_s: float
-    timeout_s: float
-    connect_timeout_s: float
-    discovery_warning_s: float
-    #: Where a leader listens (an address, or the wildcard with several interfaces) ...
-    bind_ip: str
-    #: ... and what it announces (the wildcard too: followers then use the source address).
-    advertised_ip: str
-    label: str
-    #: Where this node's agent connects to the stores it hosts as leader (its own address, or
-    #: loopback with several interfaces).
-    connect_ip: str = ""
-    #: A round after the first needs a majority of the previous round (``quorum=majority``).
-    quorum: bool = True
-    #: The first round needs more than half of ``max_nodes`` (``first_round=majority``).
-    first_round_majority: bool = False
-    #: This node's data-path probe port (TCP; 0: none), told to the leader with every join.
-    probe_port: int = 0
-    #: Which process of this node id this is (``_identity``: a restarted agent is the next).
-    incarnation: int = 1
-    #: Where this node sorts in rank order (``rank_order``, ``_order``); "": arrival order.
-    place: str = ""
 
 
 class Node:
@@ -224,9 +191,8 @@ class Node:
         #: The last reason the leader gave for this node's wait (its "wait" answer).
         self._wait_reason = ""
         self._now = 0.0
-        self._published: tuple[object, ...] = ()
-        self._published_at = float("-inf")
-        self._told: tuple[RoundKey, float] | None = None  # (round, when) for Diagnostics.told_at
+        #: When it last published its snapshot, and what (``_snapshot``).
+        self.snapshots = Snapshots()
         #: While ``step`` hands in the inputs of one wake-up: they are flushed together at its
         #: end (a new leader woken by a thousand hellos flushes once, not a thousand times).
         self._batching = False
@@ -245,6 +211,11 @@ class Node:
     @property
     def label(self) -> str:
         return self.settings.label
+
+    @property
+    def out(self) -> Ready:
+        """What the step under way decided so far."""
+        return self._out
 
     # ------------------------------------------------------------ the one input
 
@@ -722,7 +693,7 @@ class Node:
         rnd = self.in_round
         if rnd is None or self._failure_cut == rnd.number:
             return
-        status = self._status(now)
+        status = self.status(now)
         if status is None or not status.failure or status.epoch != rnd.epoch:
             return
         self._failure_cut = rnd.number
@@ -1279,7 +1250,7 @@ class Node:
 
     def _failure(self, now: float) -> str:
         """Why the job failed, if its leader says so (closed because a round could not start)."""
-        status = self._status(now)
+        status = self.status(now)
         return status.failure if status is not None else ""
 
     def _end_session(self) -> None:
@@ -1330,43 +1301,10 @@ class Node:
 
     def nodes_waiting(self, now: float) -> int:
         """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""
-        return self._round_state(self._status(now))[1]
+        return self.snapshots.round_state(self, self.status(now))[1]
 
-    def _round_state(self, status: Status | None) -> tuple[bool, int]:
-        """The round this node is in: whether it broke (a member or the leader is lost or left,
-        a newer round formed, the job failed: not every member will take its rank), and what
-        ``num_nodes_waiting()`` answers (a newcomer waiting too, though the round is whole)."""
-        rnd = self.in_round
-        if rnd is None:
-            return False, 0
-        if status is not None and status.failure and status.epoch == rnd.epoch:
-            return True, 1  # its round cannot start: stop the workers (the next join fails with why)
-        if self.job_closed:
-            return False, 0
-        if self.trouble is not None:
-            return True, 1
-        if status is None:
-            alone = self.term is None and self.session is None
-            return alone, int(alone)
-        if status.epoch != rnd.epoch or status.round < rnd.number or status.closed:
-            return False, 0  # the status of our round is still on its way, or the job is over
-        if status.round > rnd.number or status.stale:
-            return True, max(1, status.waiting)
-        return False, status.waiting
-
-    def _told_at(self, now: float, rnd: Round | None, status: Status | None, waiting: int) -> float | None:
-        """When the leader's status first said that round ``rnd`` will change (see
-        ``Diagnostics.told_at``); None when the change is not the leader's word."""
-        told = waiting > 0 and status is not None and not status.failure and self.trouble is None
-        if rnd is None or not told:
-            self._told = None
-            return None
-        key = History.of(rnd).key
-        if self._told is None or self._told[0] != key:
-            self._told = (key, now)
-        return self._told[1]
-
-    def _status(self, now: float) -> Status | None:
+    def status(self, now: float) -> Status | None:
+        """The job's status as this node's leader tells it (its own term's, leading)."""
         if self.term is not None:
             return self.term.status(now)
         if self.session is not None:
@@ -1374,71 +1312,4 @@ class Node:
         return None
 
     def _publish(self, now: float, *, force: bool = False) -> None:
-        """Refresh the board: at once when something the agent acts on changed, else at most every
-        0.1 s; ``force``: now (an answer to the agent follows)."""
-        view = self.core.leader
-        status = self._status(now)
-        rnd = self.in_round
-        broken, waiting = self._round_state(status)
-        told_at = self._told_at(now, rnd, status, waiting)
-        # What the snapshot shows of the leader; not when it was last heard, which every
-        # announcement changes (a thousand followers would publish at every one).
-        shown = (
-            None
-            if view is None
-            else (view.claim, view.store_ip, view.store_port, view.is_self, view.established)
-        )
-        key = (
-            self.core.role,
-            shown,
-            rnd,
-            status,
-            broken,
-            waiting,
-            self.job_closed,
-            self.trouble,
-            self.term is not None,
-            self.recoveries,
-            self.ahead.ready,
-        )
-        if not force and key == self._published and now - self._published_at < DIAG_REFRESH_S:
-            return
-        try:
-            _faults.hit("node.publish")
-        except _faults.FailpointError:
-            return  # a test holds this snapshot back (the agent's thread must not depend on it)
-        self._published, self._published_at = key, now
-        self._out.publish(
-            Diagnostics(
-                node_id=f"{self.settings.node_id:016x}",
-                job=self.settings.job,
-                role=self.core.role.value,
-                leader=f"{view.claim.leader:016x}" if view else None,
-                leader_ip=(
-                    None if view is None else (self.settings.advertised_ip if view.is_self else view.store_ip)
-                ),
-                leader_port=view.store_port if view else 0,
-                epoch=view.claim.epoch if view else 0,
-                established=bool(view and view.established),
-                is_leader=self.term is not None and self.core.role is Role.LEADING,
-                round=rnd.number if rnd else 0,
-                round_key=History.of(rnd).key if rnd else None,
-                rank=rnd.rank_of(self.settings.node_id) if rnd else None,
-                world_size=rnd.world_size if rnd else 0,
-                status=status,
-                round_broken=broken,
-                nodes_waiting=waiting,
-                told_at=told_at,
-                closed=self.job_closed or bool(status and status.closed),
-                trouble=self.trouble,
-                peers_heard=len(self.core.peers),
-                connected_nodes=self.term.connected_nodes() if self.term is not None else 0,
-                stats=self.core.stats.copy(),
-                recoveries=self.recoveries,
-                last_error=self.last_error,
-                max_epoch_seen=self.core.max_epoch_seen,
-                remembered_nonces=self.core.codec.remembered,
-                store_ahead=self.ahead.ready,
-                control=replace(self.term.counters) if self.term is not None else ControlCounters(),
-            )
-        )
+        self.snapshots.publish(self, now, force=force)

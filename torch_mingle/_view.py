@@ -59,7 +59,7 @@ class Diagnostics:
     rank: int | None = None
     world_size: int = 0
     status: Status | None = None
-    #: The round it is in broke: not every member will take its rank (``Node._round_state``).
+    #: The round it is in broke: not every member will take its rank (``Snapshots.round_state``).
     round_broken: bool = False
     nodes_waiting: int = 0
     #: When (the loop's clock) the leader told this node that its round will change: every

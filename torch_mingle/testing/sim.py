@@ -19,7 +19,7 @@ from torch_mingle._board import Board
 from torch_mingle._claims import Dest, Event, Role, Timing
 from torch_mingle._evidence import Evidence
 from torch_mingle._leader import Job, OpenStore
-from torch_mingle._node import Node, NodeSettings
+from torch_mingle._node import Node
 from torch_mingle._protocol import Discovery
 from torch_mingle._ready import (
     ArriveRequested,
@@ -40,6 +40,7 @@ from torch_mingle._ready import (
     apply,
 )
 from torch_mingle._record import field, record
+from torch_mingle._settings import NodeSettings
 from torch_mingle._view import Diagnostics
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
 from torch_mingle.testing.net import Delivery, InMemoryNetwork, RouteHook
