@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from torch_mingle._advice import Advice
 from torch_mingle._ahead import StoreAhead, Target
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._claims import (
@@ -100,7 +101,7 @@ from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
 from torch_mingle._view import JobClosed, Joined, TimedOut
 from torch_mingle._wire import Invalid, Seal
-from torch_mingle.errors import README_NETWORKS, MingleStateError
+from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
 
@@ -184,15 +185,13 @@ class Node:
         self._close_job_failed = False
         self._failure_cut = 0
         self._term_tag = 0
-        self._quiet_at: float | None = None
-        #: When a join that waits for a quorum says what to do (``_warn_if_no_quorum``), once.
-        self._quorum_check_at: float | None = None
-        self._quorum_warned = False
         #: The last reason the leader gave for this node's wait (its "wait" answer).
-        self._wait_reason = ""
+        self.wait_reason = ""
         self._now = 0.0
         #: When it last published its snapshot, and what (``_snapshot``).
         self.snapshots = Snapshots()
+        #: Its early words to the operator, each at its time (``_advice``).
+        self.advice = Advice(settings)
         #: While ``step`` hands in the inputs of one wake-up: they are flushed together at its
         #: end (a new leader woken by a thousand hellos flushes once, not a thousand times).
         self._batching = False
@@ -205,8 +204,6 @@ class Node:
         self.on_event: Sink = self._note
         #: Its health check fails (``set_unfit``): it leads no term.
         self.unfit = False
-        #: Since when its health check runs (``set_checking``); None while none runs.
-        self._checking_since: float | None = None
 
     @property
     def label(self) -> str:
@@ -291,8 +288,7 @@ class Node:
                 assert_never(event)
 
     def _start(self, now: float) -> None:
-        if self.settings.discovery_warning_s > 0:
-            self._quiet_at = now + self.settings.discovery_warning_s
+        self.advice.started(now)
         self.core.start(now)
         self._flush(now)
 
@@ -366,13 +362,8 @@ class Node:
                 self.session.handle_timer(now)
         self._check_tickets(now)
         self._leaving_deadline(now)
-        if self._quiet_at is not None and now >= self._quiet_at:
-            self._quiet_at = None
-            self._warn_if_alone()
-        if self._quorum_check_at is not None and now >= self._quorum_check_at:
-            self._quorum_check_at = None
-            self._warn_if_no_quorum()
-        self._check_runs_long(now)
+        if self.advice.due(self, now, unfit=self.unfit):
+            self._set_unfit(True, now)
         self._flush(now)
 
     def next_timer(self) -> float | None:
@@ -380,9 +371,7 @@ class Node:
             self.core.next_timer(),
             self.term.next_timer() if self.term is not None else None,
             self.session.next_timer() if self.session is not None else None,
-            self._quiet_at,
-            self._quorum_check_at,
-            self._check_too_long_at(),
+            self.advice.next_timer(unfit=self.unfit),
             join.due if (join := self._open_join()) is not None else None,
             self._shutdown_deadline if self._shutdown is not None and not self._shutdown.decided else None,
             self._leaving.due if self._leaving is not None and not self._leaving.decided else None,
@@ -417,8 +406,7 @@ class Node:
             self._resolve(superseded, error=MingleStateError("superseded by a newer join"))
         self._join, self._answered = ticket, None
         self.parked = False
-        if self.settings.discovery_warning_s > 0 and not self._quorum_warned:
-            self._quorum_check_at = now + self.settings.discovery_warning_s
+        self.advice.join_requested(now)
         self._set_deadline(ticket, now + ticket.timeout_s)
         if self.job_closed:
             self._closed_answer("the job was already closed")
@@ -520,26 +508,8 @@ class Node:
         waits for its leader's join: a check that runs longer than the heartbeat timeout, on a
         node of a job that has other nodes, makes it unfit meanwhile (it gives up its term, so
         another node leads), as a failing one does. A short check costs the others nothing."""
-        self._checking_since = now if checking else None
+        self.advice.checking(checking, now)
         self._flush(now)
-
-    def _check_too_long_at(self) -> float | None:
-        """When a running health check has run too long for this node to keep leading (None:
-        none runs, or the node is unfit already)."""
-        if self._checking_since is None or self.unfit:
-            return None
-        return self._checking_since + self.settings.timeout_s
-
-    def _check_runs_long(self, now: float) -> None:
-        since, at = self._checking_since, self._check_too_long_at()
-        if since is None or at is None or now < at or not self.core.peers:
-            return
-        log.warning(
-            "%s its health check has run for %.1fs: it gives up leading meanwhile (the job's "
-            "next round must not wait for it)",
-            self.label, now - since,
-        )  # fmt: skip
-        self._set_unfit(True, now)
 
     def _set_unfit(self, unfit: bool, now: float) -> None:
         """The node's health check failed (``unfit``) or passed again. An unfit node leads no
@@ -665,6 +635,13 @@ class Node:
         the join waits (a spare is taken in on the join it sent before the job's first round)."""
         if self._open_join() is not None:
             self.ballot.remember(self._heard())
+
+    def waits_for_a_round(self) -> bool:
+        """The agent's join waits for an answer."""
+        return self._open_join() is not None
+
+    def describe_network(self) -> str:
+        return self.routes.describe()
 
     def _open_join(self) -> Ticket | None:
         """The agent's join, while it waits for an answer the node has not decided yet."""
@@ -1106,7 +1083,7 @@ class Node:
                 if session is not None:
                     self.core.hear(answer.seen)
                 text, parked = answer.reason, answer.parked
-                self._wait_reason = text
+                self.wait_reason = text
                 self.parks += parked and not self.parked
                 self.parked = parked
                 self._set_deadline(join, None if parked else now + join.timeout_s)
@@ -1262,42 +1239,6 @@ class Node:
             if bye is not None:
                 self._out.send(session.conn, bye)
             self._out.close(session.conn)
-
-    def _warn_if_alone(self) -> None:
-        """Nothing heard from the job's other nodes yet: say early that multicast may be blocked."""
-        if self.core.peers:
-            return
-        job = self.settings.job
-        log.warning(
-            "%s no other node of job %r heard on %s in %gs: either they have not started, or "
-            "multicast does not reach them (probably blocked between the nodes). Check with "
-            "`python -m torch_mingle doctor --job %s` on each node; fallback=broadcast or "
-            "peers=HOST;HOST work without multicast (%s)",
-            self.label,
-            job,
-            self.routes.describe(),
-            self.settings.discovery_warning_s,
-            job,
-            README_NETWORKS,
-        )
-
-    def _warn_if_no_quorum(self) -> None:
-        """The join still waits, for a quorum of an earlier round's votes: say at once what that
-        means and how to go on, not only when ``join_timeout`` ends (a relaunch of a job that
-        is over, on fewer of its hosts, finds its nodes' kept votes: ``_identity``)."""
-        if self._open_join() is None:
-            return
-        why = self.term.book.explain() if self.term is not None else self._wait_reason
-        if "no quorum" not in why:
-            return
-        self._quorum_warned = True
-        log.warning(
-            "%s no round after %gs: %s. If the job that ran under this --rdzv_id before is over "
-            "(this is a relaunch), the votes its nodes kept in state_dir still count: relaunch under "
-            "a new --rdzv_id, or with --rdzv_conf state_dir=none on every node "
-            "(docs/usage.md#relaunching-a-job); otherwise start the missing nodes",
-            self.label, self.settings.discovery_warning_s, why,
-        )  # fmt: skip
 
     def nodes_waiting(self, now: float) -> int:
         """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""

@@ -1,0 +1,132 @@
+"""A node's early words to whoever runs it, each at its own time, and one decision.
+
+* Nothing heard of the job's other nodes ``discovery_warning`` after the start: multicast
+  may be blocked (said once, with the interfaces and what to try).
+* A join still waits after ``discovery_warning``, and for a quorum of an earlier round's
+  votes: a relaunch of a job that is over, on fewer of its hosts, finds the votes its nodes
+  kept (``_identity``); it says at once what that means and how to go on, not only when
+  ``join_timeout`` ends.
+* A health check that runs longer than the heartbeat timeout, on a node of a job that has
+  other nodes, makes the node unfit meanwhile: the members' next round waits for its
+  leader's join, so it gives up its term and another node leads (``due`` says so).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from torch_mingle._leader import LeaderTerm
+from torch_mingle._protocol import Discovery
+from torch_mingle._settings import NodeSettings
+from torch_mingle.errors import README_NETWORKS
+
+log = logging.getLogger(__name__)
+
+
+class Advised(Protocol):
+    """What the advice reads of its node (``_node.Node``)."""
+
+    settings: NodeSettings
+    core: Discovery
+    #: The last reason the leader gave for this node's wait.
+    wait_reason: str
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def term(self) -> LeaderTerm | None: ...
+    def waits_for_a_round(self) -> bool: ...
+    def describe_network(self) -> str: ...
+
+
+class Advice:
+    def __init__(self, settings: NodeSettings) -> None:
+        self._warning_s = settings.discovery_warning_s
+        self._timeout_s = settings.timeout_s
+        #: When to say that nothing was heard of the other nodes.
+        self._quiet_at: float | None = None
+        #: When a join that waits for a quorum says what to do, once.
+        self._quorum_check_at: float | None = None
+        self._quorum_warned = False
+        #: Since when its health check runs; None while none runs.
+        self._checking_since: float | None = None
+
+    def started(self, now: float) -> None:
+        if self._warning_s > 0:
+            self._quiet_at = now + self._warning_s
+
+    def join_requested(self, now: float) -> None:
+        if self._warning_s > 0 and not self._quorum_warned:
+            self._quorum_check_at = now + self._warning_s
+
+    def checking(self, running: bool, now: float) -> None:
+        """The node's health check starts (or ended) before a join."""
+        self._checking_since = now if running else None
+
+    def next_timer(self, *, unfit: bool) -> float | None:
+        times = [self._quiet_at, self._quorum_check_at, self._check_too_long_at(unfit)]
+        present = [t for t in times if t is not None]
+        return min(present) if present else None
+
+    def due(self, node: Advised, now: float, *, unfit: bool) -> bool:
+        """Say what is due by ``now``; True if the node must count itself unfit now."""
+        if self._quiet_at is not None and now >= self._quiet_at:
+            self._quiet_at = None
+            self._warn_if_alone(node)
+        if self._quorum_check_at is not None and now >= self._quorum_check_at:
+            self._quorum_check_at = None
+            self._warn_if_no_quorum(node)
+        return self._check_runs_long(node, now, unfit)
+
+    def _check_too_long_at(self, unfit: bool) -> float | None:
+        """When a running health check has run too long for this node to keep leading (None:
+        none runs, or the node is unfit already)."""
+        if self._checking_since is None or unfit:
+            return None
+        return self._checking_since + self._timeout_s
+
+    def _check_runs_long(self, node: Advised, now: float, unfit: bool) -> bool:
+        since, at = self._checking_since, self._check_too_long_at(unfit)
+        if since is None or at is None or now < at or not node.core.peers:
+            return False
+        log.warning(
+            "%s its health check has run for %.1fs: it gives up leading meanwhile (the job's "
+            "next round must not wait for it)",
+            node.label, now - since,
+        )  # fmt: skip
+        return True
+
+    def _warn_if_alone(self, node: Advised) -> None:
+        """Nothing heard from the job's other nodes yet: say early that multicast may be blocked."""
+        if node.core.peers:
+            return
+        job = node.settings.job
+        log.warning(
+            "%s no other node of job %r heard on %s in %gs: either they have not started, or "
+            "multicast does not reach them (probably blocked between the nodes). Check with "
+            "`python -m torch_mingle doctor --job %s` on each node; fallback=broadcast or "
+            "peers=HOST;HOST work without multicast (%s)",
+            node.label,
+            job,
+            node.describe_network(),
+            self._warning_s,
+            job,
+            README_NETWORKS,
+        )
+
+    def _warn_if_no_quorum(self, node: Advised) -> None:
+        """The join still waits, for a quorum of an earlier round's votes: say what that means."""
+        if not node.waits_for_a_round():
+            return
+        why = node.term.book.explain() if node.term is not None else node.wait_reason
+        if "no quorum" not in why:
+            return
+        self._quorum_warned = True
+        log.warning(
+            "%s no round after %gs: %s. If the job that ran under this --rdzv_id before is over "
+            "(this is a relaunch), the votes its nodes kept in state_dir still count: relaunch under "
+            "a new --rdzv_id, or with --rdzv_conf state_dir=none on every node "
+            "(docs/usage.md#relaunching-a-job); otherwise start the missing nodes",
+            node.label, self._warning_s, why,
+        )  # fmt: skip
