@@ -96,6 +96,7 @@ from torch_mingle._ready import (
 )
 from torch_mingle._record import assert_never
 from torch_mingle._records import Heard, History, Round, Status
+from torch_mingle._roles import Electing, Following, Leading, NodeRole
 from torch_mingle._rounds import RoundBook
 from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
@@ -139,8 +140,8 @@ class Node:
         self._next_conn = 0
         #: The epoch this node won while its control port opens (``_lead``, ``_start_term``).
         self._claiming: int | None = None
-        self.term: LeaderTerm | None = None
-        self.session: FollowerSession | None = None
+        #: What this node is to its job (``_roles``): the term or the session it holds.
+        self.role: NodeRole = Electing()
         #: Its vote and what it must not forget (a predecessor's, after a restart: ``_identity``):
         #: each change goes into the step's ``Ready.state``, on the disk before anything leaves.
         self.ballot = Ballot.of(state, self._persist)
@@ -208,6 +209,18 @@ class Node:
     @property
     def label(self) -> str:
         return self.settings.label
+
+    @property
+    def term(self) -> LeaderTerm | None:
+        """The term this node leads (None: it does not lead)."""
+        role = self.role
+        return role.term if isinstance(role, Leading) else None
+
+    @property
+    def session(self) -> FollowerSession | None:
+        """Its session with the leader it follows (None: it follows none)."""
+        role = self.role
+        return role.session if isinstance(role, Following) else None
 
     @property
     def out(self) -> Ready:
@@ -818,7 +831,7 @@ class Node:
             others=OtherTerms(heard=self._heard()),
         )
         self._term_tag += 1
-        self.term = LeaderTerm(
+        term = LeaderTerm(
             claim=claim,
             book=book,
             advertised_ip=s.advertised_ip,
@@ -829,8 +842,9 @@ class Node:
             seal_key=self.core.codec.key,
             on_event=self.on_event,
         )
-        self.term.start(now)
-        if not self.core.leader_ready(now, s.advertised_ip, port, self.term.follows):
+        self.role = Leading(term, self._term_tag)
+        term.start(now)
+        if not self.core.leader_ready(now, s.advertised_ip, port, term.follows):
             self._unlead("the claim was overtaken before the term started", now)
             self._flush(now)
             return
@@ -852,7 +866,7 @@ class Node:
         term.stand_down(why, leaving=leaving, own_key=self._own_key() if leaving else None)
         self._flush_term(term, now)
         self._out.stop_listening()
-        self.term = None
+        self.role = Electing()
         if self.in_round_claim == term.claim:
             self.trouble = why
         if self._open_join() is not None:
@@ -905,7 +919,7 @@ class Node:
         s = self.settings
         ip = view.store_ip
         conn = self._connect_to(ip, view.store_port)
-        self.session = FollowerSession(
+        session = FollowerSession(
             claim=view.claim,
             ip=ip,
             port=view.store_port,
@@ -923,6 +937,9 @@ class Node:
             seal=Seal(self.core.codec.key, leader=False) if self.core.codec.key is not None else None,
             on_event=self.on_event,
         )
+        if self.term is not None:
+            raise MingleStateError(f"{self.label} follows a leader while it leads its own term")
+        self.role = Following(session)
         self._send_join(now)  # queued in the session, sent with the hello
 
     def _leader_lost(self, claim: Claim, reason: str, now: float) -> None:
@@ -1231,8 +1248,9 @@ class Node:
         return status.failure if status is not None else ""
 
     def _end_session(self) -> None:
-        session, self.session = self.session, None
+        session = self.session
         if session is not None:
+            self.role = Electing()
             for frame in session.frames():  # first: with a secret, every frame has its place
                 self._out.send(session.conn, frame)
             bye = session.bye(self._heard())
