@@ -29,11 +29,11 @@ class Advised(Protocol):
 
     settings: NodeSettings
     core: Discovery
-    #: The last reason the leader gave for this node's wait.
-    wait_reason: str
 
     @property
     def label(self) -> str: ...
+    @property
+    def wait_reason(self) -> str: ...
     @property
     def term(self) -> LeaderTerm | None: ...
     def waits_for_a_round(self) -> bool: ...

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from torch_mingle._advice import Advice
 from torch_mingle._ahead import StoreAhead, Target
@@ -48,7 +47,6 @@ from torch_mingle._follower import (
 )
 from torch_mingle._frames import (
     Ack,
-    Join,
     JoinAnswer,
     JoinTimedOut,
     Propose,
@@ -57,6 +55,7 @@ from torch_mingle._frames import (
     Wait,
 )
 from torch_mingle._frames import JobClosed as ClosedAnswer
+from torch_mingle._joining import Joining
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._leader import (
     ROUND_STORES_KEPT,
@@ -87,6 +86,7 @@ from torch_mingle._ready import (
     ListenRefused,
     Ready,
     Resolve,
+    Routes,
     ShutdownRequested,
     Started,
     StoreUnreachable,
@@ -100,24 +100,13 @@ from torch_mingle._roles import Electing, Following, Leading, NodeRole
 from torch_mingle._rounds import RoundBook
 from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
-from torch_mingle._view import JobClosed, Joined, TimedOut
+from torch_mingle._view import Joined
 from torch_mingle._wire import Invalid, Seal
 from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
 
-#: The leader answers a join's timeout itself (with the reason); the node's own deadline
-#: fires this much later, for a leader that stopped answering without dropping the session.
-JOIN_GRACE_S = 2.0
 FLUSH_ROUNDS = 32
-
-
-class Routes(Protocol):
-    """What a node asks its shell about the network (lookups, not effects: those go in ``Ready``)."""
-
-    def local_ip_towards(self, ip: str) -> str: ...
-    def discovery_port_towards(self, ip: str) -> int: ...
-    def describe(self) -> str: ...
 
 
 class Node:
@@ -153,17 +142,10 @@ class Node:
         self.trouble: str | None = None
         self.job_closed = False
         self.saw_open = False
-        #: The leader said a healthy round runs without this node (a spare, or held off).
-        self.parked = False
-        #: How often it was parked: a wait restarts at the end of each (docs/faults.md).
-        self.parks = 0
         self.recoveries = 0
         self.last_error: str | None = None
-        self._join: Ticket | None = None
-        #: The answer to ``_join``, handed over at the end of the flush, after the snapshot
-        #: that shows it (``_hand_over_answer``): whatever the agent's thread reads once it
-        #: has the answer is at least as new as the answer.
-        self._answered: object = None
+        #: The agent's join: its ticket, its answer and its deadline (``_joining``).
+        self.joining = Joining()
         self._arrivals: dict[int, Ticket] = {}
         self._shutdown: Ticket | None = None
         self._leaving: Ticket | None = None
@@ -174,7 +156,7 @@ class Node:
         self._last_leader_ip: str | None = None
         #: Leaders of our last round that left the job (their ``bye`` said so): they no longer
         #: vote on the next round (sent with every join).
-        self._gone: dict[int, RoundKey] = {}
+        self.gone: dict[int, RoundKey] = {}
         # A predecessor's terms (``_identity``): the election starts above them. (The round it
         # knows counts through ``history``; a proposal it accepted may never have formed.)
         for known in (self.history, self.accepted):
@@ -186,8 +168,6 @@ class Node:
         self._close_job_failed = False
         self._failure_cut = 0
         self._term_tag = 0
-        #: The last reason the leader gave for this node's wait (its "wait" answer).
-        self.wait_reason = ""
         self._now = 0.0
         #: When it last published its snapshot, and what (``_snapshot``).
         self.snapshots = Snapshots()
@@ -385,7 +365,7 @@ class Node:
             self.term.next_timer() if self.term is not None else None,
             self.session.next_timer() if self.session is not None else None,
             self.advice.next_timer(unfit=self.unfit),
-            join.due if (join := self._open_join()) is not None else None,
+            join.due if (join := self.joining.open()) is not None else None,
             self._shutdown_deadline if self._shutdown is not None and not self._shutdown.decided else None,
             self._leaving.due if self._leaving is not None and not self._leaving.decided else None,
             *(t.due for t in self._arrivals.values()),
@@ -414,30 +394,21 @@ class Node:
 
     def _request_join(self, ticket: Ticket, now: float) -> None:
         """The agent asks for a place in the next round (``next_rendezvous``)."""
-        superseded = self._open_join()
-        if superseded is not None:
-            self._resolve(superseded, error=MingleStateError("superseded by a newer join"))
-        self._join, self._answered = ticket, None
-        self.parked = False
         self.advice.join_requested(now)
-        self._set_deadline(ticket, now + ticket.timeout_s)
-        if self.job_closed:
-            self._closed_answer("the job was already closed")
-        else:
-            self._send_join(now)
+        self.joining.asked(self, ticket, now)
         self._flush(now)
 
     def _request_arrive(self, ticket: Ticket, round_number: int, now: float) -> None:
         """The agent enters torch's exit barrier: the leader must know before it counts us."""
         self._arrivals[ticket.id] = ticket
-        self._extend(ticket, now + ticket.timeout_s)
+        self.extend(ticket, now + ticket.timeout_s)
         if self.term is not None and self.core.role is Role.LEADING:
             self.term.arrive_local(ticket.id, round_number, now)
         elif self.session is not None and self.in_round is not None:
             self.session.arrive(ticket.id, round_number, self.in_round.epoch)
         else:
             self._arrivals.pop(ticket.id)
-            self._resolve(ticket, result=False)
+            self.resolve(ticket, result=False)
         self._flush(now)
 
     def _request_close(self, why: str, now: float, *, failed: bool = False) -> None:
@@ -474,8 +445,7 @@ class Node:
         self.ballot.leave()  # (as ``request_leave``)
         self._shutdown = ticket
         self._shutdown_deadline = now + close_timeout_s
-        if self._join is not None:
-            self._resolve(self._join, error=MingleStateError("the handler was shut down"))
+        self.joining.give_up(self, "the handler was shut down")
         if self.term is not None:
             self.term.close_job(self.settings.node_id, why, now, job_failed=failed)
             self.term.leave_local(now, self._own_key())
@@ -505,7 +475,7 @@ class Node:
         self._end_session()
         self.core.stop()
         if self._shutdown is not None:
-            self._resolve(self._shutdown, result=True)
+            self.resolve(self._shutdown, result=True)
 
     def alone(self) -> bool:
         """Whether this node is cut off from its job as far as it can tell: it heard no other
@@ -546,8 +516,7 @@ class Node:
         self.ballot.leave()  # on the disk before the leave goes out: its vote goes with it
         ticket.due = ticket.deadline  # (the handler's: it waits that long for the others)
         self._leaving = ticket
-        if self._join is not None:
-            self._resolve(self._join, error=MingleStateError("this node is leaving the job"))
+        self.joining.give_up(self, "this node is leaving the job")
         if self.term is not None:
             self.term.leave_local(now, self._own_key())
         elif self.session is not None:
@@ -564,7 +533,7 @@ class Node:
         else:
             self._end_session()
             self.core.stop()
-        self._resolve(ticket, result=False)
+        self.resolve(ticket, result=False)
 
     def _check_leaving(self, now: float) -> None:
         ticket = self._leaving
@@ -590,9 +559,9 @@ class Node:
         else:
             self._end_session()  # not in a round: nobody waits for us
             self.core.stop()
-            self._resolve(ticket, result=False)
+            self.resolve(ticket, result=False)
             return
-        self._resolve(ticket, result=True)
+        self.resolve(ticket, result=True)
 
     def _hand_over(self, now: float) -> None:
         """A leaving leader ends its term: its ``bye`` says it leaves (the members then take
@@ -636,44 +605,23 @@ class Node:
             self._check_leaving(now)
             if not busy:
                 break
-        self._remember_heard()
+        self.joining.remember_heard(self)
         self._connect_ahead()
-        self._publish(now, force=self._answered is not None)
-        self._hand_over_answer()
+        self._publish(now, force=self.joining.answered is not None)
+        self.joining.hand_over(self)
         self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
-
-    def _remember_heard(self) -> None:
-        """What this node heard of the job, on the disk while a round may count it without its
-        vote (``Ballot.remember``): before its join goes out, and whenever it hears more while
-        the join waits (a spare is taken in on the join it sent before the job's first round)."""
-        if self._open_join() is not None:
-            self.ballot.remember(self._heard())
 
     def waits_for_a_round(self) -> bool:
         """The agent's join waits for an answer."""
-        return self._open_join() is not None
+        return self.joining.open() is not None
+
+    @property
+    def wait_reason(self) -> str:
+        """The last reason the leader gave for this node's wait."""
+        return self.joining.wait_reason
 
     def describe_network(self) -> str:
         return self.routes.describe()
-
-    def _open_join(self) -> Ticket | None:
-        """The agent's join, while it waits for an answer the node has not decided yet."""
-        join = self._join
-        return join if join is not None and not join.decided and self._answered is None else None
-
-    def _answer_join(self, result: object) -> None:
-        """The join's answer, handed over by ``_hand_over_answer`` once the snapshot shows it."""
-        if self._open_join() is not None:
-            self._answered = result
-
-    def _hand_over_answer(self) -> None:
-        """Give the agent's thread the join's answer, after the snapshot of the state it
-        comes from: the thread then never reads a snapshot older than its round (the round
-        would look over, and its rank keys would be stood in for: ``AgentStore``)."""
-        join, answer = self._join, self._answered
-        if join is not None and answer is not None:
-            self._answered = None
-            self._resolve(join, result=answer)
 
     def _stop_failed_round(self, now: float) -> None:
         """The job failed while this node runs a round (a member's data path check): its
@@ -703,7 +651,7 @@ class Node:
         """
         target: Target | None = None
         term, session = self.term, self.session
-        if not self.parked:
+        if not self.joining.parked:
             if term is not None and self.core.role is Role.LEADING and term.spare_port is not None:
                 target = (term.claim, None, term.spare_port)
             elif session is not None and session.ready and session.next_store_port is not None:
@@ -716,7 +664,7 @@ class Node:
         busy = False
         # What the node heard of the job since its term began counts too: a round that ran
         # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
-        term.book.hear(self._heard())
+        term.book.hear(self.heard())
         for conn, frame in term.frames():
             self._out.send(conn, frame)
         for conn, _why in term.closes():
@@ -828,7 +776,7 @@ class Node:
             rejoin_delay_s=s.rejoin_delay_s,
             quorum=s.quorum,
             first_round_majority=s.first_round_majority,
-            others=OtherTerms(heard=self._heard()),
+            others=OtherTerms(heard=self.heard()),
         )
         self._term_tag += 1
         term = LeaderTerm(
@@ -869,8 +817,8 @@ class Node:
         self.role = Electing()
         if self.in_round_claim == term.claim:
             self.trouble = why
-        if self._open_join() is not None:
-            self._send_join(now)  # to the next leader, once known
+        if self.joining.open() is not None:
+            self.joining.send(self, now)  # to the next leader, once known
 
     def _give_way(self, epoch: int, now: float) -> None:
         """Our term learnt of a round that a term of epoch ``epoch`` (at least as new as ours)
@@ -890,14 +838,14 @@ class Node:
         if not view.is_self:
             self.on_event(Note("leader_found", f"follows the leader {who} (epoch {view.claim.epoch})"))
         if view.closed and not view.is_self:
-            self._job_closed_seen("its leader announces that the job finished")
+            self.job_closed_seen("its leader announces that the job finished")
             return
         if view.is_self:
             if not view.closed:
                 self.saw_open = True
             self._deliver_close(now)
-            if self._open_join() is not None:
-                self._send_join(now)
+            if self.joining.open() is not None:
+                self.joining.send(self, now)
             return
         old = self.session.claim if self.session is not None else None
         if old is not None and old != view.claim:
@@ -933,14 +881,14 @@ class Node:
             started=now,
             conn=conn,
             incarnation=s.incarnation,
-            seen=self._heard(),
+            seen=self.heard(),
             seal=Seal(self.core.codec.key, leader=False) if self.core.codec.key is not None else None,
             on_event=self.on_event,
         )
         if self.term is not None:
             raise MingleStateError(f"{self.label} follows a leader while it leads its own term")
         self.role = Following(session)
-        self._send_join(now)  # queued in the session, sent with the hello
+        self.joining.send(self, now)  # queued in the session, sent with the hello
 
     def _leader_lost(self, claim: Claim, reason: str, now: float) -> None:
         self.on_event(Note("leader_lost", f"lost the leader {claim}: {reason}; electing again"))
@@ -960,9 +908,9 @@ class Node:
             # A connect ahead to the lost leader; not ended: if the same leader speaks again
             # (it was only silent), its next round may use that store.
             self._out.abort_connections_to(ip, [port])
-        join = self._open_join()
+        join = self.joining.open()
         if join is not None and join.due is None:
-            self._set_deadline(join, now + join.timeout_s)  # no longer parked
+            self.joining.set_due(self, join, now + join.timeout_s)  # no longer parked
 
     # ------------------------------------------------------------ session events
 
@@ -970,7 +918,7 @@ class Node:
         if isinstance(ev, Welcomed):
             self.core.hear(ev.seen)
             if ev.status.closed:
-                self._job_closed_seen("the job was closed")
+                self.job_closed_seen("the job was closed")
                 return
             self.saw_open = True
             self._deliver_close(now)
@@ -1004,8 +952,8 @@ class Node:
                 # departure filed under an older round than its node's newest would let that
                 # node's vote be dropped where it may have counted (``RoundBook.voters_of``).
                 for node, key in session.leader_reported_gone:
-                    if (newest := newest_key(key, self._gone.get(node))) is not None:
-                        self._gone[node] = newest
+                    if (newest := newest_key(key, self.gone.get(node))) is not None:
+                        self.gone[node] = newest
                 self.core.leader_failed(now, session.claim, ev.reason)
 
     def _persist(self, state: NodeState) -> None:
@@ -1022,14 +970,14 @@ class Node:
     def _note(self, note: Note) -> None:
         self._out.notes.append(note)
 
-    def _resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:
+    def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:
         """Answer the agent's ``ticket`` (once: a later answer is dropped, as the board does)."""
         if ticket.decided:
             return
         ticket.decided = True
         self._out.answers.append(Resolve(ticket, result, error))
 
-    def _extend(self, ticket: Ticket, due: float | None) -> None:
+    def extend(self, ticket: Ticket, due: float | None) -> None:
         """The node gives up on ``ticket`` at ``due`` now (None: parked), and so does the agent."""
         ticket.due = due
         self._out.answers.append(Extend(ticket, due))
@@ -1074,118 +1022,43 @@ class Node:
         if isinstance(answer, Ack):
             ticket = self._arrivals.pop(answer.ticket, None)
             if ticket is not None:
-                self._resolve(ticket, result=True)
+                self.resolve(ticket, result=True)
             return
-        join = self._open_join()
-        if join is None or (not isinstance(answer, ClosedAnswer) and join.id != answer.ticket):
-            return  # an answer to an older request
-        match answer:
-            case RoundFormed(round=Round() as rnd):
-                self._joined(rnd, session)
-            case RoundFormed():
-                raise MingleStateError(f"{self.label} a round answer without its round")
-            case Retry():
-                log.info("%s asked to join again: %s", self.label, answer.why)
-                self._send_join(now)
-            case JoinTimedOut():
-                if session is not None:
-                    who = f"the leader is {session.ip} ({session.claim})"
-                else:
-                    who = f"this node leads ({self.term.claim})" if self.term is not None else "this node led"
-                self._answer_join(TimedOut(f"{who}; {answer.why}"))
-            case ClosedAnswer():
-                why = answer.why or "the job was closed while this node waited"
-                self._job_closed_seen(why, failed=answer.failed)
-            case Wait():
-                if session is not None:
-                    self.core.hear(answer.seen)
-                text, parked = answer.reason, answer.parked
-                self.wait_reason = text
-                self.parks += parked and not self.parked
-                self.parked = parked
-                self._set_deadline(join, None if parked else now + join.timeout_s)
-                if parked:
-                    log.info("%s waiting while the job runs without this node: %s", self.label, text)
-            case _:
-                assert_never(answer)
+        self.joining.answer(self, answer, session, now)
 
-    def _joined(self, rnd: Round, session: FollowerSession | None) -> None:
+    def joined(self, rnd: Round, session: FollowerSession | None) -> None:
         """The round ``rnd`` answered this node's join: it is a member."""
         claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
         if rnd.rank_of(self.settings.node_id) is None:
             raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
         self.core.hear_round(rnd.key)
-        self.ballot.formed(rnd, self._heard())
-        self._gone = {n: k for n, k in self._gone.items() if n in rnd.member_set}
+        self.ballot.formed(rnd, self.heard())
+        self.gone = {n: k for n, k in self.gone.items() if n in rnd.member_set}
         self.in_round, self.in_round_claim, self.trouble = rnd, claim, None
         seen_via = session.ip if session else self.settings.advertised_ip
         self.core.set_succession(
             Succession(claim, rnd.number, rnd.members, rnd.ips, rnd.dports, seen_via=seen_via)
         )
-        self.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
+        self.joining.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
         if session is not None:
             self._last_leader_ip = session.ip
             self._remember_store(claim, rnd.store_port)
         leader_ip = session.ip if session is not None else None
         client = self.ahead.take(claim, rnd.store_port)
-        self._answer_join(Joined(rnd, claim, leader_ip, client))
+        self.joining.decided(Joined(rnd, claim, leader_ip, client))
 
     # ------------------------------------------------------------ helpers
 
-    def _send_join(self, now: float) -> None:
-        join = self._open_join()
-        if join is None:
-            return
-        self._remember_heard()  # on the disk before the join goes out
-        remaining = join.timeout_s if join.due is None else max(0.001, join.due - now - JOIN_GRACE_S)
-        term, session = self.term, self.session
-        if term is not None and self.core.role is Role.LEADING:
-            session = None  # its own term's join: the same record, without a connection
-            ip = towards = self.settings.advertised_ip
-        elif session is not None:
-            term = None
-            ip, towards = session.own_ip, session.ip
-        else:
-            return
-        ask = Join(
-            ticket=join.id,
-            ip=ip,
-            history=self.history,
-            accepted=self.accepted,
-            timeout_s=join.timeout_s,
-            remaining_s=remaining,
-            dport=self.routes.discovery_port_towards(towards),
-            pport=self.settings.probe_port,
-            gone=tuple(self._gone.items()),
-            place=self.settings.place,
-            restarted=self._restarted(),
-            seen=self._heard(),
-        )
-        if term is not None:
-            term.join_local(ask, now)
-        elif session is not None:
-            session.join(ask)
-
-    def _heard(self) -> Heard:
+    def heard(self) -> Heard:
         """The rounds of the job this node heard of, by any authentic word."""
         return self.core.heard
 
-    def _restarted(self) -> bool:
-        """This process took over a dead predecessor's node id (``_identity``) and was handed no
-        round yet: it comes back as a restart, not as a node that flapped (``_rounds``)."""
-        return self.settings.incarnation > 1 and self.in_round is None
-
-    def _set_deadline(self, ticket: Ticket, expires: float | None) -> None:
-        self._extend(ticket, None if expires is None else expires + JOIN_GRACE_S)
-
     def _check_tickets(self, now: float) -> None:
-        join = self._open_join()
-        if join is not None and join.due is not None and now >= join.due:
-            self._answer_join(TimedOut(self._why_no_round()))
+        self.joining.expire(self, now)
         for key, ticket in list(self._arrivals.items()):
             if ticket.due is not None and now >= ticket.due:
                 del self._arrivals[key]
-                self._resolve(ticket, result=False)
+                self.resolve(ticket, result=False)
         if self._shutdown is not None and not self._shutdown.decided and now >= self._shutdown_deadline:
             self._finish_leader_shutdown(now, timed_out=True)
 
@@ -1214,33 +1087,14 @@ class Node:
             self.core.stop()
         for data, dest in self.core.datagrams_to_send(now):
             self._out.send_datagram(data, dest)
-        self._resolve(ticket, result=True)
+        self.resolve(ticket, result=True)
 
-    def _why_no_round(self) -> str:
-        view = self.core.leader
-        if view is None:
-            return "no leader was found or elected"
-        if view.is_self:
-            return f"this node leads ({view.claim}) and no round formed"
-        if self.session is None or not self.session.ready:
-            return f"the leader {view.store_ip} ({view.claim}) did not welcome this node"
-        return f"the leader {view.store_ip} ({view.claim}) did not answer the join in time"
-
-    def _job_closed_seen(self, why: str, *, failed: bool = False) -> None:
+    def job_closed_seen(self, why: str, *, failed: bool = False) -> None:
         self.job_closed = True
-        self._closed_answer(why, failed=failed)
+        self.joining.closed(self, why, self._now, failed=failed)
         if self._shutdown is not None and not self._shutdown.decided and self.term is None:
             self._pending_close = None  # closed already: nothing left to tell
             self._leave_for_good(self._now)
-
-    def _closed_answer(self, why: str, *, failed: bool = False) -> None:
-        """The job closed while the agent's join waits. ``failed``: the closing agent said the
-        job failed (its rendezvous or its workers did)."""
-        if self._open_join() is not None:
-            waited = self.parked or (self.saw_open and self.in_round is None)
-            failure = self._failure(self._now) or (why if failed else "")
-            ran = self.parked or bool(self._heard())
-            self._answer_join(JobClosed(waited, failure or why, failed=bool(failure), ran=ran))
 
     def _failure(self, now: float) -> str:
         """Why the job failed, if its leader says so (closed because a round could not start)."""
@@ -1253,7 +1107,7 @@ class Node:
             self.role = Electing()
             for frame in session.frames():  # first: with a secret, every frame has its place
                 self._out.send(session.conn, frame)
-            bye = session.bye(self._heard())
+            bye = session.bye(self.heard())
             if bye is not None:
                 self._out.send(session.conn, bye)
             self._out.close(session.conn)

@@ -381,6 +381,14 @@ class Shell(Protocol):
     def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None: ...
 
 
+class Routes(Protocol):
+    """What a node asks its shell about the network (lookups, not effects: those go in ``Ready``)."""
+
+    def local_ip_towards(self, ip: str) -> str: ...
+    def discovery_port_towards(self, ip: str) -> int: ...
+    def describe(self) -> str: ...
+
+
 class Answers(Protocol):
     """Where the agent's thread reads the node (``_board.Board``)."""
 

@@ -396,7 +396,7 @@ def test_a_spare_that_joined_before_the_first_round_never_founds_a_job_of_its_ow
     assert agents.rounds and len(agents.rounds[-1][2]) == 2, agents.rounds
     members = set(agents.rounds[-1][2])
     (spare,) = [n for n in sim.nodes if n.core.node_id not in members]
-    assert spare.node.parked
+    assert spare.node.joining.parked
     t0 = sim.now
     sim.net.partition([n.addr for n in sim.nodes if n is not spare], [spare.addr])
     agents.run_until(t0 + 30.0)
@@ -414,7 +414,7 @@ def test_a_spare_restarted_while_cut_off_still_knows_that_the_job_ran():
     agents.run_until(3.0)
     members = set(agents.rounds[-1][2])
     (spare,) = [n for n in sim.nodes if n.core.node_id not in members]
-    assert spare.node.parked
+    assert spare.node.joining.parked
     assert sim.saved[spare.core.node_id].heard.round >= 1  # written as it waited, not at its join
     sim.net.partition([n.addr for n in sim.nodes if n is not spare], [spare.addr])
     sim.kill(spare)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from torch_mingle._node import JOIN_GRACE_S
+from torch_mingle._joining import JOIN_GRACE_S
 from torch_mingle._ready import Ticket
 from torch_mingle._view import JobClosed, Joined, TimedOut
 from torch_mingle.testing.sim import SimNode, Simulation
@@ -118,10 +118,10 @@ class Agents(Generic[A]):
                 continue
             ticket = agent.ticket
             if agent.phase is Phase.JOINING:
-                if node.node.parked or node.node.parks != agent.parks_seen:
+                if node.node.joining.parked or node.node.joining.parks != agent.parks_seen:
                     # It waits for the job, not for a timeout (docs/faults.md): its wait restarts
                     # when it is no longer parked, also after a park shorter than a monitor step.
-                    agent.parks_seen, agent.since = node.node.parks, now
+                    agent.parks_seen, agent.since = node.node.joining.parks, now
                 if ticket is not None and ticket.done:
                     self._joined(agent, ticket)
             elif agent.phase is Phase.RUNNING:

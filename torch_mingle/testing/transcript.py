@@ -171,7 +171,7 @@ class World:
         """Every living agent runs one round whose members all run it (or waits as a spare)."""
         live = [a for a in self.agents.running() if a.node.alive and not a.node.frozen]
         running = [a for a in live if a.phase is Phase.RUNNING and a.round is not None]
-        if not running or any(a not in running and not a.node.node.parked for a in live):
+        if not running or any(a not in running and not a.node.node.joining.parked for a in live):
             return False
         keys = {(a.round.epoch, a.round.number) for a in running}
         if len(keys) != 1:
@@ -244,7 +244,7 @@ class World:
                     state = role.value
             rnd = agent.round
             where = f"round {rnd.number} (epoch {rnd.epoch})" if rnd is not None else "no round"
-            if agent.phase is Phase.JOINING and node.alive and node.node.parked:
+            if agent.phase is Phase.JOINING and node.alive and node.node.joining.parked:
                 where += ", a spare"
             closed = (
                 "; is_closed()"
