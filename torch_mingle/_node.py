@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from torch_mingle import _leading as leading
 from torch_mingle._advice import Advice
 from torch_mingle._ahead import StoreAhead, Target
 from torch_mingle._ballot import Ballot, NodeState
@@ -65,7 +66,6 @@ from torch_mingle._leader import (
     ReleaseStores,
 )
 from torch_mingle._notes import Note, Sink
-from torch_mingle._others import OtherTerms
 from torch_mingle._protocol import RESIGNED, Discovery
 from torch_mingle._ready import (
     ArriveRequested,
@@ -97,7 +97,6 @@ from torch_mingle._ready import (
 from torch_mingle._record import assert_never
 from torch_mingle._records import Heard, History, Round, Status
 from torch_mingle._roles import Electing, Following, Leading, NodeRole
-from torch_mingle._rounds import RoundBook
 from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
 from torch_mingle._view import Joined
@@ -127,8 +126,6 @@ class Node:
         #: The inputs of a step after the one whose handling raised (``CodeFailed``).
         self._rest: list[Input] = []
         self._next_conn = 0
-        #: The epoch this node won while its control port opens (``_lead``, ``_start_term``).
-        self._claiming: int | None = None
         #: What this node is to its job (``_roles``): the term or the session it holds.
         self.role: NodeRole = Electing()
         #: Its vote and what it must not forget (a predecessor's, after a restart: ``_identity``):
@@ -167,7 +164,7 @@ class Node:
         self._close_failed = False
         self._close_job_failed = False
         self._failure_cut = 0
-        self._term_tag = 0
+        self.term_tag = 0
         self._now = 0.0
         #: When it last published its snapshot, and what (``_snapshot``).
         self.snapshots = Snapshots()
@@ -230,7 +227,7 @@ class Node:
             self._rest = []
             self._batching = False
             if self._unflushed:
-                self._flush(now)
+                self.flush(now)
         finally:
             self._batching = False
         ready, self._out = self._out, Ready()
@@ -256,7 +253,7 @@ class Node:
             case Listening(port=port):
                 self._start_term(port, now)
             case ListenRefused(why=why):
-                self._cannot_lead(why, now)
+                leading.cannot_lead(self, why, now)
             case Started():
                 self._start(now)
             case CodeFailed(exc=exc):
@@ -283,17 +280,17 @@ class Node:
     def _start(self, now: float) -> None:
         self.advice.started(now)
         self.core.start(now)
-        self._flush(now)
+        self.flush(now)
 
     def _on_datagram(self, data: bytes, addr: Dest, now: float) -> None:
         # A datagram may change who leads: what came before it in this wake-up is flushed
         # first, and what it changed at once (a term overtaken must not take the frames that
         # follow; a session replaced must not lose the round it was just sent).
         if self._unflushed:
-            self._flush(now)
+            self.flush(now)
         self.core.receive_datagram(data, addr, now)
         if self.core.has_events():
-            self._flush(now)
+            self.flush(now)
         else:
             self._flushed_later(now)
 
@@ -329,7 +326,7 @@ class Node:
     def _on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenClient):
             self.ahead.opened(tag, result, error)
-        elif self.term is not None and tag == self._term_tag:
+        elif self.term is not None and tag == self.term_tag:
             self.term.job_done(job, result, error, now)
         elif isinstance(result, int) and error is None and not isinstance(job, ReleaseStores):
             self._out.submit(ReleaseStores(ports=(result,)), tag)  # a store for a term that ended
@@ -339,7 +336,7 @@ class Node:
         if self._batching:
             self._unflushed = True
         else:
-            self._flush(now)
+            self.flush(now)
 
     def _on_timer(self, now: float) -> None:
         timer = self.core.next_timer()
@@ -357,7 +354,7 @@ class Node:
         self._leaving_deadline(now)
         if self.advice.due(self, now, unfit=self.unfit):
             self._set_unfit(True, now)
-        self._flush(now)
+        self.flush(now)
 
     def next_timer(self) -> float | None:
         times = [
@@ -388,7 +385,7 @@ class Node:
             log.error("%s joining the leader again after an internal error: %s", self.label, self.last_error)
             self._end_session()
             self._connect(view, now)
-        self._flush(now)
+        self.flush(now)
 
     # ------------------------------------------------------------ requests
 
@@ -396,7 +393,7 @@ class Node:
         """The agent asks for a place in the next round (``next_rendezvous``)."""
         self.advice.join_requested(now)
         self.joining.asked(self, ticket, now)
-        self._flush(now)
+        self.flush(now)
 
     def _request_arrive(self, ticket: Ticket, round_number: int, now: float) -> None:
         """The agent enters torch's exit barrier: the leader must know before it counts us."""
@@ -409,7 +406,7 @@ class Node:
         else:
             self._arrivals.pop(ticket.id)
             self.resolve(ticket, result=False)
-        self._flush(now)
+        self.flush(now)
 
     def _request_close(self, why: str, now: float, *, failed: bool = False) -> None:
         """``set_closed()``: no further rounds for anyone (told to the next leader if there is none now).
@@ -420,7 +417,7 @@ class Node:
         self._pending_close = why
         self._close_failed = self._close_job_failed = failed
         self._deliver_close(now)
-        self._flush(now)
+        self.flush(now)
 
     def _deliver_close(self, now: float) -> None:
         why = self._pending_close
@@ -448,7 +445,7 @@ class Node:
         self.joining.give_up(self, "the handler was shut down")
         if self.term is not None:
             self.term.close_job(self.settings.node_id, why, now, job_failed=failed)
-            self.term.leave_local(now, self._own_key())
+            self.term.leave_local(now, self.own_key())
         else:
             if self.job_closed:
                 self._pending_close = None
@@ -463,13 +460,13 @@ class Node:
                 # welcomes this node in time; else the others would go on as if it had died.
                 self._shutdown_deadline = now + min(close_timeout_s, self.settings.timeout_s)
                 log.info("%s shutting down: waiting for a leader to tell that the job closed", self.label)
-        self._flush(now)
+        self.flush(now)
 
     def _leave_for_good(self, now: float) -> None:
         """A follower's shutdown, its close (if any) delivered: its leave goes out, the session ends."""
         session = self.session
         if session is not None and session.ready:
-            session.leave(self._own_key())
+            session.leave(self.own_key())
             for frame in session.frames():
                 self._out.send(session.conn, frame)
         self._end_session()
@@ -492,7 +489,7 @@ class Node:
         node of a job that has other nodes, makes it unfit meanwhile (it gives up its term, so
         another node leads), as a failing one does. A short check costs the others nothing."""
         self.advice.checking(checking, now)
-        self._flush(now)
+        self.flush(now)
 
     def _set_unfit(self, unfit: bool, now: float) -> None:
         """The node's health check failed (``unfit``) or passed again. An unfit node leads no
@@ -502,7 +499,7 @@ class Node:
         if unfit and self.term is not None:
             self._unlead("this node's health check failed", now)
             self.core.abandon(now)
-        self._flush(now)
+        self.flush(now)
 
     def _request_leave(self, ticket: Ticket, now: float) -> None:
         """Leave the job at once (a preemption notice), the job going on without this node.
@@ -518,10 +515,10 @@ class Node:
         self._leaving = ticket
         self.joining.give_up(self, "this node is leaving the job")
         if self.term is not None:
-            self.term.leave_local(now, self._own_key())
+            self.term.leave_local(now, self.own_key())
         elif self.session is not None:
-            self.session.leave(self._own_key())
-        self._flush(now)
+            self.session.leave(self.own_key())
+        self.flush(now)
 
     def _leaving_deadline(self, now: float) -> None:
         """The others did not go on in time: leave anyway (a leader still hands over)."""
@@ -529,7 +526,7 @@ class Node:
         if ticket is None or ticket.decided or ticket.due is None or now < ticket.due:
             return
         if self.term is not None:
-            self._hand_over(now)
+            leading.hand_over(self, now)
         else:
             self._end_session()
             self.core.stop()
@@ -544,7 +541,7 @@ class Node:
             if not self.term.others_rejoined():
                 return
             log.info("%s leaving: every other member re-joined; handing the job over", self.label)
-            self._hand_over(now)
+            leading.hand_over(self, now)
         elif self.session is not None and self.session.ready and rnd is not None:
             status = self.session.status
             if status is None or (status.epoch == rnd.epoch and status.round <= rnd.number):
@@ -563,23 +560,16 @@ class Node:
             return
         self.resolve(ticket, result=True)
 
-    def _hand_over(self, now: float) -> None:
-        """A leaving leader ends its term: its ``bye`` says it leaves (the members then take
-        over by succession, without its vote). No multicast resignation: it could overtake the
-        ``bye`` and the members would not learn that this node left."""
-        self._unlead("the leader's node left the job", now, leaving=True)
-        self.core.stop()
-
     def _report_unreachable(self, claim: Claim, why: str, now: float) -> None:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
         if self.session is not None and self.session.claim == claim:
             self._end_session()
             self.core.leader_failed(now, claim, why)
-        self._flush(now)
+        self.flush(now)
 
     # ------------------------------------------------------------ flush
 
-    def _flush(self, now: float) -> None:
+    def flush(self, now: float) -> None:
         """Hand what the protocol objects decided to the shell, until nothing is left."""
         self._now = now
         self._unflushed = False
@@ -592,7 +582,7 @@ class Node:
                 self._core_event(ev, now)
             term = self.term
             if term is not None:
-                busy |= self._flush_term(term, now)
+                busy |= leading.flush_term(self, term, now)
             session = self.session
             if session is not None:
                 for frame in session.frames():
@@ -610,6 +600,10 @@ class Node:
         self._publish(now, force=self.joining.answered is not None)
         self.joining.hand_over(self)
         self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
+
+    def shutting_down(self) -> bool:
+        """The agent shuts down (``shutdown()``) and the node has not finished yet."""
+        return self._shutdown is not None and not self._shutdown.decided
 
     def waits_for_a_round(self) -> bool:
         """The agent's join waits for an answer."""
@@ -660,55 +654,16 @@ class Node:
         if start is not None:
             self._out.submit(*start)
 
-    def _flush_term(self, term: LeaderTerm, now: float) -> bool:
-        busy = False
-        # What the node heard of the job since its term began counts too: a round that ran
-        # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
-        term.book.hear(self.heard())
-        for conn, frame in term.frames():
-            self._out.send(conn, frame)
-        for conn, _why in term.closes():
-            self._out.close(conn)
-        for job in term.jobs():
-            self._out.submit(job, self._term_tag)
-        cannot_vote = False
-        for answer in term.local():
-            busy = True
-            if isinstance(answer, Propose):
-                # The leader's own node votes for its term's proposal as any member does.
-                if self._accept(answer.round, answer.base, answer.covers):
-                    term.accept_local(answer.round.number, now)
-                elif term.needs_every_vote(answer.round.number):
-                    cannot_vote = True
-                continue
-            self._answer(answer, None, now)
-        if term is self.term and cannot_vote:
-            # Its own first round waits for its vote, which it cannot record (``_accept``): a
-            # node that can vote leads instead; this one joins it, and a later round takes it in.
-            log.warning("%s cannot record its own vote: it gives up leading", self.label)
-            self._unlead("the leader cannot record its vote", now)
-            self.core.resign(now)
-            return True
-        if term is self.term and term.outdated_by is not None:
-            epoch, term.outdated_by = term.outdated_by, None
-            self._give_way(epoch, now)
-            return True
-        if term is self.term:
-            status = term.status(now)
-            self.core.update_status(
-                now,
-                # A term without a round of its own announces the highest it knows of: who hears
-                # it then knows the job ran (``_heard``), and founds no job alone.
-                round=status.round or term.book.highest_round(),
-                heard=term.book.highest_heard(),
-                members=status.size,
-                closed=status.closed,
-                min_nodes=self.settings.min_nodes,
-                max_nodes=self.settings.max_nodes,
-                established=term.established,
-                followers=term.connected_nodes(),
-            )
-        return busy
+    # ------------------------------------------------------------ the leading role (``_leading``)
+
+    def _lead(self, epoch: int, now: float) -> None:
+        leading.lead(self, epoch, now)
+
+    def _start_term(self, port: int, now: float) -> None:
+        leading.start_term(self, port, now)
+
+    def _unlead(self, why: str, now: float, *, leaving: bool = False) -> None:
+        leading.unlead(self, why, now, leaving=leaving)
 
     # ------------------------------------------------------------ election events
 
@@ -727,110 +682,6 @@ class Node:
             level = logging.INFO if ev.reason == RESIGNED else logging.WARNING
             log.log(level, "%s lost leader %s: %s; electing again", self.label, ev.claim, ev.reason)
             self._leader_lost(ev.claim, ev.reason, now)
-
-    def _lead(self, epoch: int, now: float) -> None:
-        """This node won the election for ``epoch``: it opens its control port, and leads once
-        the port is open (``_start_term``)."""
-        if self._shutdown is not None and not self._shutdown.decided:
-            # Shutting down between two leaders: it only waits to tell the next one that the
-            # job closed. Leading, it would resign at once, and nobody would hear the close.
-            self.core.abandon(now)
-            return
-        if self.unfit:
-            self.core.abandon(now)  # its health check fails: a round needs its leader's node
-            return
-        self._claiming = epoch
-        self._out.listen(self.settings.bind_ip)
-
-    def _cannot_lead(self, why: str, now: float) -> None:
-        """The control port could not be opened: another node leads."""
-        if self._claiming is None:
-            return
-        self._claiming = None
-        log.error("%s cannot lead: %s; leaving leadership to another node", self.label, why)
-        self.last_error = why
-        self.core.abandon(now)
-        self._flush(now)
-
-    def _start_term(self, port: int, now: float) -> None:
-        """The control port is open: the term of the epoch this node won begins."""
-        s = self.settings
-        epoch, self._claiming = self._claiming, None
-        if epoch is None or self.core.role is not Role.CLAIMING:
-            self._out.stop_listening()  # the claim was given up meanwhile
-            self._flush(now)
-            return
-        if self.unfit or (self._shutdown is not None and not self._shutdown.decided):
-            self._out.stop_listening()  # (as ``_lead``: it became unfit, or shuts down, meanwhile)
-            self.core.abandon(now)
-            self._flush(now)
-            return
-        claim = Claim(epoch=epoch, leader=s.node_id)
-        self.ballot.lead(epoch)
-        book = RoundBook(
-            leader=s.node_id,
-            epoch=epoch,
-            min_nodes=s.min_nodes,
-            max_nodes=s.max_nodes,
-            last_call_timeout=s.last_call_timeout_s,
-            rejoin_delay_s=s.rejoin_delay_s,
-            quorum=s.quorum,
-            first_round_majority=s.first_round_majority,
-            others=OtherTerms(heard=self.heard()),
-        )
-        self._term_tag += 1
-        term = LeaderTerm(
-            claim=claim,
-            book=book,
-            advertised_ip=s.advertised_ip,
-            interval_s=s.interval_s,
-            timeout_s=s.timeout_s,
-            label=s.label,
-            own_history=self.history,
-            seal_key=self.core.codec.key,
-            on_event=self.on_event,
-        )
-        self.role = Leading(term, self._term_tag)
-        term.start(now)
-        if not self.core.leader_ready(now, s.advertised_ip, port, term.follows):
-            self._unlead("the claim was overtaken before the term started", now)
-            self._flush(now)
-            return
-        self.on_event(Note("leader_elected", f"leads the rendezvous (epoch {epoch})"))
-        log.info(
-            "%s this node leads job %r (epoch %d): control port %s:%d",
-            self.label,
-            s.job,
-            epoch,
-            s.bind_ip,
-            port,
-        )
-        self._flush(now)
-
-    def _unlead(self, why: str, now: float, *, leaving: bool = False) -> None:
-        term = self.term
-        if term is None:
-            return
-        term.stand_down(why, leaving=leaving, own_key=self._own_key() if leaving else None)
-        self._flush_term(term, now)
-        self._out.stop_listening()
-        self.role = Electing()
-        if self.in_round_claim == term.claim:
-            self.trouble = why
-        if self.joining.open() is not None:
-            self.joining.send(self, now)  # to the next leader, once known
-
-    def _give_way(self, epoch: int, now: float) -> None:
-        """Our term learnt of a round that a term of epoch ``epoch`` (at least as new as ours)
-        formed or proposed: a round of ours now would carry a fencing token that goes back.
-        The term ends, and the election runs again above that epoch."""
-        log.warning(
-            "%s a term of epoch %d formed or proposed a round this leader did not know of: its term "
-            "ends, and the election runs again above epoch %d",
-            self.label, epoch, epoch,
-        )  # fmt: skip
-        self._unlead(f"a newer term (epoch {epoch}) formed or proposed a round", now)
-        self.core.give_way(now, epoch)
 
     def _leader_found(self, view: LeaderView, now: float) -> None:
         who = "this node" if view.is_self else view.store_ip
@@ -924,14 +775,14 @@ class Node:
             self._deliver_close(now)
             if self._leaving is not None and not self._leaving.decided:
                 # (our leave may have been lost with the last leader's connection)
-                session.leave(self._own_key())
+                session.leave(self.own_key())
         elif isinstance(ev, StatusChanged):
             if ev.status.closed:
                 self.job_closed = True
         elif isinstance(ev, RoundFormed | Wait | Retry | JoinTimedOut | ClosedAnswer | Ack):
-            self._answer(ev, session, now)
+            self.answer(ev, session, now)
         elif isinstance(ev, Propose):
-            if self._accept(ev.round, ev.base, ev.covers):
+            if self.vote(ev.round, ev.base, ev.covers):
                 session.accept(ev.round.number)
             else:
                 session.refuse(ev.round.number, self.history, self.accepted)
@@ -992,11 +843,11 @@ class Node:
         """The newest proposal this node accepted, newer than ``history``: its vote (``Ballot``)."""
         return self.ballot.accepted
 
-    def _own_key(self) -> RoundKey | None:
+    def own_key(self) -> RoundKey | None:
         """The newest round this node was in or voted for: where its departure counts."""
         return self.ballot.own_key()
 
-    def _accept(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
+    def vote(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
         """Record the proposal ``rnd`` as this node's vote, if it accounts for what the node
         knows (``Ballot.accept``: on the disk before the vote goes out)."""
         if self.ballot.accept(rnd, base, covers):
@@ -1017,7 +868,7 @@ class Node:
         if len(self._store_ports) > 4:
             self._store_ports.pop(next(iter(self._store_ports)))
 
-    def _answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None:
+    def answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None:
         """The leader's answer to the agent's join or arrive (its own term's, or by ``session``)."""
         if isinstance(answer, Ack):
             ticket = self._arrivals.pop(answer.ticket, None)

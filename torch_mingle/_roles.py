@@ -1,9 +1,8 @@
 """What a node is to its job, stated once: ``Electing`` (no term, no session: the election runs,
 its claim's control port opens, or its leader announced that the job closed), ``Leading`` (it
-holds its term) or ``Following`` (it holds its session with the leader). The term and the
-session are what a role holds, not how a role is guessed: ``Node.role`` is the one value,
-changed in one place each (``Node._start_term``, ``Node._unlead``, ``Node._connect``,
-``Node._end_session``)."""
+holds its term: ``_leading``) or ``Following`` (it holds its session with the leader). The
+term and the session are what a role holds, not how a role is guessed: ``Node.role`` is the
+one value."""
 
 from __future__ import annotations
 
@@ -14,7 +13,10 @@ from torch_mingle._record import record
 
 @record
 class Electing:
-    pass
+    """No term and no session: the election runs, or its leader announced that the job closed."""
+
+    #: The epoch this node won, while its control port opens (``lead``, ``start_term``).
+    claiming: int | None = None
 
 
 @record

@@ -343,7 +343,7 @@ class World(Agents[_Agent]):
     def _record_accepts(self, node: SimNode) -> None:
         """Every proposal the node accepts, with the round it was formed from: a round may form
         from a proposal that formed and reached no agent (its leader was lost at once)."""
-        inner = node.node._accept
+        inner = node.node.vote
 
         def accept(rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
             ok = inner(rnd, base, covers)
@@ -359,7 +359,7 @@ class World(Agents[_Agent]):
                 self._voted(node)
             return ok
 
-        node.node._accept = accept  # type: ignore[method-assign]
+        node.node.vote = accept  # type: ignore[method-assign]
 
     def _record_leaves(self, node: SimNode) -> None:
         """Each node that leaves (SIGTERM or ``shutdown()``), with the newest round it was in or
@@ -369,7 +369,7 @@ class World(Agents[_Agent]):
             inner = getattr(node.node, name)
 
             def leave(*args: Any, inner: Callable[..., None] = inner, **kw: Any) -> None:
-                key = node.node._own_key()
+                key = node.node.own_key()
                 inner(*args, **kw)
                 if node.node.ballot.left:  # (recorded: its leave may go out)
                     self.said_left.setdefault(node.core.node_id, key)
