@@ -49,6 +49,7 @@ class Joiner(Protocol):
     saw_open: bool
     #: Leaders of its last round that left the job, with the round they left.
     gone: dict[int, RoundKey]
+    joining: Joining
 
     @property
     def label(self) -> str: ...

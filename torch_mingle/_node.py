@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from torch_mingle import _following as following
 from torch_mingle import _leading as leading
 from torch_mingle._advice import Advice
 from torch_mingle._ahead import StoreAhead, Target
@@ -41,23 +42,13 @@ from torch_mingle._claims import (
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     FollowerSession,
-    SessionEvent,
-    SessionOver,
-    StatusChanged,
-    Welcomed,
 )
 from torch_mingle._frames import (
     Ack,
     JoinAnswer,
-    JoinTimedOut,
-    Propose,
-    Retry,
-    RoundFormed,
-    Wait,
 )
-from torch_mingle._frames import JobClosed as ClosedAnswer
 from torch_mingle._joining import Joining
-from torch_mingle._keys import RoundKey, newest_key
+from torch_mingle._keys import RoundKey
 from torch_mingle._leader import (
     ROUND_STORES_KEPT,
     Job,
@@ -100,7 +91,7 @@ from torch_mingle._roles import Electing, Following, Leading, NodeRole
 from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
 from torch_mingle._view import Joined
-from torch_mingle._wire import Invalid, Seal
+from torch_mingle._wire import Invalid
 from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
@@ -383,8 +374,8 @@ class Node:
             # A fresh session with the same leader (it did nothing wrong); also when the error
             # struck between finding the leader and connecting to it.
             log.error("%s joining the leader again after an internal error: %s", self.label, self.last_error)
-            self._end_session()
-            self._connect(view, now)
+            following.end_session(self)
+            following.connect(self, view, now)
         self.flush(now)
 
     # ------------------------------------------------------------ requests
@@ -416,10 +407,10 @@ class Node:
         """
         self._pending_close = why
         self._close_failed = self._close_job_failed = failed
-        self._deliver_close(now)
+        self.deliver_close(now)
         self.flush(now)
 
-    def _deliver_close(self, now: float) -> None:
+    def deliver_close(self, now: float) -> None:
         why = self._pending_close
         if why is None:
             return
@@ -452,7 +443,7 @@ class Node:
             elif self._pending_close is None:  # a close still pending (a failed job's) stands
                 self._pending_close, self._close_failed, self._close_job_failed = why, False, failed
             if (self.session is not None and self.session.ready) or self.job_closed:
-                self._deliver_close(now)  # and leaves, once its close (if any) is out
+                self.deliver_close(now)  # and leaves, once its close (if any) is out
                 if not ticket.decided:
                     self._leave_for_good(now)  # the job closed already: nothing to tell
             else:
@@ -469,7 +460,7 @@ class Node:
             session.leave(self.own_key())
             for frame in session.frames():
                 self._out.send(session.conn, frame)
-        self._end_session()
+        following.end_session(self)
         self.core.stop()
         if self._shutdown is not None:
             self.resolve(self._shutdown, result=True)
@@ -528,7 +519,7 @@ class Node:
         if self.term is not None:
             leading.hand_over(self, now)
         else:
-            self._end_session()
+            following.end_session(self)
             self.core.stop()
         self.resolve(ticket, result=False)
 
@@ -546,7 +537,7 @@ class Node:
             status = self.session.status
             if status is None or (status.epoch == rnd.epoch and status.round <= rnd.number):
                 return  # no round without us yet
-            self._end_session()
+            following.end_session(self)
             self.core.stop()
         elif rnd is not None:
             # Between leaders (ours was lost, with our leave maybe): the leave goes to the next
@@ -554,7 +545,7 @@ class Node:
             # our vote (only our own word takes it: ``_evidence``).
             return
         else:
-            self._end_session()  # not in a round: nobody waits for us
+            following.end_session(self)  # not in a round: nobody waits for us
             self.core.stop()
             self.resolve(ticket, result=False)
             return
@@ -563,7 +554,7 @@ class Node:
     def _report_unreachable(self, claim: Claim, why: str, now: float) -> None:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
         if self.session is not None and self.session.claim == claim:
-            self._end_session()
+            following.end_session(self)
             self.core.leader_failed(now, claim, why)
         self.flush(now)
 
@@ -589,7 +580,7 @@ class Node:
                     self._out.send(session.conn, frame)
                 for sev in session.events():
                     busy = True
-                    self._session_event(session, sev, now)
+                    following.session_event(self, session, sev, now)
             if self._shutdown is not None and not self._shutdown.decided and self.term is not None:
                 self._finish_leader_shutdown(now)
             self._check_leaving(now)
@@ -600,6 +591,10 @@ class Node:
         self._publish(now, force=self.joining.answered is not None)
         self.joining.hand_over(self)
         self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
+
+    def leaving(self) -> bool:
+        """The agent asked to leave (a preemption notice) and the node has not finished yet."""
+        return self._leaving is not None and not self._leaving.decided
 
     def shutting_down(self) -> bool:
         """The agent shuts down (``shutdown()``) and the node has not finished yet."""
@@ -694,7 +689,7 @@ class Node:
         if view.is_self:
             if not view.closed:
                 self.saw_open = True
-            self._deliver_close(now)
+            self.deliver_close(now)
             if self.joining.open() is not None:
                 self.joining.send(self, now)
             return
@@ -711,40 +706,13 @@ class Node:
                 view.claim,
             )
             self._leader_lost(old, f"overtaken by {view.claim}", now)
-        self._end_session()
-        self._connect(view, now)
-
-    def _connect(self, view: LeaderView, now: float) -> None:
-        s = self.settings
-        ip = view.store_ip
-        conn = self._connect_to(ip, view.store_port)
-        session = FollowerSession(
-            claim=view.claim,
-            ip=ip,
-            port=view.store_port,
-            node=s.node_id,
-            own_ip=self.routes.local_ip_towards(ip),
-            history=self.history,
-            interval_s=s.interval_s,
-            timeout_s=s.timeout_s,
-            connect_timeout_s=s.connect_timeout_s,
-            label=s.label,
-            started=now,
-            conn=conn,
-            incarnation=s.incarnation,
-            seen=self.heard(),
-            seal=Seal(self.core.codec.key, leader=False) if self.core.codec.key is not None else None,
-            on_event=self.on_event,
-        )
-        if self.term is not None:
-            raise MingleStateError(f"{self.label} follows a leader while it leads its own term")
-        self.role = Following(session)
-        self.joining.send(self, now)  # queued in the session, sent with the hello
+        following.end_session(self)
+        following.connect(self, view, now)
 
     def _leader_lost(self, claim: Claim, reason: str, now: float) -> None:
         self.on_event(Note("leader_lost", f"lost the leader {claim}: {reason}; electing again"))
         if self.session is not None and self.session.claim == claim:
-            self._end_session()
+            following.end_session(self)
         if self.in_round_claim == claim:
             self.trouble = f"leader {claim} lost: {reason}"
             # Published before the cut: an agent woken by it must read that its round is over,
@@ -765,53 +733,11 @@ class Node:
 
     # ------------------------------------------------------------ session events
 
-    def _session_event(self, session: FollowerSession, ev: SessionEvent, now: float) -> None:
-        if isinstance(ev, Welcomed):
-            self.core.hear(ev.seen)
-            if ev.status.closed:
-                self.job_closed_seen("the job was closed")
-                return
-            self.saw_open = True
-            self._deliver_close(now)
-            if self._leaving is not None and not self._leaving.decided:
-                # (our leave may have been lost with the last leader's connection)
-                session.leave(self.own_key())
-        elif isinstance(ev, StatusChanged):
-            if ev.status.closed:
-                self.job_closed = True
-        elif isinstance(ev, RoundFormed | Wait | Retry | JoinTimedOut | ClosedAnswer | Ack):
-            self.answer(ev, session, now)
-        elif isinstance(ev, Propose):
-            if self.vote(ev.round, ev.base, ev.covers):
-                session.accept(ev.round.number)
-            else:
-                session.refuse(ev.round.number, self.history, self.accepted)
-        elif isinstance(ev, SessionOver):
-            if session is self.session:
-                self._end_session()
-            if ev.evicted:
-                log.warning("%s %s; connecting again", self.label, ev.reason)
-                if self.in_round_claim == session.claim:
-                    self.trouble = ev.reason
-                view = self.core.leader
-                if view is not None and view.claim == session.claim and not view.is_self:
-                    self._connect(view, now)
-            else:
-                log.warning("%s leader %s lost: %s", self.label, session.claim, ev.reason)
-                # Each with the newest round it was in or voted for, the leader itself too if it
-                # left (then the next leader does not wait for it there). Never a guess: a
-                # departure filed under an older round than its node's newest would let that
-                # node's vote be dropped where it may have counted (``RoundBook.voters_of``).
-                for node, key in session.leader_reported_gone:
-                    if (newest := newest_key(key, self.gone.get(node))) is not None:
-                        self.gone[node] = newest
-                self.core.leader_failed(now, session.claim, ev.reason)
-
     def _persist(self, state: NodeState) -> None:
         """The ballot changed: its state goes to the disk before anything of this step leaves."""
         self._out.state = state
 
-    def _connect_to(self, ip: str, port: int) -> int:
+    def connect_to(self, ip: str, port: int) -> int:
         """Open a connection; its id is the node's own (negative: the shell numbers those it
         accepts from 1)."""
         self._next_conn -= 1
@@ -934,7 +860,7 @@ class Node:
                     "node in time; the others treat it as lost",
                     self.label,
                 )
-            self._end_session()
+            following.end_session(self)
             self.core.stop()
         for data, dest in self.core.datagrams_to_send(now):
             self._out.send_datagram(data, dest)
@@ -951,17 +877,6 @@ class Node:
         """Why the job failed, if its leader says so (closed because a round could not start)."""
         status = self.status(now)
         return status.failure if status is not None else ""
-
-    def _end_session(self) -> None:
-        session = self.session
-        if session is not None:
-            self.role = Electing()
-            for frame in session.frames():  # first: with a secret, every frame has its place
-                self._out.send(session.conn, frame)
-            bye = session.bye(self.heard())
-            if bye is not None:
-                self._out.send(session.conn, bye)
-            self._out.close(session.conn)
 
     def nodes_waiting(self, now: float) -> int:
         """What ``num_nodes_waiting()`` answers: > 0 also when this node's round cannot go on."""
