@@ -983,6 +983,8 @@ class LeaderTerm:
         for m in due:
             if m.node is None or m.join_id is None:
                 continue
+            if m is not self._self and self._by_node.get(m.node) is not m:
+                continue  # a connection its node no longer uses: its join is not the node's now
             if self.book.parked(m.node):
                 self._set_deadline(m, None)
                 continue
@@ -1070,6 +1072,7 @@ class LeaderTerm:
         if node is None or self._by_node.get(node) is not m:
             return False
         del self._by_node[node]
+        m.join_deadline = None  # (a join it sent is no longer the node's: seed 10029097)
         self._count(m.last, -1)
         return True
 

@@ -664,3 +664,23 @@ def test_a_join_naming_a_round_never_answered_here_costs_the_node_its_connection
     with pytest.raises(TypeError, match="a bug of the leader's own"):
         term.received(11, [{"t": "join", "id": 1, "ip": "198.18.0.3"}], 0.4)
     assert 11 in term.conns
+
+
+def test_a_join_sent_on_a_connection_its_node_no_longer_uses_never_withdraws_its_later_join():
+    """Seed 10029097 of the 2 h run at 124d168: a node's join on its first connection (its
+    deadline at 10.3 s) stayed in the term's deadline heap after that connection closed; the
+    node joined again on a new one (deadline at 66 s), and at 10.3 s the old deadline withdrew
+    the node's new join: a fixed-size job waited for it until its agent gave up."""
+    term = _term(3, 3)
+    _leader_joined(term)
+    _connect(term, 10, 2, 0.2)
+    term.received(10, [{"t": "join", "id": 1, "ip": "x", "timeout_s": 10, "remaining_s": 10}], 0.3)
+    term.closed(10, "closed by the peer", 1.0)
+    _connect(term, 11, 2, 5.0)
+    term.received(11, [{"t": "join", "id": 2, "ip": "x", "timeout_s": 60, "remaining_s": 60}], 6.0)
+    for beat in (8.0, 10.0):
+        term.received(11, [{"t": "hb"}], beat)
+        term.handle_timer(beat)
+    term.handle_timer(10.5)
+    assert 2 in term.book.pending, "the old connection's deadline withdrew the node's new join"
+    assert not any(f["t"] == "timeout" for f in _sent(term).get(11, []))
