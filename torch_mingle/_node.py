@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 from torch_mingle import _following as following
 from torch_mingle import _leading as leading
+from torch_mingle import _requests as requests
 from torch_mingle._advice import Advice
 from torch_mingle._ahead import StoreAhead, Target
 from torch_mingle._ballot import Ballot, NodeState
@@ -87,6 +88,7 @@ from torch_mingle._ready import (
 )
 from torch_mingle._record import assert_never
 from torch_mingle._records import Heard, History, Round, Status
+from torch_mingle._requests import Requests
 from torch_mingle._roles import Electing, Following, Leading, NodeRole
 from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
@@ -134,10 +136,8 @@ class Node:
         self.last_error: str | None = None
         #: The agent's join: its ticket, its answer and its deadline (``_joining``).
         self.joining = Joining()
-        self._arrivals: dict[int, Ticket] = {}
-        self._shutdown: Ticket | None = None
-        self._leaving: Ticket | None = None
-        self._shutdown_deadline = 0.0
+        #: The agent's other requests: arrive, close, shutdown, leave (``_requests``).
+        self.requests = Requests()
         self._store_ports: dict[Claim, list[int]] = {}
         #: The agent's client of the next round's store, opened ahead (``_ahead``).
         self.ahead = StoreAhead()
@@ -151,9 +151,6 @@ class Node:
             if known is not None:
                 core.max_epoch_seen = max(core.max_epoch_seen, known.epoch)
         core.max_epoch_seen = max(core.max_epoch_seen, self.ballot.led)
-        self._pending_close: str | None = None
-        self._close_failed = False
-        self._close_job_failed = False
         self._failure_cut = 0
         self.term_tag = 0
         self._now = 0.0
@@ -252,9 +249,9 @@ class Node:
             case JoinRequested(ticket=ticket):
                 self._request_join(ticket, now)
             case ArriveRequested(ticket=ticket, round_number=number):
-                self._request_arrive(ticket, number, now)
+                requests.arrive(self, ticket, number, now)
             case CloseRequested(why=why, failed=failed):
-                self._request_close(why, now, failed=failed)
+                requests.close(self, why, now, failed=failed)
             case ShutdownRequested(ticket=ticket, close_timeout_s=timeout_s, why=why, failed=failed):
                 self._request_shutdown(ticket, timeout_s, why, now, failed=failed)
             case LeaveRequested(ticket=ticket):
@@ -341,8 +338,8 @@ class Node:
             timer = self.session.next_timer()
             if timer is not None and now >= timer:
                 self.session.handle_timer(now)
-        self._check_tickets(now)
-        self._leaving_deadline(now)
+        requests.expire(self, now)
+        requests.leaving_deadline(self, now)
         if self.advice.due(self, now, unfit=self.unfit):
             self._set_unfit(True, now)
         self.flush(now)
@@ -354,9 +351,7 @@ class Node:
             self.session.next_timer() if self.session is not None else None,
             self.advice.next_timer(unfit=self.unfit),
             join.due if (join := self.joining.open()) is not None else None,
-            self._shutdown_deadline if self._shutdown is not None and not self._shutdown.decided else None,
-            self._leaving.due if self._leaving is not None and not self._leaving.decided else None,
-            *(t.due for t in self._arrivals.values()),
+            self.requests.next_timer(),
         ]
         present = [t for t in times if t is not None]
         return min(present) if present else None
@@ -368,7 +363,7 @@ class Node:
         view = self.core.leader
         if self.term is not None or self.core.role in (Role.CLAIMING, Role.LEADING):
             log.error("%s resigning as leader after an internal error: %s", self.label, self.last_error)
-            self._unlead(f"the leader resigned after an internal error ({self.last_error})", now)
+            self.unlead(f"the leader resigned after an internal error ({self.last_error})", now)
             self.core.abandon(now)
         elif view is not None and not view.is_self:
             # A fresh session with the same leader (it did nothing wrong); also when the error
@@ -385,85 +380,6 @@ class Node:
         self.advice.join_requested(now)
         self.joining.asked(self, ticket, now)
         self.flush(now)
-
-    def _request_arrive(self, ticket: Ticket, round_number: int, now: float) -> None:
-        """The agent enters torch's exit barrier: the leader must know before it counts us."""
-        self._arrivals[ticket.id] = ticket
-        self.extend(ticket, now + ticket.timeout_s)
-        if self.term is not None and self.core.role is Role.LEADING:
-            self.term.arrive_local(ticket.id, round_number, now)
-        elif self.session is not None and self.in_round is not None:
-            self.session.arrive(ticket.id, round_number, self.in_round.epoch)
-        else:
-            self._arrivals.pop(ticket.id)
-            self.resolve(ticket, result=False)
-        self.flush(now)
-
-    def _request_close(self, why: str, now: float, *, failed: bool = False) -> None:
-        """``set_closed()``: no further rounds for anyone (told to the next leader if there is none now).
-
-        ``failed``: the job cannot go on (this node's round cannot start): the members running
-        that round stop their workers too, and every agent fails with ``why``.
-        """
-        self._pending_close = why
-        self._close_failed = self._close_job_failed = failed
-        self.deliver_close(now)
-        self.flush(now)
-
-    def deliver_close(self, now: float) -> None:
-        why = self._pending_close
-        if why is None:
-            return
-        if self.term is not None and self.core.role is Role.LEADING:
-            self.term.close_job(
-                self.settings.node_id, why, now, failed=self._close_failed, job_failed=self._close_job_failed
-            )
-            self._pending_close = None
-        elif self.session is not None and self.session.ready:
-            self.session.close_job(why, failed=self._close_failed, job_failed=self._close_job_failed)
-            self._pending_close = None
-            if self._shutdown is not None and not self._shutdown.decided:
-                self._leave_for_good(now)  # the close of a shutdown waited for this leader
-
-    def _request_shutdown(
-        self, ticket: Ticket, close_timeout_s: float, why: str, now: float, *, failed: bool = False
-    ) -> None:
-        """``shutdown()``: close the job and leave; a leader first waits for the others to leave.
-        ``failed``: this agent failed, and so did the job for the nodes still waiting for a place."""
-        self.ballot.leave()  # (as ``request_leave``)
-        self._shutdown = ticket
-        self._shutdown_deadline = now + close_timeout_s
-        self.joining.give_up(self, "the handler was shut down")
-        if self.term is not None:
-            self.term.close_job(self.settings.node_id, why, now, job_failed=failed)
-            self.term.leave_local(now, self.own_key())
-        else:
-            if self.job_closed:
-                self._pending_close = None
-            elif self._pending_close is None:  # a close still pending (a failed job's) stands
-                self._pending_close, self._close_failed, self._close_job_failed = why, False, failed
-            if (self.session is not None and self.session.ready) or self.job_closed:
-                self.deliver_close(now)  # and leaves, once its close (if any) is out
-                if not ticket.decided:
-                    self._leave_for_good(now)  # the job closed already: nothing to tell
-            else:
-                # Between leaders (ours was just lost): the close goes to the next one, if one
-                # welcomes this node in time; else the others would go on as if it had died.
-                self._shutdown_deadline = now + min(close_timeout_s, self.settings.timeout_s)
-                log.info("%s shutting down: waiting for a leader to tell that the job closed", self.label)
-        self.flush(now)
-
-    def _leave_for_good(self, now: float) -> None:
-        """A follower's shutdown, its close (if any) delivered: its leave goes out, the session ends."""
-        session = self.session
-        if session is not None and session.ready:
-            session.leave(self.own_key())
-            for frame in session.frames():
-                self._out.send(session.conn, frame)
-        following.end_session(self)
-        self.core.stop()
-        if self._shutdown is not None:
-            self.resolve(self._shutdown, result=True)
 
     def alone(self) -> bool:
         """Whether this node is cut off from its job as far as it can tell: it heard no other
@@ -488,68 +404,9 @@ class Node:
         without this node), and it abandons any claim it wins until it is fit again."""
         self.unfit = unfit
         if unfit and self.term is not None:
-            self._unlead("this node's health check failed", now)
+            self.unlead("this node's health check failed", now)
             self.core.abandon(now)
         self.flush(now)
-
-    def _request_leave(self, ticket: Ticket, now: float) -> None:
-        """Leave the job at once (a preemption notice), the job going on without this node.
-
-        The ticket resolves once the others no longer need this node's workers: a follower
-        waits until the leader formed a round without it; a leader until every other member
-        stopped its workers and re-joined, then hands the job to the next member in rank order.
-        Only then may the agent stop its own workers: stopped earlier, they would make the
-        others' workers fail, and those failures would count against ``--max-restarts``.
-        """
-        self.ballot.leave()  # on the disk before the leave goes out: its vote goes with it
-        ticket.due = ticket.deadline  # (the handler's: it waits that long for the others)
-        self._leaving = ticket
-        self.joining.give_up(self, "this node is leaving the job")
-        if self.term is not None:
-            self.term.leave_local(now, self.own_key())
-        elif self.session is not None:
-            self.session.leave(self.own_key())
-        self.flush(now)
-
-    def _leaving_deadline(self, now: float) -> None:
-        """The others did not go on in time: leave anyway (a leader still hands over)."""
-        ticket = self._leaving
-        if ticket is None or ticket.decided or ticket.due is None or now < ticket.due:
-            return
-        if self.term is not None:
-            leading.hand_over(self, now)
-        else:
-            following.end_session(self)
-            self.core.stop()
-        self.resolve(ticket, result=False)
-
-    def _check_leaving(self, now: float) -> None:
-        ticket = self._leaving
-        if ticket is None or ticket.decided:
-            return
-        rnd = self.in_round
-        if self.term is not None:
-            if not self.term.others_rejoined():
-                return
-            log.info("%s leaving: every other member re-joined; handing the job over", self.label)
-            leading.hand_over(self, now)
-        elif self.session is not None and self.session.ready and rnd is not None:
-            status = self.session.status
-            if status is None or (status.epoch == rnd.epoch and status.round <= rnd.number):
-                return  # no round without us yet
-            following.end_session(self)
-            self.core.stop()
-        elif rnd is not None:
-            # Between leaders (ours was lost, with our leave maybe): the leave goes to the next
-            # one that welcomes us (``_session_event``); else, at the deadline, the others keep
-            # our vote (only our own word takes it: ``_evidence``).
-            return
-        else:
-            following.end_session(self)  # not in a round: nobody waits for us
-            self.core.stop()
-            self.resolve(ticket, result=False)
-            return
-        self.resolve(ticket, result=True)
 
     def _report_unreachable(self, claim: Claim, why: str, now: float) -> None:
         """The agent could not reach the round's store: treat the leader as lost by silence."""
@@ -581,9 +438,9 @@ class Node:
                 for sev in session.events():
                     busy = True
                     following.session_event(self, session, sev, now)
-            if self._shutdown is not None and not self._shutdown.decided and self.term is not None:
-                self._finish_leader_shutdown(now)
-            self._check_leaving(now)
+            if self.shutting_down() and self.term is not None:
+                requests.finish_shutdown(self, now)
+            requests.check_leaving(self, now)
             if not busy:
                 break
         self.joining.remember_heard(self)
@@ -594,11 +451,13 @@ class Node:
 
     def leaving(self) -> bool:
         """The agent asked to leave (a preemption notice) and the node has not finished yet."""
-        return self._leaving is not None and not self._leaving.decided
+        leaving = self.requests.leaving
+        return leaving is not None and not leaving.decided
 
     def shutting_down(self) -> bool:
         """The agent shuts down (``shutdown()``) and the node has not finished yet."""
-        return self._shutdown is not None and not self._shutdown.decided
+        shutdown = self.requests.shutdown
+        return shutdown is not None and not shutdown.decided
 
     def waits_for_a_round(self) -> bool:
         """The agent's join waits for an answer."""
@@ -649,6 +508,19 @@ class Node:
         if start is not None:
             self._out.submit(*start)
 
+    # ------------------------------------------------------------ requests (``_requests``)
+
+    def _request_shutdown(
+        self, ticket: Ticket, close_timeout_s: float, why: str, now: float, *, failed: bool = False
+    ) -> None:
+        requests.shutdown(self, ticket, close_timeout_s, why, now, failed=failed)
+
+    def _request_leave(self, ticket: Ticket, now: float) -> None:
+        requests.leave(self, ticket, now)
+
+    def deliver_close(self, now: float) -> None:
+        requests.deliver_close(self, now)
+
     # ------------------------------------------------------------ the leading role (``_leading``)
 
     def _lead(self, epoch: int, now: float) -> None:
@@ -657,7 +529,7 @@ class Node:
     def _start_term(self, port: int, now: float) -> None:
         leading.start_term(self, port, now)
 
-    def _unlead(self, why: str, now: float, *, leaving: bool = False) -> None:
+    def unlead(self, why: str, now: float, *, leaving: bool = False) -> None:
         leading.unlead(self, why, now, leaving=leaving)
 
     # ------------------------------------------------------------ election events
@@ -670,7 +542,7 @@ class Node:
         elif isinstance(ev, SteppedDown):
             log.warning("%s stepping down: %s beats our %s", self.label, ev.winner, ev.own)
             self.on_event(Note("stepped_down", f"stepped down as leader: {ev.winner} beats {ev.own}"))
-            self._unlead(f"this node stepped down as leader ({ev.winner} beats {ev.own})", now)
+            self.unlead(f"this node stepped down as leader ({ev.winner} beats {ev.own})", now)
         elif isinstance(ev, LeaderFound):
             self._leader_found(ev.leader, now)
         elif isinstance(ev, LeaderLost):
@@ -797,9 +669,7 @@ class Node:
     def answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None:
         """The leader's answer to the agent's join or arrive (its own term's, or by ``session``)."""
         if isinstance(answer, Ack):
-            ticket = self._arrivals.pop(answer.ticket, None)
-            if ticket is not None:
-                self.resolve(ticket, result=True)
+            requests.acked(self, answer.ticket)
             return
         self.joining.answer(self, answer, session, now)
 
@@ -830,48 +700,12 @@ class Node:
         """The rounds of the job this node heard of, by any authentic word."""
         return self.core.heard
 
-    def _check_tickets(self, now: float) -> None:
-        self.joining.expire(self, now)
-        for key, ticket in list(self._arrivals.items()):
-            if ticket.due is not None and now >= ticket.due:
-                del self._arrivals[key]
-                self.resolve(ticket, result=False)
-        if self._shutdown is not None and not self._shutdown.decided and now >= self._shutdown_deadline:
-            self._finish_leader_shutdown(now, timed_out=True)
-
-    def _finish_leader_shutdown(self, now: float, *, timed_out: bool = False) -> None:
-        term, ticket = self.term, self._shutdown
-        if ticket is None or ticket.decided:
-            return
-        if term is not None:
-            if not term.all_gone() and not timed_out:
-                return
-            if timed_out:
-                log.warning(
-                    "%s stopping the store although not every node left within close_timeout", self.label
-                )
-            term.release_stores()
-            self._unlead("the leader shut down", now, leaving=True)
-            self.core.resign(now)
-        else:
-            if self._pending_close is not None:
-                log.warning(
-                    "%s shut down without telling the job that it closed: no leader welcomed this "
-                    "node in time; the others treat it as lost",
-                    self.label,
-                )
-            following.end_session(self)
-            self.core.stop()
-        for data, dest in self.core.datagrams_to_send(now):
-            self._out.send_datagram(data, dest)
-        self.resolve(ticket, result=True)
-
     def job_closed_seen(self, why: str, *, failed: bool = False) -> None:
         self.job_closed = True
         self.joining.closed(self, why, self._now, failed=failed)
-        if self._shutdown is not None and not self._shutdown.decided and self.term is None:
-            self._pending_close = None  # closed already: nothing left to tell
-            self._leave_for_good(self._now)
+        if self.shutting_down() and self.term is None:
+            self.requests.pending_close = None  # closed already: nothing left to tell
+            requests.leave_for_good(self, self._now)
 
     def _failure(self, now: float) -> str:
         """Why the job failed, if its leader says so (closed because a round could not start)."""

@@ -918,7 +918,7 @@ class World(Agents[_Agent]):
                 "suspected claims": (len(core._suspected_claims), MAX_SUSPECTS),
                 "store ports": (sum(map(len, node._store_ports.values())), 4 * (ROUND_STORES_KEPT + 1)),
                 "connects ahead": (len(node.ahead.pending), 8),
-                "arrivals": (len(node._arrivals), 4),
+                "arrivals": (len(node.requests.arrivals), 4),
                 "nonces": (core.codec.remembered, MAX_REMEMBERED_NONCES),
                 "readers": (len(sim_node.net.readers) if sim_node.net else 0, 2 * ids + 8),
             }
