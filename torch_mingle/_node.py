@@ -40,6 +40,7 @@ from torch_mingle._claims import (
     SteppedDown,
     Succession,
 )
+from torch_mingle._cuts import StoreCuts
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     FollowerSession,
@@ -51,7 +52,6 @@ from torch_mingle._frames import (
 from torch_mingle._joining import Joining
 from torch_mingle._keys import RoundKey
 from torch_mingle._leader import (
-    ROUND_STORES_KEPT,
     Job,
     LeaderTerm,
     OpenClient,
@@ -138,10 +138,10 @@ class Node:
         self.joining = Joining()
         #: The agent's other requests: arrive, close, shutdown, leave (``_requests``).
         self.requests = Requests()
-        self._store_ports: dict[Claim, list[int]] = {}
+        #: The agent's connections to cut when its leader is lost or its round failed (``_cuts``).
+        self.cuts = StoreCuts()
         #: The agent's client of the next round's store, opened ahead (``_ahead``).
         self.ahead = StoreAhead()
-        self._last_leader_ip: str | None = None
         #: Leaders of our last round that left the job (their ``bye`` said so): they no longer
         #: vote on the next round (sent with every join).
         self.gone: dict[int, RoundKey] = {}
@@ -151,7 +151,6 @@ class Node:
             if known is not None:
                 core.max_epoch_seen = max(core.max_epoch_seen, known.epoch)
         core.max_epoch_seen = max(core.max_epoch_seen, self.ballot.led)
-        self._failure_cut = 0
         self.term_tag = 0
         self._now = 0.0
         #: When it last published its snapshot, and what (``_snapshot``).
@@ -447,7 +446,9 @@ class Node:
         self._connect_ahead()
         self._publish(now, force=self.joining.answered is not None)
         self.joining.hand_over(self)
-        self._stop_failed_round(now)  # after the publish: the agent, cut loose, reads why
+        # After the publish: the agent, cut loose, reads why.
+        own_ip = self.settings.connect_ip if self.term is not None else None
+        self.cuts.round_failed(self._out, self.in_round, self.status(now), own_ip)
 
     def leaving(self) -> bool:
         """The agent asked to leave (a preemption notice) and the node has not finished yet."""
@@ -470,22 +471,6 @@ class Node:
 
     def describe_network(self) -> str:
         return self.routes.describe()
-
-    def _stop_failed_round(self, now: float) -> None:
-        """The job failed while this node runs a round (a member's data path check): its
-        workers must stop. torch's agent may sit in a store call of that round, waiting for
-        keys the failed members never write, and polls nothing meanwhile: cut it loose (its
-        store then says why, see ``AgentStore``); ``nodes_waiting()`` asks for the rest."""
-        rnd = self.in_round
-        if rnd is None or self._failure_cut == rnd.number:
-            return
-        status = self.status(now)
-        if status is None or not status.failure or status.epoch != rnd.epoch:
-            return
-        self._failure_cut = rnd.number
-        ip = self.settings.connect_ip if self.term is not None else self._last_leader_ip
-        if ip:
-            self._out.abort_connections_to(ip, [rnd.store_port], ended=True)
 
     def _connect_ahead(self) -> None:
         """Unless the leader parked this node, open the agent's client of the store the next
@@ -590,11 +575,8 @@ class Node:
             # Published before the cut: an agent woken by it must read that its round is over,
             # or it would try the frozen store again, and block there.
             self._publish(now)
-            ports = self._store_ports.get(claim, [])
-            if self.in_round is not None and ports and self._last_leader_ip:
-                # The agent may sit in a TCPStore call on that leader's store; a frozen store
-                # never answers, and TCPStore's own timeouts do not cover it: cut it loose.
-                self._out.abort_connections_to(self._last_leader_ip, ports, ended=True)
+            if self.in_round is not None:
+                self.cuts.leader_lost(self._out, claim)
         for ip, port in self.ahead.toward(claim):
             # A connect ahead to the lost leader; not ended: if the same leader speaks again
             # (it was only silent), its next round may use that store.
@@ -656,16 +638,6 @@ class Node:
         )  # fmt: skip
         return False
 
-    def _remember_store(self, claim: Claim, port: int) -> None:
-        """A round store of ``claim``'s leader, to cut if that leader is lost. The leader keeps
-        the stores of its last ROUND_STORES_KEPT rounds (and opens the next): older ones are
-        gone, nothing of ours is left in them to cut."""
-        ports = self._store_ports.setdefault(claim, [])
-        ports.append(port)
-        del ports[: -(ROUND_STORES_KEPT + 1)]
-        if len(self._store_ports) > 4:
-            self._store_ports.pop(next(iter(self._store_ports)))
-
     def answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None:
         """The leader's answer to the agent's join or arrive (its own term's, or by ``session``)."""
         if isinstance(answer, Ack):
@@ -688,8 +660,7 @@ class Node:
         )
         self.joining.parked = False  # a member now (a spare admitted without a "wait" frame saying so)
         if session is not None:
-            self._last_leader_ip = session.ip
-            self._remember_store(claim, rnd.store_port)
+            self.cuts.joined(claim, session.ip, rnd.store_port)
         leader_ip = session.ip if session is not None else None
         client = self.ahead.take(claim, rnd.store_port)
         self.joining.decided(Joined(rnd, claim, leader_ip, client))

@@ -916,7 +916,7 @@ class World(Agents[_Agent]):
                 "candidates": (len(core._candidates), MAX_CANDIDATES),
                 "suspects": (len(core._suspects), ids + 8),
                 "suspected claims": (len(core._suspected_claims), MAX_SUSPECTS),
-                "store ports": (sum(map(len, node._store_ports.values())), 4 * (ROUND_STORES_KEPT + 1)),
+                "store ports": (node.cuts.remembered(), 4 * (ROUND_STORES_KEPT + 1)),
                 "connects ahead": (len(node.ahead.pending), 8),
                 "arrivals": (len(node.requests.arrivals), 4),
                 "nonces": (core.codec.remembered, MAX_REMEMBERED_NONCES),

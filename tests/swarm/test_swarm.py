@@ -20,6 +20,8 @@ from tests.swarm.__main__ import main
 from tests.swarm.harness import INVARIANTS, Outcome, run
 from torch_mingle import _evidence, _leader, _rounds
 from torch_mingle._ballot import Ballot
+from torch_mingle._claims import Claim
+from torch_mingle._cuts import StoreCuts
 from torch_mingle._evidence import Evidence, Verdict
 from torch_mingle._node import Node
 from torch_mingle._others import OtherTerms
@@ -160,8 +162,9 @@ def _leader_last(self: RoundBook) -> tuple[int, ...]:
     return (*[n for n in self.pending if n != self.leader], self.leader)
 
 
-def _never_forget_a_store(self: Node, claim: object, port: int) -> None:
-    self._store_ports.setdefault(claim, []).append(port)  # type: ignore[arg-type]
+def _never_forget_a_store(self: StoreCuts, claim: Claim, ip: str, port: int) -> None:
+    self.leader_ip = ip
+    self._ports.setdefault(claim, []).append(port)
 
 
 def _no_deadline(self: _leader.LeaderTerm, m: Any, deadline: float | None) -> None:
@@ -213,7 +216,7 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     # A returning node is held back for ever.
     "recovery": (_frozen_member_comes_back, [(RoundBook, "_hold_end", lambda self, node: float("inf"))]),
     # A node remembers every store of its leader's rounds.
-    "resources": (_many_worker_failures, [(Node, "_remember_store", _never_forget_a_store)]),
+    "resources": (_many_worker_failures, [(StoreCuts, "joined", _never_forget_a_store)]),
     # A joiner of the running round that goes is not taken off the count of those that rejoined.
     "book": (_half_the_job_crashes, [(RoundBook, "_unpend", _unpend_keeping_the_count)]),
 }  # fmt: skip
