@@ -23,7 +23,7 @@ from torch_mingle._ballot import Ballot
 from torch_mingle._claims import Claim
 from torch_mingle._cuts import StoreCuts
 from torch_mingle._evidence import Evidence, Verdict
-from torch_mingle._node import Node
+from torch_mingle._joining import Joining
 from torch_mingle._others import OtherTerms
 from torch_mingle._rounds import RoundBook
 from torch_mingle._wire import Seal
@@ -211,7 +211,7 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     "secret": (_rogue, [(Seal, "check_hello", _lenient(Seal.check_hello)),
                         (Seal, "open", _lenient(Seal.open))]),
     # No join ever times out: a fixed-size job that lost a node waits for ever.
-    "bounded-wait": (_fixed_size_loses_a_node, [(Node, "_set_deadline", lambda self, ticket, at: None),
+    "bounded-wait": (_fixed_size_loses_a_node, [(Joining, "set_due", lambda self, node, ticket, at: None),
                                                 (_leader.LeaderTerm, "_set_deadline", _no_deadline)]),
     # A returning node is held back for ever.
     "recovery": (_frozen_member_comes_back, [(RoundBook, "_hold_end", lambda self, node: float("inf"))]),
