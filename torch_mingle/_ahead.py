@@ -13,7 +13,7 @@ once it is open, and the connects under way, which are cut if their leader is lo
 from __future__ import annotations
 
 from torch_mingle._claims import Claim
-from torch_mingle._leader import OpenClient
+from torch_mingle._jobs import OpenClient
 from torch_mingle._record import field, record
 
 #: A store to open a client of: its leader's claim, the leader's address (None: this node's own

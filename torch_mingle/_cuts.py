@@ -12,7 +12,7 @@ next), so older ones are gone and nothing of the agent's is left in them to cut.
 from __future__ import annotations
 
 from torch_mingle._claims import Claim
-from torch_mingle._leader import ROUND_STORES_KEPT
+from torch_mingle._ports import ROUND_STORES_KEPT
 from torch_mingle._ready import Ready
 from torch_mingle._records import Round, Status
 

@@ -70,8 +70,10 @@ from torch_mingle._frames import (
     Wait,
     from_node,
 )
+from torch_mingle._jobs import Job, OpenExitBarrier, OpenStore
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._notes import Note, Sink, ignore
+from torch_mingle._ports import StorePorts
 from torch_mingle._quorum import quorum_met
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._records import History, Round, Status, gone_to_json, keep_delivered, node_hex
@@ -81,56 +83,16 @@ from torch_mingle._wire import Invalid, Seal, dumps_compact, encode_frame, frame
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
-ROUND_STORES_KEPT = 2
 MAX_CONNECTIONS = 65536
 #: Connections that have not said hello yet. Beyond this many, one of them gives way to each new
 #: one: the oldest of the address that holds the most (``_make_room``), so a host that opens
 #: connections and never says hello (it lacks the secret) only ever pushes out its own.
 MAX_UNIDENTIFIED = 1024
-STORE_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
-#: The next round's store is opened (and offered to every member, who connects to it ahead)
-#: this long after a round formed, not at once: a thousand members connecting to it would
-#: compete with the new round's own start (its agents and workers connecting to its store,
-#: the leader's accept queue). A round needed sooner opens it at once.
-NEXT_STORE_DELAY_S = 1.0
 
 ConnId = int
 #: The heartbeat, encoded once (a thousand members get the same bytes every interval).
 HB_FRAME = encode_frame("hb")
 HB_DIGEST = frame_digest(HB_FRAME)
-
-
-# Jobs for the shell's worker thread (blocking TCPStore work), answered by ``job_done``.
-@record
-class OpenStore:
-    """Open a fresh TCPStore server; the result is its port."""
-
-
-@record
-class OpenExitBarrier:
-    """Mark torch's exit barrier of the round whose store listens on ``port`` as complete."""
-
-    round: int
-    port: int
-
-
-@record
-class ReleaseStores:
-    """Stop the round stores on these ports."""
-
-    ports: tuple[int, ...]
-
-
-@record
-class OpenClient:
-    """Any role: open a client of the store at ``ip:port`` (None: this node's own stores) ahead
-    of the round that will use it; the result is the client (see ``Node._connect_ahead``)."""
-
-    ip: str | None
-    port: int
-
-
-Job = OpenStore | OpenExitBarrier | ReleaseStores | OpenClient
 
 
 #: What the leader's own node is told (it joins without a connection): what a member's
@@ -253,10 +215,7 @@ class LeaderTerm:
     _closes: list[tuple[ConnId, str]] = field(default_factory=list)
     _jobs: list[Job] = field(default_factory=list)
     _local: list[LocalAnswer] = field(default_factory=list)
-    _spare_port: int | None = None
-    _store_requested: bool = False
     _offer_after_decide: list[_Member] = field(default_factory=list)
-    _round_ports: list[int] = field(default_factory=list)
     #: The last formed round's ``members`` frame (``_send_members``), and its digest.
     _members_frame: tuple[Round, bytes, bytes | None] | None = None
     #: The status key of the last pass over every member, and who said hello since.
@@ -289,10 +248,9 @@ class LeaderTerm:
     _joined_since_parking: list[_Member] = field(default_factory=list)
     _deadlines: list[tuple[float, int, _Member]] = field(default_factory=list)  # a heap of join deadlines
     _seq: int = 0
-    _store_failures: int = 0
-    _store_retry_at: float | None = None
     #: When to open the next round's store (``NEXT_STORE_DELAY_S`` after a round formed).
-    _spare_due_at: float | None = None
+    #: Its stores: the next round's spare, its last rounds' (``_ports``).
+    ports: StorePorts = field(default_factory=StorePorts)
     _barrier_opened: int = 0
     _stopped: bool = False
     #: What this term has done, for diagnostics and the scale benchmark's cost per join.
@@ -304,7 +262,7 @@ class LeaderTerm:
         the proposed round's while its votes come in, else the spare one."""
         if self._proposal is not None:
             return self._proposal.port
-        return self._spare_port  # None once the term stood down (``release_stores``)
+        return self.ports.spare  # None once the term stood down (``release_stores``)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -313,8 +271,9 @@ class LeaderTerm:
         return HB_DIGEST if self.seal_key is not None else None
 
     def start(self, now: float) -> None:
+        self.ports.jobs = self._jobs  # one list: the jobs go out in the order they were decided
         self._next_beat = now + self.interval_s
-        self._request_store()
+        self.ports.request(stopped=self._stopped)
         self._update_established()
         self._decide(now)
 
@@ -349,11 +308,8 @@ class LeaderTerm:
 
     def release_stores(self) -> None:
         """Stop every store of the term (it stepped down, or its node shut down)."""
-        proposed = [self._proposal.port] if self._proposal is not None else []
-        ports = [*self._round_ports, *proposed, *([self._spare_port] if self._spare_port is not None else [])]
-        self._round_ports, self._spare_port, self._proposal = [], None, None
-        if ports:
-            self._jobs.append(ReleaseStores(ports=tuple(ports)))
+        self.ports.release_all(self._proposal.port if self._proposal is not None else None)
+        self._proposal = None
 
     # ------------------------------------------------------------ inputs
 
@@ -422,16 +378,11 @@ class LeaderTerm:
 
     def job_done(self, job: Job, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenStore):
-            self._store_requested = False
             if error is not None:
-                self._store_failed(error, now)
+                self.ports.failed(error, now, wanted=self._wanted_form is not None, label=self.label)
                 return
-            self._store_failures = 0
-            if self._stopped:
-                self._jobs.append(ReleaseStores(ports=(int(str(result)),)))
+            if not self.ports.opened(int(str(result)), stopped=self._stopped):  # (a port)
                 return
-            assert isinstance(result, int)  # noqa: S101 - OpenStore answers a port
-            self._spare_port = result
             self._offer_after_decide.extend(m for m in self._by_node.values() if self._may_join_next(m))
             self._decide(now)
         elif isinstance(job, OpenExitBarrier) and error is not None:
@@ -439,12 +390,7 @@ class LeaderTerm:
 
     def handle_timer(self, now: float) -> None:
         self._settle()
-        if self._store_retry_at is not None and now >= self._store_retry_at:
-            self._store_retry_at = None
-            self._request_store()
-        if self._spare_due_at is not None and now >= self._spare_due_at:
-            self._spare_due_at = None
-            self._request_store()
+        self.ports.due(now, stopped=self._stopped)
         if now >= self._next_beat:
             self._next_beat = now + self.interval_s
             self._sweep(now, beat=True)
@@ -464,10 +410,7 @@ class LeaderTerm:
             times.append(self._sweep_at)
         if self._wait_until is not None:
             times.append(self._wait_until)
-        if self._store_retry_at is not None:
-            times.append(self._store_retry_at)
-        if self._spare_due_at is not None:
-            times.append(self._spare_due_at)
+        times.extend(self.ports.timers())
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].join_deadline != deadlines[0][0]:
             heapq.heappop(deadlines)  # that join was answered or its deadline moved
@@ -552,7 +495,8 @@ class LeaderTerm:
 
     def jobs(self) -> list[Job]:
         self._settle()
-        out, self._jobs = self._jobs, []
+        out = list(self._jobs)
+        self._jobs.clear()  # (in place: the stores' part appends to it too, ``start``)
         self.counters.jobs += len(out)
         return out
 
@@ -797,15 +741,13 @@ class LeaderTerm:
             if proposal is not None and proposal.stands(decision):
                 break  # already proposed: waiting for its acceptance
             self._withdraw_proposal()
-            if self._spare_port is None:
+            port = self.ports.take()
+            if port is None:
                 self._wanted_form = decision
-                self._spare_due_at = None  # wanted now
-                if self._store_retry_at is None:
-                    self._request_store()
+                self.ports.wanted_now(stopped=self._stopped)
                 self._wait_until = None
                 break  # proposed as soon as the store is open (job_done)
             self._wanted_form = None
-            port, self._spare_port = self._spare_port, None
             self._propose(decision, port, now)
             if self._proposal is None:
                 continue  # formed at once (a first round): the next decision may be due too
@@ -901,10 +843,8 @@ class LeaderTerm:
     def _withdraw_proposal(self) -> None:
         """Give up the proposal (the decision changed): its store serves the next one."""
         proposal, self._proposal = self._proposal, None
-        if proposal is not None and self._spare_port is None and not self._stopped:
-            self._spare_port = proposal.port
-        elif proposal is not None:
-            self._jobs.append(ReleaseStores(ports=(proposal.port,)))
+        if proposal is not None:
+            self.ports.give_back(proposal.port, stopped=self._stopped)
 
     def _commit(self, now: float) -> None:
         """The proposal won its votes: the round is formed and every member's join is answered."""
@@ -925,14 +865,7 @@ class LeaderTerm:
                     self._send_members(m, rnd)
                 self._answer(m, RoundFormed, status_text=status_json, round=rnd)
                 m.told = key
-        self._round_ports.append(port)
-        old, self._round_ports = (
-            self._round_ports[:-ROUND_STORES_KEPT],
-            self._round_ports[-ROUND_STORES_KEPT:],
-        )
-        if old:
-            self._jobs.append(ReleaseStores(ports=tuple(old)))
-        self._spare_due_at = now + NEXT_STORE_DELAY_S
+        self.ports.formed(port, now)
         self._update_established()
         self._last_call_noted = False
         self.on_event(
@@ -1153,21 +1086,6 @@ class LeaderTerm:
                 self._deadlines = [e for e in self._deadlines if e[2].join_deadline == e[0]]
                 heapq.heapify(self._deadlines)
 
-    def _store_failed(self, error: str, now: float) -> None:
-        """A round store could not be opened: retry with backoff; resign only if a round waits for it."""
-        self._store_failures += 1
-        hint = "; raise `ulimit -n` (see docs/networks.md#limits)" if "Too many open files" in error else ""
-        if self._wanted_form is not None and self._store_failures >= 3:
-            raise RuntimeError(f"cannot open a round store ({self._store_failures} tries): {error}{hint}")
-        delay = STORE_RETRY_S[min(self._store_failures, len(STORE_RETRY_S)) - 1]
-        log.warning("%s cannot open a round store: %s%s; trying again in %gs", self.label, error, hint, delay)
-        self._store_retry_at = now + delay
-
-    def _request_store(self) -> None:
-        if self._spare_port is None and not self._store_requested and not self._stopped:
-            self._store_requested = True
-            self._jobs.append(OpenStore())
-
     def _answer(
         self, m: _Member, kind: type[JoinAnswer], *, status_text: str | None = None, **fields: Any
     ) -> None:
@@ -1221,7 +1139,7 @@ class LeaderTerm:
         """Name the next round's store to a node that waits for a round or runs in the current
         one: it connects to it ahead of time, so the next round costs its agent no connect
         (followers only: the leader's own agent reads ``spare_port``)."""
-        port = self._spare_port
+        port = self.ports.spare
         if port is not None and m.conn is not None and m.connects_ahead and m.offered != port:
             m.offered = port
             self._send(m, "next", port=port)

@@ -46,7 +46,7 @@ from torch_mingle._claims import Dest
 from torch_mingle._evidence import Evidence, of_errno
 from torch_mingle._identity import Identity
 from torch_mingle._interfaces import Interface
-from torch_mingle._leader import Job, OpenClient
+from torch_mingle._jobs import Job, OpenClient
 from torch_mingle._node import Node
 from torch_mingle._outbox import Outbox
 from torch_mingle._ready import (

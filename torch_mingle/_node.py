@@ -49,14 +49,10 @@ from torch_mingle._frames import (
     Ack,
     JoinAnswer,
 )
+from torch_mingle._jobs import Job, OpenClient, ReleaseStores
 from torch_mingle._joining import Joining
 from torch_mingle._keys import RoundKey
-from torch_mingle._leader import (
-    Job,
-    LeaderTerm,
-    OpenClient,
-    ReleaseStores,
-)
+from torch_mingle._leader import LeaderTerm
 from torch_mingle._notes import Note, Sink
 from torch_mingle._protocol import RESIGNED, Discovery
 from torch_mingle._ready import (

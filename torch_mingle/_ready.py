@@ -35,7 +35,7 @@ from typing import Protocol
 from torch_mingle._ballot import NodeState
 from torch_mingle._claims import Claim, Dest
 from torch_mingle._evidence import Evidence
-from torch_mingle._leader import Job
+from torch_mingle._jobs import Job
 from torch_mingle._notes import Note
 from torch_mingle._record import field, record
 from torch_mingle._view import Diagnostics

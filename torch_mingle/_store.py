@@ -39,7 +39,7 @@ from typing import Any
 from torch.distributed import DistError, DistNetworkError, DistStoreError, PrefixStore, Store, TCPStore
 
 from torch_mingle import _faults
-from torch_mingle._leader import Job, OpenExitBarrier, OpenStore, ReleaseStores
+from torch_mingle._jobs import Job, OpenExitBarrier, OpenStore, ReleaseStores
 from torch_mingle._wire import parse_ip
 from torch_mingle.errors import MingleClosedError, MingleStateError
 

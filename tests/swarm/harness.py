@@ -77,8 +77,9 @@ from typing import Any
 from tests.swarm import scenario as sc
 from torch_mingle._claims import Timing
 from torch_mingle._keys import age
-from torch_mingle._leader import ROUND_STORES_KEPT, LeaderTerm
+from torch_mingle._leader import LeaderTerm
 from torch_mingle._order import natural_key
+from torch_mingle._ports import ROUND_STORES_KEPT
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS
 from torch_mingle._ready import HealthJudged
 from torch_mingle._records import Round, node_hex

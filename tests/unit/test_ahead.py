@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch_mingle._ahead import StoreAhead
 from torch_mingle._claims import Claim
-from torch_mingle._leader import OpenClient
+from torch_mingle._jobs import OpenClient
 
 A, B = Claim(1, 0xA), Claim(2, 0xB)
 

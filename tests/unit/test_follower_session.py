@@ -9,7 +9,8 @@ import pytest
 from torch_mingle._claims import Claim
 from torch_mingle._follower import FollowerSession, SessionOver
 from torch_mingle._frames import Join, Propose, RoundFormed
-from torch_mingle._leader import LeaderTerm, OpenStore
+from torch_mingle._jobs import OpenStore
+from torch_mingle._leader import LeaderTerm
 from torch_mingle._records import History, Round, Status
 from torch_mingle._rounds import RoundBook
 from torch_mingle._wire import FrameReader, Seal, derive_key

@@ -18,7 +18,7 @@ from torch_mingle._ballot import NodeState
 from torch_mingle._board import Board
 from torch_mingle._claims import Dest, Event, Role, Timing
 from torch_mingle._evidence import Evidence
-from torch_mingle._leader import Job, OpenStore
+from torch_mingle._jobs import Job, OpenStore
 from torch_mingle._node import Node
 from torch_mingle._protocol import Discovery
 from torch_mingle._ready import (
