@@ -46,7 +46,6 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from torch_mingle import _faults
 from torch_mingle._claims import Claim
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._frames import (
@@ -72,13 +71,14 @@ from torch_mingle._frames import (
 )
 from torch_mingle._jobs import Job, OpenExitBarrier, OpenStore
 from torch_mingle._keys import RoundKey, newest_key
+from torch_mingle._member import ConnId, Member, status_key
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._ports import StorePorts
-from torch_mingle._quorum import quorum_met
+from torch_mingle._proposals import Vote
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._records import History, Round, Status, gone_to_json, keep_delivered, node_hex
 from torch_mingle._rounds import Form, JoinRequest, RoundBook
-from torch_mingle._wire import Invalid, Seal, dumps_compact, encode_frame, frame_digest
+from torch_mingle._wire import Invalid, Seal, encode_frame, frame_digest
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,6 @@ MAX_CONNECTIONS = 65536
 #: connections and never says hello (it lacks the secret) only ever pushes out its own.
 MAX_UNIDENTIFIED = 1024
 
-ConnId = int
 #: The heartbeat, encoded once (a thousand members get the same bytes every interval).
 HB_FRAME = encode_frame("hb")
 HB_DIGEST = frame_digest(HB_FRAME)
@@ -112,72 +111,10 @@ class ControlCounters:
     jobs: int = 0
 
 
-@record(frozen=False)
-class _Member:
-    conn: ConnId | None  # None: the leader's own node
-    opened: float
-    node: int | None = None
-    last_heard: float = 0.0
-    #: (epoch, round, size) of the last round the node was a member of, from its hello or join.
-    last: tuple[int, int, int] | None = None
-    join_id: int | None = None
-    join_deadline: float | None = None
-    join_timeout_s: float = 0.0
-    parked: bool | None = None
-    answered: int | None = None
-    told: tuple[object, ...] | None = None  # the status this member was last sent
-    offered: int | None = None  # the spare store this member was last named
-    connects_ahead: bool = False  # its hello said it reads ``next`` frames (older nodes do not)
-    said_bye: bool = False  # it closes the connection itself, alive (it follows another leader)
-    incarnation: int = 1  # which process of its node id (``_identity``)
-    source: str = ""  # the address it connected from
-    seal: Seal | None = None  # with a secret: its connection's authentication
-    #: The rounds answered on this connection, by number, kept as the follower keeps them
-    #: (``FollowerSession.delivered``): its join names one of them by number (``ref``).
-    delivered: dict[int, Round] = field(default_factory=dict)
-
-
 #: Frames after which the book decides nothing new: heartbeats (a thousand members' beats are
 #: a thousand batches per interval, and a decision looks at every pending join) and accepts
 #: (``_accepted`` decides once the round forms).
 _NO_DECISION = frozenset({Beat, Accept})
-
-
-@record(frozen=False)
-class _Proposal:
-    """A round proposed and not formed yet: who accepted it, and the connections it went to."""
-
-    round: Round
-    form: Form
-    port: int
-    accepted: set[int] = field(default_factory=set)
-    sent: set[ConnId] = field(default_factory=set)
-    #: Per voter set of ``form.constraints``: how many of its voters accepted (a count per
-    #: accept, not a pass over every voter set: a round of 16,384 members gets 16,384 accepts).
-    _have: list[int] = field(default_factory=list)
-
-    def accept(self, node: int) -> bool:
-        """``node`` accepted; True once the round may form (``quorum_met``)."""
-        constraints = self.form.constraints
-        if not self._have:
-            self._have = [0] * len(constraints)
-        if node not in self.accepted:
-            self.accepted.add(node)
-            for i, voters in enumerate(constraints):
-                if node in voters:
-                    self._have[i] += 1
-        return quorum_met(constraints, self.accepted, self._have, every=self.form.unanimous)
-
-    def stands(self, form: Form) -> bool:
-        """Whether the proposal stands against the newer decision ``form``: the same voters to
-        win and the same rounds to cover, and every member still in it. Nodes that joined since
-        wait for the next round (as they would after it formed): proposing again for each join
-        that trickles in would send every member the round again, and might never form it. A
-        first round's voters are its members, so one that gains a member is proposed again."""
-        f = self.form
-        return (f.constraints, f.covers) == (form.constraints, form.covers) and (
-            f.members == form.members or set(f.members) <= set(form.members)
-        )
 
 
 @record(frozen=False)
@@ -192,40 +129,37 @@ class LeaderTerm:
     label: str
     own_history: History | None = None
     hello_timeout_s: float = HELLO_TIMEOUT_S
-    conns: dict[ConnId, _Member] = field(default_factory=dict)
+    conns: dict[ConnId, Member] = field(default_factory=dict)
     established: bool = False
     closed_why: str = ""
     #: The job was closed as failed (``close_job``): its "closed" answers say so.
     closed_failed: bool = False
-    _self: _Member | None = None
-    _by_node: dict[int, _Member] = field(default_factory=dict)
+    _self: Member | None = None
+    _by_node: dict[int, Member] = field(default_factory=dict)
     #: Connections that said no hello yet, by the address they came from, oldest first.
-    _unidentified: dict[str, dict[ConnId, _Member]] = field(default_factory=dict)
+    _unidentified: dict[str, dict[ConnId, Member]] = field(default_factory=dict)
     #: Their number, kept as they come and go (a storm from thousands of addresses must not
     #: cost a pass over them all per connection).
     _unidentified_count: int = 0
-    #: How many identified members report each last round (``_Member.last``), kept as members
+    #: How many identified members report each last round (``Member.last``), kept as members
     #: come, go and join: whether the term is established is then a look at a few keys, not a
     #: pass over every member at every hello (a new leader of a thousand nodes).
     _support: Counter[tuple[int, int, int]] = field(default_factory=Counter)
     #: The join that the current round answered, per member: (its process, its ticket); a
     #: restarted agent's tickets count from 1 again.
-    _delivered: dict[int, tuple[int, int]] = field(default_factory=dict)
     _frames: list[tuple[ConnId, bytes]] = field(default_factory=list)
     _closes: list[tuple[ConnId, str]] = field(default_factory=list)
     _jobs: list[Job] = field(default_factory=list)
     _local: list[LocalAnswer] = field(default_factory=list)
-    _offer_after_decide: list[_Member] = field(default_factory=list)
+    _offer_after_decide: list[Member] = field(default_factory=list)
     #: The last formed round's ``members`` frame (``_send_members``), and its digest.
     _members_frame: tuple[Round, bytes, bytes | None] | None = None
     #: The status key of the last pass over every member, and who said hello since.
     _status_key: tuple[object, ...] | None = None
     _hello_since_status: set[int] = field(default_factory=set)
-    _wanted_form: Form | None = None
     #: The round proposed and waiting for its votes (``_propose``).
-    _proposal: _Proposal | None = None
-    _quorum_logged: str = ""
-    _last_call_noted: bool = False
+    #: The two-phase round: what it proposed and what its decisions keep (``_proposals``).
+    vote: Vote = field(default_factory=Vote)
     #: With a secret: the key every control connection is authenticated with (``Seal``).
     seal_key: bytes | None = None
     #: Where the term's rendezvous events go (``_events``).
@@ -233,7 +167,6 @@ class LeaderTerm:
     #: Set when a term at least as new as this one formed or proposed a round this leader knows
     #: of (its epoch): the node gives this term up for a newer one (``Node._flush_term``).
     outdated_by: int | None = None
-    _wait_until: float | None = None
     #: Frames that may change the decision came in at this time: one decision for the whole
     #: batch, made before any output is read (``_settle``), not one per connection that spoke.
     _decide_due: float | None = None
@@ -245,8 +178,8 @@ class LeaderTerm:
     _now: float = 0.0
     _parking_state: tuple[object, ...] = ()
     #: Joins since the last parking pass: with the round unchanged, only they are looked at.
-    _joined_since_parking: list[_Member] = field(default_factory=list)
-    _deadlines: list[tuple[float, int, _Member]] = field(default_factory=list)  # a heap of join deadlines
+    _joined_since_parking: list[Member] = field(default_factory=list)
+    _deadlines: list[tuple[float, int, Member]] = field(default_factory=list)  # a heap of join deadlines
     _seq: int = 0
     #: When to open the next round's store (``NEXT_STORE_DELAY_S`` after a round formed).
     #: Its stores: the next round's spare, its last rounds' (``_ports``).
@@ -260,8 +193,8 @@ class LeaderTerm:
     def spare_port(self) -> int | None:
         """The store the next round will use, once it is open (this node's agent connects ahead):
         the proposed round's while its votes come in, else the spare one."""
-        if self._proposal is not None:
-            return self._proposal.port
+        if self.vote.current is not None:
+            return self.vote.current.port
         return self.ports.spare  # None once the term stood down (``release_stores``)
 
     # ------------------------------------------------------------ lifecycle
@@ -308,8 +241,8 @@ class LeaderTerm:
 
     def release_stores(self) -> None:
         """Stop every store of the term (it stepped down, or its node shut down)."""
-        self.ports.release_all(self._proposal.port if self._proposal is not None else None)
-        self._proposal = None
+        self.ports.release_all(self.vote.current.port if self.vote.current is not None else None)
+        self.vote.current = None
 
     # ------------------------------------------------------------ inputs
 
@@ -321,7 +254,7 @@ class LeaderTerm:
         if self._unidentified_count >= MAX_UNIDENTIFIED and not self._make_room(source):
             self._closes.append((conn, "too many connections without a hello"))
             return
-        member = self.conns[conn] = _Member(conn=conn, opened=now, last_heard=now, source=source)
+        member = self.conns[conn] = Member(conn=conn, opened=now, last_heard=now, source=source)
         self._unidentified.setdefault(source, {})[conn] = member
         self._unidentified_count += 1
         if self.seal_key is not None:
@@ -379,7 +312,7 @@ class LeaderTerm:
     def job_done(self, job: Job, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenStore):
             if error is not None:
-                self.ports.failed(error, now, wanted=self._wanted_form is not None, label=self.label)
+                self.ports.failed(error, now, wanted=self.vote.wanted is not None, label=self.label)
                 return
             if not self.ports.opened(int(str(result)), stopped=self._stopped):  # (a port)
                 return
@@ -397,8 +330,8 @@ class LeaderTerm:
         elif self._sweep_at is not None and now >= self._sweep_at:
             self._sweep(now, beat=False)
         self._check_joins(now)
-        if self._wait_until is not None and now >= self._wait_until:
-            self._wait_until = None
+        if self.vote.wait_until is not None and now >= self.vote.wait_until:
+            self.vote.wait_until = None
             self._decide(now)
 
     def next_timer(self) -> float | None:
@@ -408,8 +341,8 @@ class LeaderTerm:
         times = [self._next_beat]
         if self._sweep_at is not None:
             times.append(self._sweep_at)
-        if self._wait_until is not None:
-            times.append(self._wait_until)
+        if self.vote.wait_until is not None:
+            times.append(self.vote.wait_until)
         times.extend(self.ports.timers())
         deadlines = self._deadlines
         while deadlines and deadlines[0][2].join_deadline != deadlines[0][0]:
@@ -423,7 +356,7 @@ class LeaderTerm:
     def join_local(self, join: Join, now: float) -> None:
         """The leader's own node joins, as a member's join frame reads (``join.ip``: its own)."""
         if self._self is None:
-            self._self = _Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
+            self._self = Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
         self._asked(self._self, join, now)
         self._decide(now)
 
@@ -440,12 +373,7 @@ class LeaderTerm:
     def _left(self, node: int, said: RoundKey | None) -> None:
         """``node`` leaves the job; ``said``: the newest round it was in or voted for, by its own
         word. What this term saw of it counts too (``RoundBook.known_key``)."""
-        self.book.leave(node, newest_key(said, self._voted_for(node)))
-
-    def _voted_for(self, node: int) -> RoundKey | None:
-        """This term's proposal, if ``node`` accepted it."""
-        p = self._proposal
-        return History.of(p.round).key if p is not None and node in p.accepted else None
+        self.book.leave(node, newest_key(said, self.vote.voted_for(node)))
 
     def others_rejoined(self) -> bool:
         """Every other live member of the current round waits in a join (its workers stopped)."""
@@ -500,12 +428,6 @@ class LeaderTerm:
         self.counters.jobs += len(out)
         return out
 
-    def needs_every_vote(self, number: int) -> bool:
-        """Whether proposal ``number`` stands and forms only once every member voted (a first
-        round: ``Form.unanimous``)."""
-        proposal = self._proposal
-        return proposal is not None and proposal.round.number == number and proposal.form.unanimous
-
     def local(self) -> list[LocalAnswer]:
         self._settle()
         out, self._local = self._local, []
@@ -527,7 +449,7 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ frames in
 
-    def _dispatch(self, m: _Member, frame: NodeFrame, now: float) -> None:
+    def _dispatch(self, m: Member, frame: NodeFrame, now: float) -> None:
         m.last_heard = now
         if m.node is None:
             if isinstance(frame, Hello):
@@ -541,9 +463,9 @@ class LeaderTerm:
             case Join():
                 self._asked(m, frame, now)
             case Accept(ok=True):
-                self._accepted(m.node, frame.round, now)
+                self.vote.accepted(self, m.node, frame.round, now)
             case Accept():
-                self._refused(m, frame, now)
+                self.vote.refused(self, m, frame, now)
             case Arrive():
                 if frame.epoch is None or frame.epoch == self.claim.epoch:
                     self._arrive(m.node, frame.round)
@@ -568,7 +490,7 @@ class LeaderTerm:
             case _:
                 assert_never(frame)
 
-    def _asked(self, m: _Member, join: Join, now: float) -> None:
+    def _asked(self, m: Member, join: Join, now: float) -> None:
         """A join, from a member's connection or from the leader's own node."""
         assert m.node is not None  # noqa: S101 - only identified members join
         req = JoinRequest(
@@ -586,9 +508,9 @@ class LeaderTerm:
         )
         self._join(m, join.ticket, req, join.timeout_s, join.remaining_s, now)
 
-    def _history_of(self, m: _Member, join: Join) -> History | None:
+    def _history_of(self, m: Member, join: Join) -> History | None:
         """A join's last round: sent whole, or (``ref``) by the number of a round answered on
-        this connection (``_Member.delivered``); any other number is a protocol error."""
+        this connection (``Member.delivered``); any other number is a protocol error."""
         if join.ref is None:
             return join.history
         rnd = m.delivered.get(join.ref)
@@ -598,7 +520,7 @@ class LeaderTerm:
         # apart by identity), sharing the round's members and their set: O(1) a join.
         return History.of(rnd)
 
-    def _hello(self, m: _Member, hello: Hello, now: float) -> None:
+    def _hello(self, m: Member, hello: Hello, now: float) -> None:
         node, leader = hello.node, hello.leader
         if node == self.claim.leader:
             self._drop(m, "protocol error: a hello with the leader's own node id", now)
@@ -648,18 +570,18 @@ class LeaderTerm:
         self._send(m, "welcome", epoch=self.claim.epoch, status=status, seen=seen)
         if not self.book.parked(node):
             self._offer_spare(m)  # its agent's first join is likely on its way
-        proposal = self._proposal
+        proposal = self.vote.current
         if proposal is not None and (
             node in proposal.form.members or any(node in c for c in proposal.form.constraints)
         ):
             proposal.sent.add(conn_of(m))
-            self._out(m, self._propose_frame(proposal))  # a vote it may give
+            self._out(m, Vote.frame(proposal))  # a vote it may give
         self._mark_status(now)
         self._update_established()
 
     def _join(
         self,
-        m: _Member,
+        m: Member,
         ticket: int,
         req: JoinRequest,
         timeout_s: float,
@@ -677,7 +599,7 @@ class LeaderTerm:
         rnd = self.book.current
         if (
             rnd is not None
-            and self._delivered.get(node) == (m.incarnation, ticket)
+            and self.vote.delivered.get(node) == (m.incarnation, ticket)
             and self.book.may_resend(node)
         ):
             # The join this round answered, again, on a new connection: the node closed the
@@ -715,175 +637,21 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ decisions
 
-    def _decide(self, now: float) -> None:
-        self._decide_due = None
-        if self._stopped:
-            return
-        _faults.hit("leader.decide")
-        self.outdated_by = self.book.outdated_by()
-        while True:
-            decision = self.book.decide(now)
-            if not isinstance(decision, Form):
-                self._withdraw_proposal()
-                self._wanted_form = None
-                self._wait_until = decision.until
-                if decision.reason.startswith("no quorum") and decision.reason != self._quorum_logged:
-                    self._quorum_logged = decision.reason  # said once, not at every join
-                    log.info("%s the next round waits: %s", self.label, decision.reason)
-                    self.on_event(Note("quorum_wait", f"waits for a quorum: {decision.reason}"))
-                elif decision.reason.startswith("last call") and not self._last_call_noted:
-                    self._last_call_noted = True
-                    self.on_event(
-                        Note("last_call", f"opened the last call of the next round: {decision.reason}")
-                    )
-                break
-            proposal = self._proposal
-            if proposal is not None and proposal.stands(decision):
-                break  # already proposed: waiting for its acceptance
-            self._withdraw_proposal()
-            port = self.ports.take()
-            if port is None:
-                self._wanted_form = decision
-                self.ports.wanted_now(stopped=self._stopped)
-                self._wait_until = None
-                break  # proposed as soon as the store is open (job_done)
-            self._wanted_form = None
-            self._propose(decision, port, now)
-            if self._proposal is None:
-                continue  # formed at once (a first round): the next decision may be due too
-            break
-        self._update_parking(now)
-        self._mark_status(now)
-        # A join that formed a round needs no store ahead; one that still waits does (joins
-        # seen in this batch, and every waiting join and running member when a new spare
-        # store opened).
-        for m in self._offer_after_decide:
-            if self._may_join_next(m):
-                self._offer_spare(m)
-        self._offer_after_decide.clear()
-
-    def _propose(self, form: Form, port: int, now: float) -> None:
-        """Propose the round ``form`` decided: its members and the voters it needs record it
-        and answer ``accept``; it forms once ``quorum_met`` (at once when it needs no votes)."""
-        rnd = Round(
-            number=form.number,
-            epoch=self.claim.epoch,
-            members=form.members,
-            store_ip=self.advertised_ip,
-            store_port=port,
-            ips=form.ips,
-            dports=form.dports,
-            pports=form.pports,
-            base=form.base_key,
-            lines=form.lines,
-        )
-        self.book.proposed(rnd.number)
-        proposal = _Proposal(rnd, form, port)
-        self._proposal = proposal
-        if not form.constraints:
-            self._commit(now)
-            return
-        audience = set(form.members).union(*form.constraints)
-        frame = self._propose_frame(proposal)
-        digest = frame_digest(frame) if self.seal_key is not None else None
-        for node in audience:
-            m = self._by_node.get(node)
-            if m is not None and m.conn is not None:
-                proposal.sent.add(m.conn)
-                self._out(m, frame, digest)
-        if self.claim.leader in audience:
-            self._local.append(Propose(rnd, form.base, frozenset(form.covers)))
-        log.debug(
-            "%s round %d proposed (%s): %d member(s), %d voter set(s) to win",
-            self.label, rnd.number, form.reason, len(form.members), len(form.constraints),
-        )  # fmt: skip
-
-    @staticmethod
-    def _propose_frame(proposal: _Proposal) -> bytes:
-        form = proposal.form
-        covers = [[e, node_hex(leader), r] for e, leader, r in form.covers]
-        return encode_frame(
-            "propose", base=form.base, covers=covers, encoded={"round": proposal.round.encoded}
-        )
-
     def accept_local(self, number: int, now: float) -> None:
         """The leader's own node recorded the proposal ``number`` (its state file is written)."""
-        self._accepted(self.claim.leader, number, now)
+        self.vote.accepted(self, self.claim.leader, number, now)
 
-    def _accepted(self, node: int, number: int, now: float) -> None:
-        proposal = self._proposal
-        if proposal is None or proposal.round.number != number:
-            return  # an answer to a proposal given up since
-        if proposal.accept(node):
-            self._commit(now)
-            self._decide(now)
+    # ------------------------------------------------------------ the vote (``_proposals``)
 
-    def _refused(self, m: _Member, refusal: Accept, now: float) -> None:
-        """A node did not accept: the proposal did not account for what it knows (a newer round,
-        or a proposal of another term it accepted). The book learns it; the leader decides again."""
-        history, accepted = refusal.history, refusal.accepted
-        assert m.node is not None  # noqa: S101 - only identified members answer proposals
-        log.info(
-            "%s node %s refused round %s: it knows %s and accepted %s",
-            self.label, node_hex(m.node), refusal.round, history, accepted,
-        )  # fmt: skip
-        self.book.learn(history, accepted)
-        proposal = self._proposal
-        if history is None and accepted is None and proposal is not None and proposal.form.unanimous:
-            log.warning(
-                "%s node %s refused the first round and knows of no other: it cannot record its "
-                "vote (its state directory?); the round forms without it, it joins the next one",
-                self.label, node_hex(m.node),
-            )  # fmt: skip
-            self.book.abstain(m.node)
-        if proposal is not None and refusal.round == proposal.round.number:
-            self._withdraw_proposal()  # (a refusal of one given up since changes nothing)
-        self._decide(now)
+    def _decide(self, now: float) -> None:
+        self.vote.decide(self, now)
 
-    def _withdraw_proposal(self) -> None:
-        """Give up the proposal (the decision changed): its store serves the next one."""
-        proposal, self._proposal = self._proposal, None
-        if proposal is not None:
-            self.ports.give_back(proposal.port, stopped=self._stopped)
+    def _propose(self, form: Form, port: int, now: float) -> None:
+        self.vote.propose(self, form, port, now)
 
-    def _commit(self, now: float) -> None:
-        """The proposal won its votes: the round is formed and every member's join is answered."""
-        proposal, self._proposal = self._proposal, None
-        assert proposal is not None  # noqa: S101 - called with one
-        rnd, port = proposal.round, proposal.port
-        self.book.formed(rnd, now)
-        # Each member's round carries the status it runs under, so that no status frame
-        # follows it (a second read and wake-up on every member as the round starts).
-        status = self.book.status(now)
-        key, status_json = _status_key(status), dumps_compact(status.to_json())
-        self._delivered = {}
-        for node in rnd.members:
-            m = self._self if node == self.claim.leader else self._by_node.get(node)
-            if m is not None and m.join_id is not None:
-                self._delivered[node] = (m.incarnation, m.join_id)
-                if m.conn is not None and m.conn not in proposal.sent:
-                    self._send_members(m, rnd)
-                self._answer(m, RoundFormed, status_text=status_json, round=rnd)
-                m.told = key
-        self.ports.formed(port, now)
-        self._update_established()
-        self._last_call_noted = False
-        self.on_event(
-            Note(
-                "round_complete",
-                f"marked round {rnd.number} as complete ({proposal.form.reason})",
-                master_endpoint=f"{rnd.store_ip}:{port}",
-            )
-        )
-        log.info(
-            "%s round %d formed (%s): world size %d, store port %d, members %s",
-            self.label,
-            rnd.number,
-            proposal.form.reason,
-            rnd.world_size,
-            port,
-            " ".join(node_hex(n) for n in rnd.members),
-        )
+    def needs_every_vote(self, number: int) -> bool:
+        """Whether proposal ``number`` stands and forms only once every member voted."""
+        return self.vote.needs_every_vote(number)
 
     def _update_parking(self, now: float) -> None:
         # Parking depends on the round only (running, stale, closed) and on who joined since:
@@ -992,13 +760,13 @@ class LeaderTerm:
         else:
             self._sweep_at = max(earliest, now + self.interval_s / 10)
 
-    def _drop(self, m: _Member, why: str, now: float, evidence: Evidence = Evidence.BROKEN) -> None:
+    def _drop(self, m: Member, why: str, now: float, evidence: Evidence = Evidence.BROKEN) -> None:
         """Close ``m``'s connection: it broke the protocol, or (``evidence``) went silent."""
         self._close(m, why)
         if m.node is not None and self._forget(m):
             self._node_lost(m.node, why, now, votes=judge(evidence).votes)
 
-    def _forget(self, m: _Member, node: int | None = None) -> bool:
+    def _forget(self, m: Member, node: int | None = None) -> bool:
         """``m`` is no longer the member of its node (``node``: the one it was before it was
         superseded); False if it was not."""
         node = m.node if node is None else node
@@ -1009,7 +777,7 @@ class LeaderTerm:
         self._count(m.last, -1)
         return True
 
-    def _set_last(self, m: _Member, last: tuple[int, int, int] | None) -> None:
+    def _set_last(self, m: Member, last: tuple[int, int, int] | None) -> None:
         """The last round ``m`` reports, counted if it is its node's member."""
         counted = m.node is not None and self._by_node.get(m.node) is m
         if counted:
@@ -1029,7 +797,7 @@ class LeaderTerm:
         if self.book.ledger.has_left(node):
             return
         if not votes:
-            self.book.said_it_left(node, self._voted_for(node))
+            self.book.said_it_left(node, self.vote.voted_for(node))
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
             log.warning("%s node %s is lost: %s", self.label, node_hex(node), why)
@@ -1071,13 +839,13 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ helpers
 
-    def _members(self) -> list[_Member]:
+    def _members(self) -> list[Member]:
         out = list(self._by_node.values())
         if self._self is not None:
             out.append(self._self)
         return out
 
-    def _set_deadline(self, m: _Member, deadline: float | None) -> None:
+    def _set_deadline(self, m: Member, deadline: float | None) -> None:
         m.join_deadline = deadline
         if deadline is not None:
             self._seq += 1
@@ -1087,7 +855,7 @@ class LeaderTerm:
                 heapq.heapify(self._deadlines)
 
     def _answer(
-        self, m: _Member, kind: type[JoinAnswer], *, status_text: str | None = None, **fields: Any
+        self, m: Member, kind: type[JoinAnswer], *, status_text: str | None = None, **fields: Any
     ) -> None:
         """Answer a member's join with a ``kind`` of ``fields`` (``status_text``: the status a
         round runs under, as JSON text encoded once for all its members)."""
@@ -1109,7 +877,7 @@ class LeaderTerm:
         else:
             self._send_record(m, answer)
 
-    def _send_members(self, m: _Member, rnd: Round) -> None:
+    def _send_members(self, m: Member, rnd: Round) -> None:
         """The formed round ``rnd`` to a member that did not get it as a proposal; the answer
         that follows names it by number. Encoded once per round, the same bytes for every
         member (one frame of N members built per member made a round O(N**2) in the leader)."""
@@ -1120,7 +888,7 @@ class LeaderTerm:
             cached = self._members_frame = (rnd, frame, digest)
         self._out(m, cached[1], cached[2])
 
-    def _may_join_next(self, m: _Member) -> bool:
+    def _may_join_next(self, m: Member) -> bool:
         """A node whose agent will likely be in the next round: its join waits, unparked, or it
         runs in the current round (which the next one replaces after a failure or a change)."""
         if m.parked:
@@ -1135,7 +903,7 @@ class LeaderTerm:
             and node not in book.arrived  # in torch's exit barrier: its job is done
         )
 
-    def _offer_spare(self, m: _Member) -> None:
+    def _offer_spare(self, m: Member) -> None:
         """Name the next round's store to a node that waits for a round or runs in the current
         one: it connects to it ahead of time, so the next round costs its agent no connect
         (followers only: the leader's own agent reads ``spare_port``)."""
@@ -1144,15 +912,15 @@ class LeaderTerm:
             m.offered = port
             self._send(m, "next", port=port)
 
-    def _send_record(self, m: _Member, frame: Wait | Retry | JoinTimedOut | JobClosed | Ack) -> None:
+    def _send_record(self, m: Member, frame: Wait | Retry | JoinTimedOut | JobClosed | Ack) -> None:
         if m.conn is not None:
             self._out(m, frame.encode())
 
-    def _send(self, m: _Member, kind: str, *, encoded: dict[str, str] | None = None, **fields: Any) -> None:
+    def _send(self, m: Member, kind: str, *, encoded: dict[str, str] | None = None, **fields: Any) -> None:
         if m.conn is not None:
             self._out(m, encode_frame(kind, encoded=encoded, **fields))
 
-    def _out(self, m: _Member, frame: bytes, digest: bytes | None = None) -> None:
+    def _out(self, m: Member, frame: bytes, digest: bytes | None = None) -> None:
         """Send ``frame`` to ``m`` (sealed with its connection's key, with a secret: ``Seal``;
         ``digest``: the frame's, computed once for a frame sent to many)."""
         if m.conn is None:
@@ -1163,12 +931,12 @@ class LeaderTerm:
             frame = m.seal.seal(frame, digest)
         self._frames.append((m.conn, frame))
 
-    def _close(self, m: _Member, why: str) -> None:
+    def _close(self, m: Member, why: str) -> None:
         if m.conn is not None and self.conns.pop(m.conn, None) is not None:
             self._closes.append((m.conn, why))
         self._identified(m)
 
-    def _identified(self, m: _Member) -> None:
+    def _identified(self, m: Member) -> None:
         """``m`` said hello, or is gone: no longer among the unidentified connections."""
         waiting = self._unidentified.get(m.source)
         if waiting is None or m.conn is None or waiting.pop(m.conn, None) is None:
@@ -1211,7 +979,7 @@ class LeaderTerm:
         rnd = self.book.current
         if rnd is None:
             return
-        key = _status_key(status)
+        key = status_key(status)
         # Each join changes the status, rarely the key: then only members that connected since
         # the last pass can be untold (a pass per join over every member is O(N**2) a round).
         audience: Iterable[int] = (
@@ -1233,11 +1001,6 @@ class LeaderTerm:
             self._out(m, frame, digest)
 
 
-def _status_key(status: Status) -> tuple[object, ...]:
-    """What of a status a running member acts on: a member told this key needs no new frame."""
-    return (status.epoch, status.round, status.size, status.stale, status.closed, min(status.waiting, 1))
-
-
-def conn_of(m: _Member) -> ConnId:
+def conn_of(m: Member) -> ConnId:
     assert m.conn is not None  # noqa: S101 - a follower's member has its connection
     return m.conn

@@ -31,7 +31,7 @@ def quorum_met(
     it must win (``Form.constraints``), and, with ``every``, all of the first one (a round
     formed from no base, whose members must each know of it, ``Form.unanimous``): then the
     round is formed. ``counts``: how many
-    of each voter set accepted, where the caller keeps them per accept (``_leader._Proposal``).
+    of each voter set accepted, where the caller keeps them per accept (``_proposals.Proposal``).
 
     Invariant: two proposals that both meet a voter set's majority share a node that accepted
     both, and a node accepts a second only if its leader accounted for the first

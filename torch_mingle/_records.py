@@ -18,7 +18,7 @@ from torch_mingle._record import field, record
 from torch_mingle._wire import deflated, dumps_compact, inflated, parse_ip
 
 #: Rounds both ends of a control connection remember as answered on it (the leader's
-#: ``_Member.delivered``, the follower's ``FollowerSession.delivered``): a join names one of
+#: ``Member.delivered``, the follower's ``FollowerSession.delivered``): a join names one of
 #: them by number. Both keep them the same way, so they always agree.
 MAX_ROUNDS_DELIVERED = 4
 

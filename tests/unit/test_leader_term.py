@@ -104,7 +104,7 @@ def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
             assert isinstance(frames, list)
             out.setdefault(conn, []).extend(frames)
             for f in frames:
-                proposal = term._proposal  # only what still waits for votes (``_vote`` answered the rest)
+                proposal = term.vote.current  # only what still waits for votes (``_vote`` answered the rest)
                 number = f["round"]["round"] if f["t"] == "propose" else None
                 if proposal is not None and proposal.round.number == number and conn in term.conns:
                     term.received(conn, [{"t": "accept", "round": number, "ok": True}], term._now)
@@ -437,8 +437,8 @@ def test_a_proposal_stands_when_a_node_joins_during_it_and_the_node_waits_for_th
     hello = {"t": "hello", "node": f"{4:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "198.18.0.4"}
     term.received(12, [hello], 1.6)
     term.received(12, [{"t": "join", "id": 1, "ip": "198.18.0.4", "timeout": 60, "remaining": 60}], 1.6)
-    assert _proposed(term) == [] and term._proposal is not None
-    assert term._proposal.round.number == number  # the same proposal: not sent again to everyone
+    assert _proposed(term) == [] and term.vote.current is not None
+    assert term.vote.current.round.number == number  # the same proposal: not sent again to everyone
     for conn in (10, 11):
         term.received(conn, [{"t": "accept", "round": number, "ok": True}], 1.7)
     assert term.book.current is not None and term.book.current.number == number
@@ -451,7 +451,7 @@ def test_a_refusal_of_a_proposal_given_up_since_does_not_withdraw_the_current_on
     number = _proposed(term)[0][1]["round"]["round"]
     refusal = {"t": "accept", "round": number - 1, "ok": False, "history": None, "accepted": None}
     term.received(10, [refusal], 1.6)
-    assert term._proposal is not None and term._proposal.round.number == number
+    assert term.vote.current is not None and term.vote.current.round.number == number
     assert _proposed(term) == []
 
 
