@@ -40,10 +40,8 @@ the shell's worker thread (``jobs()``) and answers for the leader's own node (``
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 from collections import Counter
-from collections.abc import Iterable
 from typing import Any
 
 from torch_mingle._claims import Claim
@@ -71,10 +69,11 @@ from torch_mingle._frames import (
 )
 from torch_mingle._jobs import Job, OpenExitBarrier, OpenStore
 from torch_mingle._keys import RoundKey, newest_key
-from torch_mingle._member import ConnId, Member, status_key
+from torch_mingle._member import ConnId, Member
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._ports import StorePorts
 from torch_mingle._proposals import Vote
+from torch_mingle._push import StatusPush
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._records import History, Round, Status, gone_to_json, keep_delivered, node_hex
 from torch_mingle._rounds import Form, JoinRequest, RoundBook
@@ -155,8 +154,8 @@ class LeaderTerm:
     #: The last formed round's ``members`` frame (``_send_members``), and its digest.
     _members_frame: tuple[Round, bytes, bytes | None] | None = None
     #: The status key of the last pass over every member, and who said hello since.
-    _status_key: tuple[object, ...] | None = None
-    _hello_since_status: set[int] = field(default_factory=set)
+    #: What it pushes to its round's members, and to whom (``_push``).
+    push: StatusPush = field(default_factory=StatusPush)
     #: The round proposed and waiting for its votes (``_propose``).
     #: The two-phase round: what it proposed and what its decisions keep (``_proposals``).
     vote: Vote = field(default_factory=Vote)
@@ -173,8 +172,6 @@ class LeaderTerm:
     _next_beat: float = 0.0
     #: A sweep for silent members before the next beat: the first one's bound ends sooner.
     _sweep_at: float | None = None
-    _status: Status | None = None
-    _status_dirty: bool = False
     _now: float = 0.0
     _parking_state: tuple[object, ...] = ()
     #: Joins since the last parking pass: with the round unchanged, only they are looked at.
@@ -411,7 +408,8 @@ class LeaderTerm:
 
     def frames(self) -> list[tuple[ConnId, bytes]]:
         self._settle()
-        self._flush_status()
+        if not self._stopped:
+            self.push.flush(self.book, self._by_node, self._out, sealed=self.seal_key is not None)
         out, self._frames = self._frames, []
         self.counters.frames_out += len(out)
         return out
@@ -563,7 +561,7 @@ class LeaderTerm:
         self._by_node[node] = m
         self._set_last(m, hello.last)
         self.book.hear(hello.seen)
-        self._hello_since_status.add(node)
+        self.push.hello(node)
         self.book.ips[node] = hello.ip
         status = self.book.status(now).to_json()
         seen = self.book.highest_heard().to_json()
@@ -912,6 +910,10 @@ class LeaderTerm:
             m.offered = port
             self._send(m, "next", port=port)
 
+    def _mark_status(self, now: float) -> None:
+        self.push.mark(now)
+        self._now = now
+
     def _send_record(self, m: Member, frame: Wait | Retry | JoinTimedOut | JobClosed | Ack) -> None:
         if m.conn is not None:
             self._out(m, frame.encode())
@@ -957,48 +959,6 @@ class LeaderTerm:
             return False  # ``source`` holds the most (its oldest would be the one to go)
         self._close(oldest, f"gave way: {len(busiest)} connections from {oldest.source or '?'} said no hello")
         return True
-
-    def _mark_status(self, now: float) -> None:
-        self._status_dirty = True
-        self._now = now
-
-    def _flush_status(self) -> None:
-        """Push the status to the members of the running round whose answer it changes.
-
-        Only a member that runs the current round reads it (``num_nodes_waiting``, closed); it
-        needs to hear when it must restart or stop, not every join: with N nodes that keeps a
-        round at O(N) frames instead of O(N**2).
-        """
-        if not self._status_dirty or self._stopped:
-            return
-        self._status_dirty = False
-        status = self.book.status(self._now)
-        if status == self._status:
-            return
-        self._status = status
-        rnd = self.book.current
-        if rnd is None:
-            return
-        key = status_key(status)
-        # Each join changes the status, rarely the key: then only members that connected since
-        # the last pass can be untold (a pass per join over every member is O(N**2) a round).
-        audience: Iterable[int] = (
-            rnd.members if key != self._status_key else self._hello_since_status & rnd.member_set
-        )
-        self._status_key, self._hello_since_status = key, set()
-        # A preempted node that left waits, still connected, for the round without it.
-        leaving = [n for n in self.book.ledger.leavers() if n in self._by_node and n not in rnd.member_set]
-        frame = b""
-        digest: bytes | None = None
-        for node in itertools.chain(audience, leaving):
-            m = self._by_node.get(node)
-            if m is None or m.conn is None or m.told == key or node in self.book.pending:
-                continue
-            if not frame:
-                frame = encode_frame("status", status=status.to_json())
-                digest = frame_digest(frame) if self.seal_key is not None else None
-            m.told = key
-            self._out(m, frame, digest)
 
 
 def conn_of(m: Member) -> ConnId:
