@@ -45,6 +45,7 @@ from collections import Counter
 from typing import Any
 
 from torch_mingle._claims import Claim
+from torch_mingle._door import Door
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._frames import (
     Accept,
@@ -83,10 +84,6 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 65536
-#: Connections that have not said hello yet. Beyond this many, one of them gives way to each new
-#: one: the oldest of the address that holds the most (``_make_room``), so a host that opens
-#: connections and never says hello (it lacks the secret) only ever pushes out its own.
-MAX_UNIDENTIFIED = 1024
 
 #: The heartbeat, encoded once (a thousand members get the same bytes every interval).
 HB_FRAME = encode_frame("hb")
@@ -135,11 +132,8 @@ class LeaderTerm:
     closed_failed: bool = False
     _self: Member | None = None
     _by_node: dict[int, Member] = field(default_factory=dict)
-    #: Connections that said no hello yet, by the address they came from, oldest first.
-    _unidentified: dict[str, dict[ConnId, Member]] = field(default_factory=dict)
-    #: Their number, kept as they come and go (a storm from thousands of addresses must not
-    #: cost a pass over them all per connection).
-    _unidentified_count: int = 0
+    #: Connections that said no hello yet, by the address they came from (``_door``).
+    door: Door = field(default_factory=Door)
     #: How many identified members report each last round (``Member.last``), kept as members
     #: come, go and join: whether the term is established is then a look at a few keys, not a
     #: pass over every member at every hello (a new leader of a thousand nodes).
@@ -248,12 +242,15 @@ class LeaderTerm:
         if len(self.conns) >= MAX_CONNECTIONS:
             self._closes.append((conn, "too many connections"))
             return
-        if self._unidentified_count >= MAX_UNIDENTIFIED and not self._make_room(source):
-            self._closes.append((conn, "too many connections without a hello"))
-            return
+        if self.door.full():
+            victim = self.door.give_way(source)
+            if victim is None:
+                self._closes.append((conn, "too many connections without a hello"))
+                return
+            oldest, held = victim
+            self._close(oldest, f"gave way: {held} connections from {oldest.source or '?'} said no hello")
         member = self.conns[conn] = Member(conn=conn, opened=now, last_heard=now, source=source)
-        self._unidentified.setdefault(source, {})[conn] = member
-        self._unidentified_count += 1
+        self.door.add(member)
         if self.seal_key is not None:
             member.seal = Seal(self.seal_key, leader=True)
             self._frames.append((conn, member.seal.challenge()))
@@ -265,7 +262,7 @@ class LeaderTerm:
         member = self.conns.pop(conn, None)
         if member is None or member.node is None:
             if member is not None:
-                self._identified(member)
+                self.door.passed(member)
             return
         if self._forget(member):
             rnd = self.book.current
@@ -554,7 +551,7 @@ class LeaderTerm:
                 # and its workers are gone, and its round with them.
                 self.book.died(node, f"a new process of the node started (incarnation {inc})")
         m.node = node
-        self._identified(m)
+        self.door.passed(m)
         m.connects_ahead = hello.ahead
         if old is not None:
             self._forget(old, node)
@@ -936,29 +933,7 @@ class LeaderTerm:
     def _close(self, m: Member, why: str) -> None:
         if m.conn is not None and self.conns.pop(m.conn, None) is not None:
             self._closes.append((m.conn, why))
-        self._identified(m)
-
-    def _identified(self, m: Member) -> None:
-        """``m`` said hello, or is gone: no longer among the unidentified connections."""
-        waiting = self._unidentified.get(m.source)
-        if waiting is None or m.conn is None or waiting.pop(m.conn, None) is None:
-            return
-        self._unidentified_count -= 1
-        if not waiting:
-            del self._unidentified[m.source]
-
-    def _make_room(self, source: str) -> bool:
-        """The unidentified connections are at their cap and one comes from ``source``: the oldest
-        of the address holding the most gives way, unless that is ``source`` itself (then the new
-        one is refused, first come first served, as a herd of one host's nodes wants). A node's
-        hello takes milliseconds, so a flood from one host (or many) never keeps out a node
-        connecting from elsewhere. False: nothing gave way."""
-        busiest = max(self._unidentified.values(), key=len)
-        oldest = next(iter(busiest.values()))
-        if len(self._unidentified.get(source, ())) >= len(busiest):
-            return False  # ``source`` holds the most (its oldest would be the one to go)
-        self._close(oldest, f"gave way: {len(busiest)} connections from {oldest.source or '?'} said no hello")
-        return True
+        self.door.passed(m)
 
 
 def conn_of(m: Member) -> ConnId:

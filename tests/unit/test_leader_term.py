@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from torch_mingle._claims import Claim
+from torch_mingle._door import MAX_UNIDENTIFIED
 from torch_mingle._frames import Join, Propose
 from torch_mingle._jobs import OpenStore
-from torch_mingle._leader import MAX_UNIDENTIFIED, LeaderTerm
+from torch_mingle._leader import LeaderTerm
 from torch_mingle._ports import NEXT_STORE_DELAY_S
 from torch_mingle._records import History, Round, node_hex
 from torch_mingle._rounds import RoundBook, Wait
