@@ -39,12 +39,12 @@ the shell's worker thread (``jobs()``) and answers for the leader's own node (``
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections import Counter
 from typing import Any
 
 from torch_mingle._claims import Claim
+from torch_mingle._desk import JoinDesk
 from torch_mingle._door import Door
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._frames import (
@@ -64,7 +64,6 @@ from torch_mingle._frames import (
     OutOfContext,
     Propose,
     Retry,
-    RoundFormed,
     Wait,
     from_node,
 )
@@ -76,8 +75,8 @@ from torch_mingle._ports import StorePorts
 from torch_mingle._proposals import Vote
 from torch_mingle._push import StatusPush
 from torch_mingle._record import assert_never, field, record
-from torch_mingle._records import History, Round, Status, gone_to_json, keep_delivered, node_hex
-from torch_mingle._rounds import Form, JoinRequest, RoundBook
+from torch_mingle._records import History, Round, Status, gone_to_json, node_hex
+from torch_mingle._rounds import Form, RoundBook
 from torch_mingle._wire import Invalid, Seal, encode_frame, frame_digest
 
 log = logging.getLogger(__name__)
@@ -145,12 +144,10 @@ class LeaderTerm:
     _jobs: list[Job] = field(default_factory=list)
     _local: list[LocalAnswer] = field(default_factory=list)
     _offer_after_decide: list[Member] = field(default_factory=list)
-    #: The last formed round's ``members`` frame (``_send_members``), and its digest.
-    _members_frame: tuple[Round, bytes, bytes | None] | None = None
-    #: The status key of the last pass over every member, and who said hello since.
+    #: Its members' joins: their answers, deadlines and parking (``_desk``).
+    desk: JoinDesk = field(default_factory=JoinDesk)
     #: What it pushes to its round's members, and to whom (``_push``).
     push: StatusPush = field(default_factory=StatusPush)
-    #: The round proposed and waiting for its votes (``_propose``).
     #: The two-phase round: what it proposed and what its decisions keep (``_proposals``).
     vote: Vote = field(default_factory=Vote)
     #: With a secret: the key every control connection is authenticated with (``Seal``).
@@ -167,11 +164,6 @@ class LeaderTerm:
     #: A sweep for silent members before the next beat: the first one's bound ends sooner.
     _sweep_at: float | None = None
     _now: float = 0.0
-    _parking_state: tuple[object, ...] = ()
-    #: Joins since the last parking pass: with the round unchanged, only they are looked at.
-    _joined_since_parking: list[Member] = field(default_factory=list)
-    _deadlines: list[tuple[float, int, Member]] = field(default_factory=list)  # a heap of join deadlines
-    _seq: int = 0
     #: When to open the next round's store (``NEXT_STORE_DELAY_S`` after a round formed).
     #: Its stores: the next round's spare, its last rounds' (``_ports``).
     ports: StorePorts = field(default_factory=StorePorts)
@@ -207,9 +199,9 @@ class LeaderTerm:
         if self._stopped:
             return
         self._stopped = True
-        for m in list(self._members()):
+        for m in list(self.desk.members(self)):
             if m.join_id is not None:
-                self._answer(m, Retry, why=why)
+                self.desk.answer(self, m, Retry, why=why)
         # Alive and staying: the members must not count this node as gone; leaving: they must.
         # Either way they learn who of the round is gone: the next leader's voting set.
         # Each with the newest round it was in or voted for: only that round's successor counts
@@ -310,7 +302,9 @@ class LeaderTerm:
                 return
             if not self.ports.opened(int(str(result)), stopped=self._stopped):  # (a port)
                 return
-            self._offer_after_decide.extend(m for m in self._by_node.values() if self._may_join_next(m))
+            self._offer_after_decide.extend(
+                m for m in self._by_node.values() if self.desk.may_join_next(self, m)
+            )
             self._decide(now)
         elif isinstance(job, OpenExitBarrier) and error is not None:
             log.warning("%s could not open the exit barrier of round %d: %s", self.label, job.round, error)
@@ -323,7 +317,7 @@ class LeaderTerm:
             self._sweep(now, beat=True)
         elif self._sweep_at is not None and now >= self._sweep_at:
             self._sweep(now, beat=False)
-        self._check_joins(now)
+        self.desk.check_joins(self, now)
         if self.vote.wait_until is not None and now >= self.vote.wait_until:
             self.vote.wait_until = None
             self._decide(now)
@@ -338,11 +332,9 @@ class LeaderTerm:
         if self.vote.wait_until is not None:
             times.append(self.vote.wait_until)
         times.extend(self.ports.timers())
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][2].join_deadline != deadlines[0][0]:
-            heapq.heappop(deadlines)  # that join was answered or its deadline moved
-        if deadlines:
-            times.append(deadlines[0][0])
+        deadline = self.desk.next_deadline()
+        if deadline is not None:
+            times.append(deadline)
         return min(times)
 
     # ------------------------------------------------- the leader's own node
@@ -351,7 +343,7 @@ class LeaderTerm:
         """The leader's own node joins, as a member's join frame reads (``join.ip``: its own)."""
         if self._self is None:
             self._self = Member(conn=None, opened=now, node=self.claim.leader, last_heard=now)
-        self._asked(self._self, join, now)
+        self.desk.asked(self, self._self, join, now)
         self._decide(now)
 
     def arrive_local(self, ticket: int, round_number: int, now: float) -> None:
@@ -391,7 +383,7 @@ class LeaderTerm:
         for node in self.book.close(failed=self.closed_why if failed else ""):
             m = self._by_node.get(node) if node != self.claim.leader else self._self
             if m is not None:
-                self._answer(m, JobClosed, why=self.closed_why, failed=self.closed_failed)
+                self.desk.answer(self, m, JobClosed, why=self.closed_why, failed=self.closed_failed)
         log.info("%s rendezvous closed: %s", self.label, self.closed_why)
         self.on_event(Note("closed", f"marked the rendezvous as closed: {self.closed_why}", "SUCCEEDED"))
         self._decide(now)
@@ -456,7 +448,7 @@ class LeaderTerm:
             case Beat():
                 self.counters.beats_in += 1
             case Join():
-                self._asked(m, frame, now)
+                self.desk.asked(self, m, frame, now)
             case Accept(ok=True):
                 self.vote.accepted(self, m.node, frame.round, now)
             case Accept():
@@ -473,7 +465,7 @@ class LeaderTerm:
                     # decision at the end of this batch must not put it in a round. A node that
                     # gives up on a slow welcome sends hello, join and bye before we read any.
                     m.join_id = None
-                    self._set_deadline(m, None)
+                    self.desk.set_deadline(self, m, None)
                     self.book.withdraw(m.node)
             case Leave():
                 self._left(m.node, frame.left)  # (None: it counts for no round: it keeps its vote)
@@ -484,36 +476,6 @@ class LeaderTerm:
                 self._drop(m, "protocol error: a second hello", now)
             case _:
                 assert_never(frame)
-
-    def _asked(self, m: Member, join: Join, now: float) -> None:
-        """A join, from a member's connection or from the leader's own node."""
-        assert m.node is not None  # noqa: S101 - only identified members join
-        req = JoinRequest(
-            node=m.node,
-            ip=join.ip,
-            history=self._history_of(m, join),
-            dport=join.dport,
-            pport=join.pport,
-            gone=join.gone,
-            accepted=join.accepted,
-            place=join.place,
-            restarted=join.restarted,
-            incarnation=m.incarnation,
-            seen=join.seen,
-        )
-        self._join(m, join.ticket, req, join.timeout_s, join.remaining_s, now)
-
-    def _history_of(self, m: Member, join: Join) -> History | None:
-        """A join's last round: sent whole, or (``ref``) by the number of a round answered on
-        this connection (``Member.delivered``); any other number is a protocol error."""
-        if join.ref is None:
-            return join.history
-        rnd = m.delivered.get(join.ref)
-        if rnd is None:  # the follower names only what it got here: a broken peer
-            raise OutOfContext(f"its join names round {join.ref}, which was not answered on this connection")
-        # A History of its own per join, as a parsed one is (the round book tells joins
-        # apart by identity), sharing the round's members and their set: O(1) a join.
-        return History.of(rnd)
 
     def _hello(self, m: Member, hello: Hello, now: float) -> None:
         node, leader = hello.node, hello.leader
@@ -564,7 +526,7 @@ class LeaderTerm:
         seen = self.book.highest_heard().to_json()
         self._send(m, "welcome", epoch=self.claim.epoch, status=status, seen=seen)
         if not self.book.parked(node):
-            self._offer_spare(m)  # its agent's first join is likely on its way
+            self.desk.offer_spare(self, m)  # its agent's first join is likely on its way
         proposal = self.vote.current
         if proposal is not None and (
             node in proposal.form.members or any(node in c for c in proposal.form.constraints)
@@ -572,58 +534,6 @@ class LeaderTerm:
             proposal.sent.add(conn_of(m))
             self._out(m, Vote.frame(proposal))  # a vote it may give
         self._mark_status(now)
-        self._update_established()
-
-    def _join(
-        self,
-        m: Member,
-        ticket: int,
-        req: JoinRequest,
-        timeout_s: float,
-        remaining_s: float,
-        now: float,
-    ) -> None:
-        """A join; ``timeout_s`` is the node's ``join_timeout``, ``remaining_s`` what is left of it."""
-        node = m.node
-        assert node is not None  # noqa: S101 - only identified members join
-        if ticket in (m.answered, m.join_id):
-            return  # the same request again: it was (or will be) answered once
-        if m.join_id is not None:
-            self._answer(m, Retry, why="superseded by a newer join of the same node")
-        self.counters.joins += 1
-        rnd = self.book.current
-        if (
-            rnd is not None
-            and self.vote.delivered.get(node) == (m.incarnation, ticket)
-            and self.book.may_resend(node)
-        ):
-            # The join this round answered, again, on a new connection: the node closed the
-            # old one as the round was sent (it moved to a rival claim of the same epoch and
-            # back). It is a member: it gets the round again and is not lost, or the others'
-            # agents would wait for it in the round's store (torch's 300 s). Not once another
-            # member broke the round or joined again: then it joins the next round.
-            log.info(
-                "%s node %s asked again for round %d: sent again", self.label, node_hex(node), rnd.number
-            )
-            self.book.revive(node)
-            m.join_id = ticket
-            self._send_members(m, rnd)
-            self._answer(m, RoundFormed, round=rnd)
-            self._mark_status(now)
-            return
-        m.join_id = ticket
-        m.join_timeout_s = timeout_s
-        self._set_deadline(m, now + remaining_s if remaining_s > 0 else None)
-        m.parked = False
-        self._joined_since_parking.append(m)
-        history = req.history
-        if history is not None and history.has(node):
-            self._set_last(m, (history.epoch, history.round, len(history.members)))
-        if self.book.closed:
-            self._answer(m, JobClosed, why=self.closed_why, failed=self.closed_failed)
-            return
-        self.book.join(req, now)
-        self._offer_after_decide.append(m)
         self._update_established()
 
     def _arrive(self, node: int, round_number: int) -> None:
@@ -647,53 +557,6 @@ class LeaderTerm:
     def needs_every_vote(self, number: int) -> bool:
         """Whether proposal ``number`` stands and forms only once every member voted."""
         return self.vote.needs_every_vote(number)
-
-    def _update_parking(self, now: float) -> None:
-        # Parking depends on the round only (running, stale, closed) and on who joined since:
-        # a pass over every member per join would make a round of N joins O(N**2).
-        state = (self.book.current, self.book.stale, self.book.closed)
-        changed = self._members() if state != self._parking_state else self._joined_since_parking
-        self._parking_state, self._joined_since_parking = state, []
-        for m in changed:
-            dropped = m.conn is not None and self.conns.get(m.conn) is not m
-            if m.join_id is None or m.node is None or dropped:
-                continue  # answered, superseded or dropped since it joined
-            parked = self.book.parked(m.node)
-            if parked == m.parked:
-                continue
-            if parked:
-                self._set_deadline(m, None)  # it waits for the job, not for a timeout
-            elif m.parked and m.join_timeout_s > 0:
-                self._set_deadline(m, now + m.join_timeout_s)  # its wait for a round starts now
-            m.parked = parked
-            self._answer(m, Wait, parked=parked, reason=self.book.explain(), seen=self.book.highest_heard())
-            if not parked:
-                self._offer_spare(m)
-
-    def _check_joins(self, now: float) -> None:
-        due, withdrawn = [], False
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, m = heapq.heappop(self._deadlines)
-            if m.join_deadline == deadline:
-                due.append(m)
-        for m in due:
-            if m.node is None or m.join_id is None:
-                continue
-            if m is not self._self and self._by_node.get(m.node) is not m:
-                continue  # a connection its node no longer uses: its join is not the node's now
-            if self.book.parked(m.node):
-                self._set_deadline(m, None)
-                continue
-            why = self.book.explain()
-            self.book.withdraw(m.node)
-            self._answer(m, JoinTimedOut, why=why)
-            withdrawn = True
-        self._mark_status(now)
-        if withdrawn:
-            # A proposal out with this node in it must not form without it (its agent gave up):
-            # decide again now, not at the next batch that decides (during a vote, heartbeats
-            # and accepts decide nothing).
-            self._decide(now)
 
     def _update_established(self) -> None:
         if self.established:
@@ -834,78 +697,24 @@ class LeaderTerm:
 
     # ------------------------------------------------------------ helpers
 
-    def _members(self) -> list[Member]:
-        out = list(self._by_node.values())
-        if self._self is not None:
-            out.append(self._self)
-        return out
-
-    def _set_deadline(self, m: Member, deadline: float | None) -> None:
-        m.join_deadline = deadline
-        if deadline is not None:
-            self._seq += 1
-            heapq.heappush(self._deadlines, (deadline, self._seq, m))
-            if len(self._deadlines) > 4 * (len(self._by_node) + 16):  # mostly answered joins: rebuild
-                self._deadlines = [e for e in self._deadlines if e[2].join_deadline == e[0]]
-                heapq.heapify(self._deadlines)
+    # What the vote asks of the joins (``_proposals``).
 
     def _answer(
         self, m: Member, kind: type[JoinAnswer], *, status_text: str | None = None, **fields: Any
     ) -> None:
-        """Answer a member's join with a ``kind`` of ``fields`` (``status_text``: the status a
-        round runs under, as JSON text encoded once for all its members)."""
-        ticket = m.join_id if m.join_id is not None else 0
-        if kind is not Wait:
-            m.answered = m.join_id
-            m.join_id = None
-            self._set_deadline(m, None)
-            m.parked = None
-        answer = kind(ticket, **fields)
-        if m.conn is None:
-            self._local.append(answer)
-        elif isinstance(answer, RoundFormed):  # by number: the member holds it (proposed, or ``members``)
-            rnd = answer.round
-            assert rnd is not None  # noqa: S101 - the leader answers with the round itself
-            keep_delivered(m.delivered, rnd)  # as the follower records it (``_delivered_number``)
-            encoded = {"status": status_text} if status_text is not None else {}
-            self._send(m, "round", id=ticket, number=rnd.number, encoded=encoded)
-        else:
-            self._send_record(m, answer)
+        self.desk.answer(self, m, kind, status_text=status_text, **fields)
 
     def _send_members(self, m: Member, rnd: Round) -> None:
-        """The formed round ``rnd`` to a member that did not get it as a proposal; the answer
-        that follows names it by number. Encoded once per round, the same bytes for every
-        member (one frame of N members built per member made a round O(N**2) in the leader)."""
-        cached = self._members_frame
-        if cached is None or cached[0] is not rnd:
-            frame = encode_frame("members", encoded={"round": rnd.encoded})
-            digest = frame_digest(frame) if self.seal_key is not None else None
-            cached = self._members_frame = (rnd, frame, digest)
-        self._out(m, cached[1], cached[2])
+        self.desk.send_members(self, m, rnd)
+
+    def _update_parking(self, now: float) -> None:
+        self.desk.update_parking(self, now)
 
     def _may_join_next(self, m: Member) -> bool:
-        """A node whose agent will likely be in the next round: its join waits, unparked, or it
-        runs in the current round (which the next one replaces after a failure or a change)."""
-        if m.parked:
-            return False
-        if m.join_id is not None:
-            return True
-        book, node = self.book, m.node
-        return (
-            book.current is not None
-            and node in book.current.member_set
-            and book.ledger.live(node)
-            and node not in book.arrived  # in torch's exit barrier: its job is done
-        )
+        return self.desk.may_join_next(self, m)
 
     def _offer_spare(self, m: Member) -> None:
-        """Name the next round's store to a node that waits for a round or runs in the current
-        one: it connects to it ahead of time, so the next round costs its agent no connect
-        (followers only: the leader's own agent reads ``spare_port``)."""
-        port = self.ports.spare
-        if port is not None and m.conn is not None and m.connects_ahead and m.offered != port:
-            m.offered = port
-            self._send(m, "next", port=port)
+        self.desk.offer_spare(self, m)
 
     def _mark_status(self, now: float) -> None:
         self.push.mark(now)

@@ -1282,7 +1282,7 @@ def _term_sizes(term: LeaderTerm, ids: int, kept: int) -> dict[str, tuple[int, i
         "drops": (len(book.ledger.drops), kept),
         "ips": (len(book.ips), kept),
         "restarts": (len(book.restarted_at), kept),
-        "join deadlines": (len(term._deadlines), 4 * (len(term._by_node) + 16)),
+        "join deadlines": (len(term.desk.deadlines), 4 * (len(term._by_node) + 16)),
     }
 
 

@@ -18,10 +18,11 @@ from tests.swarm import mutants
 from tests.swarm import scenario as sc
 from tests.swarm.__main__ import main
 from tests.swarm.harness import INVARIANTS, Outcome, run
-from torch_mingle import _evidence, _leader, _rounds
+from torch_mingle import _evidence, _rounds
 from torch_mingle._ballot import Ballot
 from torch_mingle._claims import Claim
 from torch_mingle._cuts import StoreCuts
+from torch_mingle._desk import JoinDesk
 from torch_mingle._evidence import Evidence, Verdict
 from torch_mingle._joining import Joining
 from torch_mingle._others import OtherTerms
@@ -167,7 +168,7 @@ def _never_forget_a_store(self: StoreCuts, claim: Claim, ip: str, port: int) -> 
     self._ports.setdefault(claim, []).append(port)
 
 
-def _no_deadline(self: _leader.LeaderTerm, m: Any, deadline: float | None) -> None:
+def _no_deadline(self: JoinDesk, term: Any, m: Any, deadline: float | None) -> None:
     m.join_deadline = None
 
 
@@ -212,7 +213,7 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
                         (Seal, "open", _lenient(Seal.open))]),
     # No join ever times out: a fixed-size job that lost a node waits for ever.
     "bounded-wait": (_fixed_size_loses_a_node, [(Joining, "set_due", lambda self, node, ticket, at: None),
-                                                (_leader.LeaderTerm, "_set_deadline", _no_deadline)]),
+                                                (JoinDesk, "set_deadline", _no_deadline)]),
     # A returning node is held back for ever.
     "recovery": (_frozen_member_comes_back, [(RoundBook, "_hold_end", lambda self, node: float("inf"))]),
     # A node remembers every store of its leader's rounds.
