@@ -132,6 +132,8 @@ class Timing:
     claim_wait_s: float = 0.25
     announce_burst_s: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)
     beacon_interval_s: float = 5.0
+    #: How long a leader may be silent: its follower's session (``FollowerSession``), the one
+    #: owner of "the leader is silent", drops it then and tells discovery (``leader_failed``).
     leader_timeout_s: float = 15.0
     announce_min_gap_s: float = 0.005
     #: A query is answered by unicast at once; by multicast (for the nodes that stayed silent)

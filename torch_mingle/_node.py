@@ -293,8 +293,6 @@ class Node:
     def _on_frames(self, conn: int, frames: list[dict[str, object]] | Invalid, now: float) -> None:
         if self.session is not None and self.session.conn == conn:
             self.session.received(frames, now)
-            if not self.session.over:
-                self.core.leader_alive(now, self.session.claim)
         elif self.term is not None and conn in self.term.conns:
             self.term.received(conn, frames, now)
         self._flushed_later(now)
@@ -538,7 +536,10 @@ class Node:
             self.on_event(Note("leader_found", f"follows the leader {who} (epoch {view.claim.epoch})"))
         if view.closed and not view.is_self:
             self.job_closed_seen("its leader announces that the job finished")
-            return
+            if self.core.role is not Role.FOLLOWING:
+                return  # it left (its shutdown waited only to hear that the job closed)
+            # It follows that leader all the same: its session is what notices that it went
+            # silent (the one owner of a leader's silence), as for any other leader.
         if view.is_self:
             if not view.closed:
                 self.saw_open = True

@@ -138,8 +138,6 @@ class Discovery:
         self.expected_nodes = expected_nodes
         self.role = Role.IDLE
         self.leader: LeaderView | None = None
-        #: When the leader we follow was last heard (announcement or, through the shell, heartbeat).
-        self.leader_heard_at = 0.0
         self.max_epoch_seen = 0
         #: The rounds of this job this node heard of: one it was in, or one any authentic word
         #: named (an announcement or a query, one outside the replay window too; the shell adds
@@ -274,14 +272,6 @@ class Discovery:
                 self._fanout, self._follows = [], None
                 if dests:
                     self._emit(self._status, dests, now)  # one encoding for them all
-        elif (
-            self.role is Role.FOLLOWING
-            and self.leader is not None
-            and now >= self.leader_heard_at + self.timing.leader_timeout_s
-        ):
-            self.leader_failed(
-                now, self.leader.claim, f"no announcement for {self.timing.leader_timeout_s:g}s"
-            )
 
     def leader_ready(
         self, now: float, store_ip: str, store_port: int, follows: Callable[[int], bool] | None = None
@@ -371,11 +361,6 @@ class Discovery:
         if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
             self._lose_leader(now, reason)
 
-    def leader_alive(self, now: float, claim: Claim) -> None:
-        """The shell heard the leader (a heartbeat): as good as hearing its announcement."""
-        if self.role is Role.FOLLOWING and self.leader is not None and self.leader.claim == claim:
-            self.leader_heard_at = now
-
     def set_succession(self, succession: Succession) -> None:
         """The round this node is in now: if its leader is lost, the members take over in its
         rank order (the next member claims, the others wait for it and ask it by unicast)."""
@@ -428,8 +413,6 @@ class Discovery:
             return min(self._next_query, self._election_deadline)
         if self.role is Role.LEADING:
             return min(self._next_announce, self._fanout_at) if self._fanout else self._next_announce
-        if self.role is Role.FOLLOWING and self.leader is not None:
-            return self.leader_heard_at + self.timing.leader_timeout_s
         return None
 
     def live_peers(self, now: float, within_s: float) -> list[PeerInfo]:
@@ -529,7 +512,6 @@ class Discovery:
         claim = Claim(epoch=body.epoch, leader=d.sender)
         self.max_epoch_seen = max(self.max_epoch_seen, claim.epoch)
         if current is not None and claim == current.claim:
-            self.leader_heard_at = now
             self.leader = LeaderView.of(claim, body, announced_store_ip(body, addr), is_self=False, now=now)
             return
         checked = self._checked_claim(d, now)
@@ -728,7 +710,6 @@ class Discovery:
         self.role = Role.FOLLOWING
         self._own_claim = None
         self._by_succession = False
-        self.leader_heard_at = now
         self.leader = LeaderView.of(claim, body, announced_store_ip(body, addr), is_self=False, now=now)
         self._events.append(LeaderFound(self.leader))
 

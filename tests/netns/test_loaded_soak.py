@@ -28,5 +28,5 @@ def test_a_stall_longer_than_the_bound_is_a_freeze_and_the_soak_counts_the_broke
     result = run(30.0, 3.0, tmp_path, stalls=1, loss=False, clock_step_s=0.0)
     assert not result["ok"], result
     assert result["false_alarms"] >= 1, result
-    silent = ("no heartbeat", "no announcement for")  # whichever of a follower's clocks runs out first
+    silent = ("no heartbeat",)  # its session's clock: the one owner of a leader's silence
     assert any(s in line for line in result["lost_heartbeat_lines"] for s in silent), result
