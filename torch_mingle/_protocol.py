@@ -194,7 +194,7 @@ class Discovery:
         if isinstance(dgram, Invalid):
             if dgram.stale is not None:
                 self._hear_round(dgram.stale)
-            self._count_invalid(dgram.reason, addr, now)
+            _count_invalid(self, dgram.reason, addr, now)
             return
         if dgram.sender == self.node_id:
             return  # our own multicast, looped back (or a forgery in our name)
@@ -205,7 +205,7 @@ class Discovery:
             self._count_other_job(dgram.job)
             return
         if self._epoch_of(dgram) > self._epoch_ceiling():
-            self._count_invalid("epoch_jump", addr, now)
+            _count_invalid(self, "epoch_jump", addr, now)
             return
         self.stats.accepted += 1
         self._hear_round(dgram)
@@ -794,22 +794,25 @@ class Discovery:
         else:
             self.stats.other_jobs_overflow += 1
 
-    def _count_invalid(self, reason: str, addr: Dest, now: float) -> None:
-        self.stats.invalid[reason] += 1
-        if reason in QUIET_REASONS:
-            return
-        last = self._invalid_logged_at.get(reason)
-        if last is None or now - last >= INVALID_LOG_INTERVAL_S:
-            self._invalid_logged_at[reason] = now
-            log.warning(
-                "[%s %016x] dropped an invalid datagram from %s (%s); %d dropped so far, "
-                "logged at most once a minute per reason",
-                self.job,
-                self.node_id,
-                addr,
-                reason,
-                self.stats.dropped_total(),
-            )
+
+def _count_invalid(core: Discovery, reason: str, addr: Dest, now: float) -> None:
+    """A datagram dropped: counted, and logged at most once a minute per reason (but for the
+    reasons normal on a healthy network, ``QUIET_REASONS``)."""
+    core.stats.invalid[reason] += 1
+    if reason in QUIET_REASONS:
+        return
+    last = core._invalid_logged_at.get(reason)
+    if last is None or now - last >= INVALID_LOG_INTERVAL_S:
+        core._invalid_logged_at[reason] = now
+        log.warning(
+            "[%s %016x] dropped an invalid datagram from %s (%s); %d dropped so far, "
+            "logged at most once a minute per reason",
+            core.job,
+            core.node_id,
+            addr,
+            reason,
+            core.stats.dropped_total(),
+        )
 
 
 _V = TypeVar("_V")
