@@ -43,7 +43,7 @@ swarm: $(STAMP)
 
 # Each named safety rule broken on purpose: the first seed that catches it (docs/faults.md).
 swarm-mutants: $(STAMP)
-	$(BIN)/python -m tests.swarm.mutants --seeds 2000 --json bench-results/swarm-mutants.json
+	$(BIN)/python -m tests.swarm.mutants --seeds 2000 --json bench-results/swarm-mutants.json --record
 
 swarm-long: $(STAMP)
 	$(BIN)/python -m tests.swarm --duration $(DURATION) --json bench-results/swarm-long.json

@@ -7,7 +7,12 @@ seeds 0, 1, 2, ... against each mutant until an invariant breaks, at most ``--se
 A mutant that survives them all is a finding: either the rule is redundant (remove it) or the
 invariants are blind where it matters (sharpen them). The table goes to docs/faults.md.
 
-    python -m tests.swarm.mutants [--seeds 2000] [--only NAME,...] [--json FILE]
+    python -m tests.swarm.mutants [--seeds 2000] [--only NAME,...] [--json FILE] [--record]
+
+``--record`` writes the lowest catching seed of each rule to ``caught.json`` beside this file.
+CI (``test_swarm``) replays that one seed under its mutant first, which proves "caught within
+2,000 seeds" in a second; only a recorded seed that no longer catches it (the code moved the
+seed's schedule) makes CI hunt from seed 0 again, as ``make swarm-mutants`` does.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _ballot, _evidence, _leader, _quorum
+from torch_mingle import _ballot, _evidence, _proposals, _quorum
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
 from torch_mingle._ledger import Ledger
@@ -145,10 +151,10 @@ MUTANTS: dict[str, Mutant] = {
                (_attr(_sim.SimNet, "persist", _persist_without_led),)),
         Mutant("a round needs a majority of its base's voters", "RoundBook._no_quorum",
                "no quorum is needed", (_attr(RoundBook, "_no_quorum", lambda self, *a: None),
-                                       _attr(_leader, "quorum_met", lambda *a, **k: True))),
+                                       _attr(_proposals, "quorum_met", lambda *a, **k: True))),
         Mutant("every member of a first round accepts it", "RoundBook._form (unanimous)",
                "a majority of its members forms it",
-               (_attr(_leader, "quorum_met", _quorum_met_by_a_majority),)),
+               (_attr(_proposals, "quorum_met", _quorum_met_by_a_majority),)),
         Mutant("a restarted node keeps the quorum", "NodeSettings.quorum",
                "a leader whose process was restarted forms without a quorum",
                (_attr(Node, "_lead", _lead_without_quorum_after_a_restart),)),
@@ -175,6 +181,20 @@ def broken(mutant: Mutant) -> Iterator[None]:
         for patch in mutant.patches:
             stack.enter_context(patch())
         yield
+
+
+CAUGHT = Path(__file__).with_name("caught.json")
+
+
+def recorded() -> dict[str, int]:
+    """The lowest seed that caught each rule's mutant when ``--record`` last ran."""
+    return {rule: row["seed"] for rule, row in json.loads(CAUGHT.read_text())["caught"].items()}
+
+
+def replay(mutant: Mutant, seed: int) -> tuple[int, str, str] | None:
+    """``seed`` under ``mutant``, in this process: the violation, or None."""
+    with broken(mutant):
+        return _first_failure([seed])
 
 
 def _first_failure(seeds: list[int]) -> tuple[int, str, str] | None:
@@ -220,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--only", help="these rules only (comma-separated)")
     parser.add_argument("--json", help="write the table to this file")
+    parser.add_argument("--record", action="store_true", help=f"write the catching seeds to {CAUGHT.name}")
     args = parser.parse_args(argv)
     logging.getLogger("torch_mingle").setLevel(logging.CRITICAL)
     wanted = [MUTANTS[name] for name in args.only.split(",")] if args.only else list(MUTANTS.values())
@@ -238,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"seeds": args.seeds, "mutants": rows}, f, indent=1)
     survivors = [r["rule"] for r in rows if r["caught_by_seed"] is None]
+    if args.record and not survivors:
+        caught = json.loads(CAUGHT.read_text())["caught"] if CAUGHT.exists() else {}
+        caught.update({r["rule"]: {"seed": r["caught_by_seed"], "invariant": r["invariant"]} for r in rows})
+        with open(CAUGHT, "w") as f:
+            json.dump({"seeds": args.seeds, "caught": dict(sorted(caught.items()))}, f, indent=1)
+            f.write("\n")
     if survivors:
         print(f"{len(survivors)} rule(s) broken without a seed noticing: {survivors}", file=sys.stderr)
     return 1 if survivors else 0
