@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from torch_mingle._errors import README_NETWORKS
 from torch_mingle._leader import LeaderTerm
 from torch_mingle._protocol import Discovery
 from torch_mingle._settings import NodeSettings
-from torch_mingle.errors import README_NETWORKS
 
 log = logging.getLogger(__name__)
 

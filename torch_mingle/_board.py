@@ -13,11 +13,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from torch_mingle._errors import StateError
 from torch_mingle._notes import MAX_PENDING_NOTES, Note
 from torch_mingle._ready import Ticket
 from torch_mingle._record import replace
 from torch_mingle._view import Diagnostics
-from torch_mingle.errors import MingleStateError
+from torch_mingle.errors import MingleError, MingleStateError
 
 
 class Board:
@@ -141,6 +142,8 @@ class Board:
                     f"the mingle loop did not answer a {ticket.kind} request within its deadline; "
                     "this is a bug in torch_mingle"
                 )
+        if isinstance(ticket.error, StateError) and not isinstance(ticket.error, MingleError):
+            raise MingleStateError(str(ticket.error)) from ticket.error  # the agent's error family
         if ticket.error is not None:
             raise ticket.error
         return ticket.result

@@ -27,15 +27,16 @@ import os
 import threading
 import time
 
+from torch_mingle import _failpoints
+from torch_mingle._failpoints import FailpointError
+
+__all__ = ["ENV", "POINTS", "FailpointError", "arm", "disarm_all", "hit", "remaining"]
+
 ENV = "TORCH_MINGLE_FAILPOINTS"
 POINTS = (
     "loop.callback", "leader.decide", "follower.frame", "worker.open_store", "store.connect",
     "store.connect_ahead", "loop.iterate", "agent.lost_before_role_info", "node.publish",
 )  # fmt: skip
-
-
-class FailpointError(RuntimeError):
-    """Raised at an armed failpoint."""
 
 
 _STARTED = time.monotonic()
@@ -87,3 +88,6 @@ def hit(name: str) -> None:
     if name == "worker.open_store":
         raise OSError(errno.EMFILE, f"Too many open files (failpoint {name})")
     raise FailpointError(f"failpoint {name}")
+
+
+_failpoints.check = hit  # the core's failpoints (``_failpoints.hit``) are these

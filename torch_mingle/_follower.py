@@ -38,10 +38,11 @@ Outputs: frames to send (``frames()``) and events for the node (``events()``).
 
 from __future__ import annotations
 
+import enum
 import logging
 from typing import Any
 
-from torch_mingle import _faults
+from torch_mingle import _failpoints
 from torch_mingle._claims import Claim
 from torch_mingle._frames import (
     Accept,
@@ -78,6 +79,17 @@ from torch_mingle._wire import Invalid, Seal, encode_frame
 log = logging.getLogger(__name__)
 
 MAX_PROPOSALS_KEPT = 4
+
+
+class SessionPhase(enum.Enum):
+    """Where a session with the leader is: its connect, the leader's challenge (with a
+    secret), its hello, the session proper, or over."""
+
+    CONNECTING = "connecting"
+    CHALLENGE = "challenge"
+    HELLO = "hello"
+    READY = "ready"
+    OVER = "over"
 
 
 @record
@@ -133,7 +145,7 @@ class FollowerSession:
     seal: Seal | None = None
     #: Where the session's rendezvous events go (``_events``).
     on_event: Sink = ignore
-    phase: str = "connecting"  # connecting, challenge (with a secret), hello, ready, over
+    phase: SessionPhase = SessionPhase.CONNECTING
     status: Status | None = None
     last_heard: float = 0.0
     #: The store the leader opened for its next round (``next``), if it named one.
@@ -161,21 +173,21 @@ class FollowerSession:
 
     @property
     def ready(self) -> bool:
-        return self.phase == "ready"
+        return self.phase is SessionPhase.READY
 
     @property
     def over(self) -> bool:
-        return self.phase == "over"
+        return self.phase is SessionPhase.OVER
 
     # ------------------------------------------------------------ inputs
 
     def connected(self, now: float) -> None:
-        if self.phase != "connecting":
+        if self.phase is not SessionPhase.CONNECTING:
             return
         self.conn_up = True
         self.last_heard = now
         if self.seal is not None:
-            self.phase = "challenge"  # the hello answers the leader's challenge
+            self.phase = SessionPhase.CHALLENGE  # the hello answers the leader's challenge
             return
         self._say_hello(self._hello().encode())
 
@@ -194,7 +206,7 @@ class FollowerSession:
         )
 
     def _say_hello(self, hello: bytes) -> None:
-        self.phase = "hello"
+        self.phase = SessionPhase.HELLO
         self._frames.append(hello)
         for frame in self._queued:  # right behind the hello, in order (see the module doc)
             self._out(frame)
@@ -209,7 +221,7 @@ class FollowerSession:
     def closed(self, reason: str, now: float) -> None:
         """The connection ended (``reason``: what the transport saw)."""
         self.conn_up = False
-        if self.phase == "over":
+        if self.phase is SessionPhase.OVER:
             return
         if self.leader_said_bye:  # its bye said why, before it closed
             why = "it leaves" if self.leader_left else "it no longer leads"
@@ -218,17 +230,17 @@ class FollowerSession:
             self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}")
 
     def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
-        if self.phase in ("over", "connecting"):
+        if self.phase in (SessionPhase.OVER, SessionPhase.CONNECTING):
             return
-        _faults.hit("follower.frame")
+        _failpoints.hit("follower.frame")
         if isinstance(frames, Invalid):
             self._end(f"protocol error from the leader: {frames.reason}")
             return
         for msg in frames:
-            if self.phase == "over":
+            if self.phase is SessionPhase.OVER:
                 return
             seal = self.seal
-            if seal is not None and self.phase == "challenge":
+            if seal is not None and self.phase is SessionPhase.CHALLENGE:
                 hello = seal.hello(msg, **self._hello().fields()) if msg.get("t") == "challenge" else None
                 if hello is None:
                     self._end("the leader did not open with a challenge (no secret there?)")
@@ -247,20 +259,20 @@ class FollowerSession:
             self._dispatch(frame, now)
 
     def handle_timer(self, now: float) -> None:
-        if self.phase == "connecting":
+        if self.phase is SessionPhase.CONNECTING:
             if now >= self.started + self.connect_timeout_s:
                 self._end(
                     f"the leader {self.ip}:{self.port} did not accept our connection "
                     f"within {self.connect_timeout_s:g}s"
                 )
             return
-        if self.phase in ("challenge", "hello"):
+        if self.phase in (SessionPhase.CHALLENGE, SessionPhase.HELLO):
             if now >= self.last_heard + self.timeout_s:  # last_heard: the accept
                 self._end(
                     f"the leader {self.ip}:{self.port} did not answer our hello within {self.timeout_s:g}s"
                 )
             return
-        if self.phase != "ready":
+        if self.phase is not SessionPhase.READY:
             return
         if now >= self.last_heard + self.timeout_s:  # the same sum as next_timer(): no float gap
             self._end(f"no heartbeat from the leader for {self.timeout_s:g}s")
@@ -271,11 +283,11 @@ class FollowerSession:
             self.on_event(Note("keep_alive", f"sent a keep-alive heartbeat to the leader {self.ip}"))
 
     def next_timer(self) -> float | None:
-        if self.phase == "connecting":
+        if self.phase is SessionPhase.CONNECTING:
             return self.started + self.connect_timeout_s
-        if self.phase in ("challenge", "hello"):
+        if self.phase in (SessionPhase.CHALLENGE, SessionPhase.HELLO):
             return self.last_heard + self.timeout_s
-        if self.phase == "ready":
+        if self.phase is SessionPhase.READY:
             return min(self._next_beat, self.last_heard + self.timeout_s)
         return None
 
@@ -287,9 +299,9 @@ class FollowerSession:
         (``ref``: the leader holds its members)."""
         self.history = join.history
         frame = replace(join, ref=self._delivered_number(join.history)).encode()
-        if self.phase in ("hello", "ready"):
+        if self.phase in (SessionPhase.HELLO, SessionPhase.READY):
             self._out(frame)
-        elif self.phase != "over":
+        elif self.phase is not SessionPhase.OVER:
             self._queued_join = frame
 
     def _delivered_number(self, history: History | None) -> int | None:
@@ -318,7 +330,7 @@ class FollowerSession:
         """The frame to send before this node closes the connection itself (it gave up on the
         leader, or follows another), so that the leader knows it is alive; ``seen``: the rounds
         of the job the node heard of (it may leave for a leader whose job ran)."""
-        if not self.conn_up or self.phase in ("connecting", "challenge"):
+        if not self.conn_up or self.phase in (SessionPhase.CONNECTING, SessionPhase.CHALLENGE):
             return None
         if self.seal is not None and not self.seal.ready:
             return None
@@ -347,14 +359,14 @@ class FollowerSession:
     # ------------------------------------------------------------ helpers
 
     def _request(self, frame: bytes) -> None:
-        if self.phase in ("hello", "ready"):
+        if self.phase in (SessionPhase.HELLO, SessionPhase.READY):
             self._out(frame)
-        elif self.phase != "over":
+        elif self.phase is not SessionPhase.OVER:
             self._queued.append(frame)  # sent with the hello, once the connection is up
 
     def _dispatch(self, frame: LeaderFrame, now: float) -> None:
         self.last_heard = now
-        if self.phase == "hello":
+        if self.phase is SessionPhase.HELLO:
             self._hello_frame(frame, now)
         else:
             self._ready_frame(frame)
@@ -363,7 +375,7 @@ class FollowerSession:
         match frame:
             case Welcome(epoch=epoch) if epoch == self.claim.epoch:
                 self.status = frame.status
-                self.phase = "ready"
+                self.phase = SessionPhase.READY
                 self._next_beat = now + self.interval_s
                 self._events.append(Welcomed(self.status or Status(), seen=frame.seen))
             case Reject():
@@ -433,7 +445,7 @@ class FollowerSession:
         self.leader_reported_gone = bye.gone
 
     def _end(self, reason: str, *, evicted: bool = False) -> None:
-        self.phase = "over"
+        self.phase = SessionPhase.OVER
         self._queued.clear()
         self._queued_join = None
         self._events.append(SessionOver(reason, evicted=evicted))

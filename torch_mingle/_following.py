@@ -15,6 +15,7 @@ import logging
 from typing import Protocol
 
 from torch_mingle._claims import Claim, LeaderView
+from torch_mingle._errors import StateError
 from torch_mingle._follower import FollowerSession, SessionEvent, SessionOver, StatusChanged, Welcomed
 from torch_mingle._frames import Ack, JoinAnswer, JoinTimedOut, Propose, Retry, RoundFormed, Wait
 from torch_mingle._frames import JobClosed as ClosedAnswer
@@ -25,7 +26,6 @@ from torch_mingle._ready import Ready
 from torch_mingle._records import History, Round
 from torch_mingle._roles import Electing, Following, NodeRole
 from torch_mingle._wire import Seal
-from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def connect(node: Follower, view: LeaderView, now: float) -> None:
         on_event=node.on_event,
     )
     if node.term is not None:
-        raise MingleStateError(f"{node.label} follows a leader while it leads its own term")
+        raise StateError(f"{node.label} follows a leader while it leads its own term")
     node.role = Following(session)
     node.joining.send(node, now)  # queued in the session, sent with the hello
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torch_mingle._keys import RoundKey
-from torch_mingle._order import MAX_PLACE_CHARS
+from torch_mingle._places import MAX_PLACE_CHARS
 from torch_mingle._record import record
 from torch_mingle._records import (
     MAX_EPOCH,

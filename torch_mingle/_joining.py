@@ -17,6 +17,7 @@ from typing import Protocol
 
 from torch_mingle._ballot import Ballot
 from torch_mingle._claims import Role
+from torch_mingle._errors import StateError
 from torch_mingle._follower import FollowerSession
 from torch_mingle._frames import JobClosed as ClosedAnswer
 from torch_mingle._frames import Join, JoinAnswer, JoinTimedOut, Retry, RoundFormed, Wait
@@ -28,7 +29,6 @@ from torch_mingle._record import assert_never
 from torch_mingle._records import Heard, Round, Status
 from torch_mingle._settings import NodeSettings
 from torch_mingle._view import JobClosed, TimedOut
-from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Joining:
         """The agent asks for a place in the next round; a join that still waits gives way."""
         superseded = self.open()
         if superseded is not None:
-            node.resolve(superseded, error=MingleStateError("superseded by a newer join"))
+            node.resolve(superseded, error=StateError("superseded by a newer join"))
         self.ticket, self.answered = ticket, None
         self.parked = False
         self.set_due(node, ticket, now + ticket.timeout_s)
@@ -113,7 +113,7 @@ class Joining:
     def give_up(self, node: Joiner, why: str) -> None:
         """The node leaves or shuts down: the join that waits fails with ``why``."""
         if self.ticket is not None:
-            node.resolve(self.ticket, error=MingleStateError(why))
+            node.resolve(self.ticket, error=StateError(why))
 
     def set_due(self, node: Joiner, ticket: Ticket, expires: float | None) -> None:
         node.extend(ticket, None if expires is None else expires + JOIN_GRACE_S)
@@ -169,7 +169,7 @@ class Joining:
             case RoundFormed(round=Round() as rnd):
                 node.joined(rnd, session)
             case RoundFormed():
-                raise MingleStateError(f"{node.label} a round answer without its round")
+                raise StateError(f"{node.label} a round answer without its round")
             case Retry():
                 log.info("%s asked to join again: %s", node.label, answer.why)
                 self.send(node, now)

@@ -41,6 +41,7 @@ from torch_mingle._claims import (
     Succession,
 )
 from torch_mingle._cuts import StoreCuts
+from torch_mingle._errors import StateError
 from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     FollowerSession,
@@ -90,7 +91,6 @@ from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
 from torch_mingle._view import Joined
 from torch_mingle._wire import Invalid
-from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
 
@@ -646,7 +646,7 @@ class Node:
         """The round ``rnd`` answered this node's join: it is a member."""
         claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
         if rnd.rank_of(self.settings.node_id) is None:
-            raise MingleStateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
+            raise StateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
         self.core.hear_round(rnd.key)
         self.ballot.formed(rnd, self.heard())
         self.gone = {n: k for n, k in self.gone.items() if n in rnd.member_set}

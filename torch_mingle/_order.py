@@ -21,10 +21,9 @@ import re
 import socket
 from collections.abc import Mapping
 
+from torch_mingle._places import MAX_PLACE_CHARS
 from torch_mingle.errors import MingleConfigError
 
-#: A node's place is a host name or a label, not a text: longer ones are refused.
-MAX_PLACE_CHARS = 256
 POLICIES = ("host", "arrival", "topology", "env:VAR")
 DEFAULT_POLICY = "host"
 TOPOLOGY_ENV = "TORCH_MINGLE_TOPOLOGY"
@@ -76,19 +75,3 @@ def place_of(policy: str, environ: Mapping[str, str], hostname: str | None = Non
             f"long; at most {MAX_PLACE_CHARS} are sent (see {_README})"
         )
     return place
-
-
-_DIGITS = re.compile(r"(\d+)")
-
-
-def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort key that reads digit runs as numbers (``node7`` before ``node66``) and compares
-    ``/``-separated parts one by one (``rack2/x`` before ``rack10/a``)."""
-    parts: list[tuple[int, int | str]] = []
-    for i, part in enumerate(text.split("/")):
-        if i:
-            parts.append((-1, ""))  # a separator sorts before any character of a part
-        for j, piece in enumerate(_DIGITS.split(part)):
-            if piece:
-                parts.append((0, int(piece)) if j % 2 else (1, piece))
-    return tuple(parts)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from torch_mingle import _faults
+from torch_mingle import _failpoints
 from torch_mingle._claims import Claim
 from torch_mingle._frames import Accept, JoinAnswer, Propose, RoundFormed
 from torch_mingle._keys import RoundKey
@@ -126,7 +126,7 @@ class Vote:
         term._decide_due = None
         if term._stopped:
             return
-        _faults.hit("leader.decide")
+        _failpoints.hit("leader.decide")
         term.outdated_by = term.book.outdated_by()
         while True:
             decision = term.book.decide(now)

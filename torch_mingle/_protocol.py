@@ -68,6 +68,7 @@ from torch_mingle._claims import (
     standing_of,
     standing_of_body,
 )
+from torch_mingle._errors import StateError
 from torch_mingle._keys import RoundKey
 from torch_mingle._record import replace
 from torch_mingle._records import NOTHING_HEARD, Heard
@@ -83,7 +84,6 @@ from torch_mingle._wire import (
     Resign,
     with_scope_of,
 )
-from torch_mingle.errors import MingleStateError
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Discovery:
 
     def start(self, now: float) -> None:
         if self.role is not Role.IDLE:
-            raise MingleStateError(f"start() in role {self.role.value}: discovery was already started")
+            raise StateError(f"start() in role {self.role.value}: discovery was already started")
         self._enter_discovery(now)
 
     def receive_datagram(self, data: bytes, addr: Dest, now: float) -> None:
@@ -212,9 +212,7 @@ class Discovery:
         self._note_peer(dgram, addr, now)
         handler = _TRANSITIONS.get((self.role, dgram.body.type))
         if handler is None:
-            raise MingleStateError(
-                f"no transition for a {dgram.body.type.name} datagram in role {self.role.value}"
-            )
+            raise StateError(f"no transition for a {dgram.body.type.name} datagram in role {self.role.value}")
         handler(self, dgram, addr, now)
 
     def _hear_round(self, dgram: Datagram) -> None:
@@ -702,7 +700,7 @@ class Discovery:
     @staticmethod
     def _body_announce(d: Datagram) -> Announce:
         if not isinstance(d.body, Announce):
-            raise MingleStateError(f"expected an ANNOUNCE body, got {type(d.body).__name__}")
+            raise StateError(f"expected an ANNOUNCE body, got {type(d.body).__name__}")
         return d.body
 
     def _follow(self, d: Datagram, claim: Claim, now: float, addr: Dest) -> None:
@@ -741,7 +739,7 @@ class Discovery:
 
     def _own_view(self, now: float) -> LeaderView:
         if self._own_claim is None or self._store is None:
-            raise MingleStateError("own leader view requested while not leading")
+            raise StateError("own leader view requested while not leading")
         # leader_ready() put our store's port in the status we announce.
         return LeaderView.of(self._own_claim, self._status, self._store[0], is_self=True, now=now)
 

@@ -34,13 +34,13 @@ from typing import Protocol
 
 from torch_mingle._ballot import NodeState
 from torch_mingle._claims import Claim, Dest
+from torch_mingle._errors import StateError
 from torch_mingle._evidence import Evidence
 from torch_mingle._jobs import Job
 from torch_mingle._notes import Note
 from torch_mingle._record import field, record
 from torch_mingle._view import Diagnostics
 from torch_mingle._wire import Invalid
-from torch_mingle.errors import MingleStateError
 
 # ------------------------------------------------------------------ inputs: what happened
 
@@ -363,7 +363,7 @@ class Ready:
         self.answers.append(Publish(diag))
 
 
-class StateNotRecorded(MingleStateError):
+class StateNotRecorded(StateError):
     """The disk refused the node's state: nothing of that ``Ready`` went out, and the node stops."""
 
 

@@ -62,8 +62,8 @@ from collections.abc import Collection
 
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._ledger import Ledger
-from torch_mingle._order import natural_key
 from torch_mingle._others import OtherTerms, join_lines
+from torch_mingle._places import natural_key
 from torch_mingle._record import field, record
 from torch_mingle._records import (
     MAX_MEMBERS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from torch_mingle import _faults
+from torch_mingle import _failpoints
 from torch_mingle._ahead import StoreAhead
 from torch_mingle._claims import Role
 from torch_mingle._follower import FollowerSession
@@ -124,8 +124,8 @@ class Snapshots:
         if not force and key == self._published and now - self._published_at < DIAG_REFRESH_S:
             return
         try:
-            _faults.hit("node.publish")
-        except _faults.FailpointError:
+            _failpoints.hit("node.publish")
+        except _failpoints.FailpointError:
             return  # a test holds this snapshot back (the agent's thread must not depend on it)
         self._published, self._published_at = key, now
         node.out.publish(

@@ -34,7 +34,6 @@ import hmac
 import ipaddress
 import json
 import os
-import socket
 import struct
 import zlib
 from collections import OrderedDict
@@ -245,16 +244,8 @@ def with_scope_of(ip: str, source: object) -> str:
     src = str(source[0]) if isinstance(source, tuple) and source else ""
     _, _, scope = src.partition("%")
     if not scope and isinstance(source, tuple) and len(source) >= 4 and source[3]:
-        scope = _scope_name(int(str(source[3])))
+        scope = str(source[3])  # the index: the kernel reads ``fe80::1%3`` as it reads ``%eth0``
     return f"{addr}%{scope}" if scope else str(addr)
-
-
-def _scope_name(index: int) -> str:
-    """The interface name of a scope index on this host (the index itself where there is none)."""
-    try:
-        return socket.if_indextoname(index)
-    except (OSError, OverflowError):
-        return str(index)
 
 
 def _encode_body(body: Body) -> bytes:

@@ -10,9 +10,20 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 
-README_INSTALL = "README.md#install"
-README_NETWORKS = "docs/networks.md"
-README_SECURITY = "docs/security.md"
+from torch_mingle._errors import README_INSTALL, README_NETWORKS, README_SECURITY, StateError
+
+__all__ = [
+    "README_INSTALL",
+    "README_NETWORKS",
+    "README_SECURITY",
+    "MingleClosedError",
+    "MingleConfigError",
+    "MingleConnectionError",
+    "MingleError",
+    "MingleNetworkError",
+    "MingleStateError",
+    "MingleTimeoutError",
+]
 
 
 class MingleError(RendezvousError):
@@ -39,5 +50,6 @@ class MingleClosedError(MingleError, RendezvousClosedError):
     """The rendezvous of this job was closed (the job finished or failed for good)."""
 
 
-class MingleStateError(MingleError, RendezvousStateError):
-    """An internal state machine met an event it has no transition for: a bug in torch_mingle."""
+class MingleStateError(MingleError, RendezvousStateError, StateError):
+    """An internal state machine met an event it has no transition for: a bug in torch_mingle
+    (the core raises ``_errors.StateError``; the agent sees it as this)."""

@@ -78,7 +78,7 @@ from tests.swarm import scenario as sc
 from torch_mingle._claims import Timing
 from torch_mingle._keys import age
 from torch_mingle._leader import LeaderTerm
-from torch_mingle._order import natural_key
+from torch_mingle._places import natural_key
 from torch_mingle._ports import ROUND_STORES_KEPT
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS
 from torch_mingle._ready import HealthJudged

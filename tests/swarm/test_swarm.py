@@ -267,4 +267,6 @@ def test_every_rule_broken_is_caught_within_two_thousand_seeds() -> None:
         assert row["caught_by_seed"] is not None, f"no seed of 2,000 catches a broken {rule!r} ({row})"
         rehunted.append((rule, row["caught_by_seed"]))
     if rehunted:
-        warnings.warn(f"caught, but not by the recorded seeds: run `make swarm-mutants` ({rehunted})", stacklevel=1)
+        warnings.warn(
+            f"caught, but not by the recorded seeds: run `make swarm-mutants` ({rehunted})", stacklevel=1
+        )

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torch_mingle._order import natural_key, parse_policy, place_of
+from torch_mingle._order import parse_policy, place_of
+from torch_mingle._places import natural_key
 from torch_mingle._rounds import JoinRequest, rank_order
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import MingleConfigError

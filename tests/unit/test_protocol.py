@@ -18,9 +18,9 @@ from torch_mingle._claims import (
     Succession,
     Timing,
 )
+from torch_mingle._errors import StateError
 from torch_mingle._protocol import Discovery
 from torch_mingle._wire import Announce, Codec, Datagram, MsgType, Probe, Query, Resign
-from torch_mingle.errors import MingleStateError
 from torch_mingle.testing.sim import Simulation
 
 FAST = Timing(beacon_interval_s=0.5, leader_timeout_s=1.5)
@@ -239,7 +239,7 @@ def test_a_missing_transition_names_the_state_and_the_event(monkeypatch):
     del table[(Role.DISCOVERING, MsgType.RESIGN)]
     monkeypatch.setattr(_protocol, "_TRANSITIONS", table)
     data = Codec().encode(Datagram(job="job", sender=9, body=Resign(epoch=1)))
-    with pytest.raises(MingleStateError, match="RESIGN datagram in role discovering"):
+    with pytest.raises(StateError, match="RESIGN datagram in role discovering"):
         core.receive_datagram(data, None, 0.01)
 
 

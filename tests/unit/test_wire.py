@@ -156,7 +156,7 @@ def test_epochs_beyond_the_bound_are_invalid():
 
 def test_a_link_local_address_gets_the_receivers_scope():
     assert with_scope_of("fe80::1", ("fe80::2%eth1", 29477, 0, 3)) == "fe80::1%eth1"
-    assert with_scope_of("fe80::1%7", ("fe80::2", 29477, 0, 1)) == "fe80::1%lo"  # index 1: loopback
+    assert with_scope_of("fe80::1%7", ("fe80::2", 29477, 0, 1)) == "fe80::1%1"  # the receiver's scope
     assert with_scope_of("fe80::1", ("fe80::2", 29477, 0, 99999)) == "fe80::1%99999"
     assert with_scope_of("fd00::1", ("fe80::2%eth1", 29477, 0, 3)) == "fd00::1"
     assert with_scope_of("10.0.0.1", ("10.0.0.2", 1)) == "10.0.0.1"
