@@ -19,9 +19,17 @@ from typing import Protocol
 from torch_mingle._errors import README_NETWORKS
 from torch_mingle._leader import LeaderTerm
 from torch_mingle._protocol import Discovery
+from torch_mingle._records import WaitKind
 from torch_mingle._settings import NodeSettings
 
 log = logging.getLogger(__name__)
+
+
+class Waiting(Protocol):
+    """What the leader last answered the node's join (``_joining.Joining``)."""
+
+    wait_reason: str
+    wait_kind: WaitKind
 
 
 class Advised(Protocol):
@@ -31,9 +39,10 @@ class Advised(Protocol):
     core: Discovery
 
     @property
-    def label(self) -> str: ...
+    def joining(self) -> Waiting: ...
+
     @property
-    def wait_reason(self) -> str: ...
+    def label(self) -> str: ...
     @property
     def term(self) -> LeaderTerm | None: ...
     def waits_for_a_round(self) -> bool: ...
@@ -119,9 +128,11 @@ class Advice:
         """The join still waits, for a quorum of an earlier round's votes: say what that means."""
         if not node.waits_for_a_round():
             return
-        why = node.term.book.explain() if node.term is not None else node.wait_reason
-        if "no quorum" not in why:
+        term = node.term
+        kind = term.book.wait_kind if term is not None else node.joining.wait_kind
+        if kind is not WaitKind.NO_QUORUM:
             return
+        why = term.book.explain() if term is not None else node.joining.wait_reason
         self._quorum_warned = True
         log.warning(
             "%s no round after %gs: %s. If the job that ran under this --rdzv_id before is over "

@@ -220,7 +220,13 @@ class JoinDesk:
                 self.set_deadline(term, m, now + m.join_timeout_s)  # its wait for a round starts now
             m.parked = parked
             self.answer(
-                term, m, Wait, parked=parked, reason=term.book.explain(), seen=term.book.highest_heard()
+                term,
+                m,
+                Wait,
+                parked=parked,
+                reason=term.book.explain(),
+                seen=term.book.highest_heard(),
+                cause=term.book.wait_kind,
             )
             if not parked:
                 self.offer_spare(term, m)

@@ -237,7 +237,7 @@ class FollowerSession:
             self._end(f"protocol error from the leader: {frames.reason}")
             return
         for msg in frames:
-            if self.phase is SessionPhase.OVER:
+            if self.over:  # a frame before this one ended the session
                 return
             seal = self.seal
             if seal is not None and self.phase is SessionPhase.CHALLENGE:

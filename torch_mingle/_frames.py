@@ -34,6 +34,7 @@ from torch_mingle._records import (
     History,
     Round,
     Status,
+    WaitKind,
     bounded_int,
     gone_of,
     gone_to_json,
@@ -279,10 +280,17 @@ class Wait:
     reason: str
     parked: bool = False
     seen: Heard = NOTHING_HEARD
+    #: Why, for the node to decide on (``reason`` says it for people).
+    cause: WaitKind = WaitKind.FIRST_JOIN
 
     def encode(self) -> bytes:
         return encode_frame(
-            "wait", id=self.ticket, reason=self.reason, parked=self.parked, seen=self.seen.to_json()
+            "wait",
+            id=self.ticket,
+            reason=self.reason,
+            parked=self.parked,
+            seen=self.seen.to_json(),
+            cause=self.cause.value,
         )
 
 
@@ -505,7 +513,9 @@ _FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "propose": _propose,
     "members": lambda m: Members(Round.from_json(m["round"])),
     "round": _formed,
-    "wait": lambda m: Wait(_int(m["id"]), _text(m["reason"]), _bool(m["parked"]), Heard.of(m.get("seen"))),
+    "wait": lambda m: Wait(
+        _int(m["id"]), _text(m["reason"]), _bool(m["parked"]), Heard.of(m.get("seen")), WaitKind(m["cause"])
+    ),
     "retry": lambda m: Retry(_int(m["id"]), _text(m["why"])),
     "timeout": lambda m: JoinTimedOut(_int(m["id"]), _text(m["why"])),
     "closed": _closed,

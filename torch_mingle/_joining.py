@@ -26,7 +26,7 @@ from torch_mingle._leader import LeaderTerm
 from torch_mingle._protocol import Discovery
 from torch_mingle._ready import Routes, Ticket
 from torch_mingle._record import assert_never
-from torch_mingle._records import Heard, Round, Status
+from torch_mingle._records import Heard, Round, Status, WaitKind
 from torch_mingle._settings import NodeSettings
 from torch_mingle._view import JobClosed, TimedOut
 
@@ -77,6 +77,7 @@ class Joining:
         self.parks = 0
         #: The last reason the leader gave for this node's wait (its "wait" answer).
         self.wait_reason = ""
+        self.wait_kind = WaitKind.FIRST_JOIN
 
     def open(self) -> Ticket | None:
         """The agent's join, while it waits for an answer the node has not decided yet."""
@@ -186,7 +187,7 @@ class Joining:
                 if session is not None:
                     node.core.hear(answer.seen)
                 text, parked = answer.reason, answer.parked
-                self.wait_reason = text
+                self.wait_reason, self.wait_kind = text, answer.cause
                 self.parks += parked and not self.parked
                 self.parked = parked
                 self.set_due(node, join, None if parked else now + join.timeout_s)

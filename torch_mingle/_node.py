@@ -458,11 +458,6 @@ class Node:
         """The agent's join waits for an answer."""
         return self.joining.open() is not None
 
-    @property
-    def wait_reason(self) -> str:
-        """The last reason the leader gave for this node's wait."""
-        return self.joining.wait_reason
-
     def describe_network(self) -> str:
         return self.routes.describe()
 

@@ -24,7 +24,7 @@ from torch_mingle._notes import Note, Sink
 from torch_mingle._ports import StorePorts
 from torch_mingle._quorum import quorum_met
 from torch_mingle._record import field, record
-from torch_mingle._records import History, Round, node_hex
+from torch_mingle._records import History, Round, WaitKind, node_hex
 from torch_mingle._rounds import Form, RoundBook
 from torch_mingle._wire import dumps_compact, encode_frame, frame_digest
 
@@ -134,11 +134,11 @@ class Vote:
                 self.withdraw(term)
                 self.wanted = None
                 self.wait_until = decision.until
-                if decision.reason.startswith("no quorum") and decision.reason != self._quorum_logged:
+                if decision.kind is WaitKind.NO_QUORUM and decision.reason != self._quorum_logged:
                     self._quorum_logged = decision.reason  # said once, not at every join
                     log.info("%s the next round waits: %s", term.label, decision.reason)
                     term.on_event(Note("quorum_wait", f"waits for a quorum: {decision.reason}"))
-                elif decision.reason.startswith("last call") and not self._last_call_noted:
+                elif decision.kind is WaitKind.LAST_CALL and not self._last_call_noted:
                     self._last_call_noted = True
                     term.on_event(
                         Note("last_call", f"opened the last call of the next round: {decision.reason}")

@@ -8,6 +8,7 @@ Pure values: the leader's term (``_rounds``), the member's ballot (``_ballot``),
 
 from __future__ import annotations
 
+import enum
 import functools
 import struct
 from collections.abc import Iterable
@@ -73,6 +74,20 @@ MAX_LINES = 8
 
 #: Rounds a node keeps (and says) it heard of: the newest ones, one per term.
 MAX_HEARD = 4
+
+
+class WaitKind(enum.Enum):
+    """Why no round forms now (``RoundBook.decide``), as the leader's ``wait`` answer says it
+    beside its text: what a node decides on, where the text is for people."""
+
+    FIRST_JOIN = "first_join"  # nothing decided yet
+    CLOSED = "closed"
+    GIVES_WAY = "gives_way"  # a newer term formed or proposed a round
+    LEADERS_JOIN = "leaders_join"  # the leader's own join is not in yet
+    TOO_FEW = "too_few"  # fewer than min_nodes
+    FIRST_MAJORITY = "first_majority"  # a first round waits for more than half of max_nodes
+    LAST_CALL = "last_call"
+    NO_QUORUM = "no_quorum"
 
 
 @record

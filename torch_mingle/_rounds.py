@@ -74,6 +74,7 @@ from torch_mingle._records import (
     Lines,
     Round,
     Status,
+    WaitKind,
     node_hex,
 )
 
@@ -166,6 +167,7 @@ class Form:
 @record
 class Wait:
     until: float | None
+    kind: WaitKind
     reason: str
 
 
@@ -210,6 +212,7 @@ class RoundBook:
     _broken_by: set[int] = field(default_factory=set)
     _min_reached_at: float | None = None
     _reason: str = "waiting for the first join"
+    _kind: WaitKind = WaitKind.FIRST_JOIN
     # Kept as ``pending`` changes, so that a join costs O(1) and not O(N) (N joins a round):
     #: the newest round a joiner reported (``_latest_known`` False: to be found again) ...
     _latest: History | None = None
@@ -297,7 +300,7 @@ class RoundBook:
         nodes = list(self.pending)
         for node in nodes:
             self._unpend(node)
-        self._reason = "closed"
+        self._kind, self._reason = WaitKind.CLOSED, "closed"
         return nodes
 
     def died(self, node: int, why: str) -> bool:
@@ -366,22 +369,28 @@ class RoundBook:
 
     def decide(self, now: float) -> Form | Wait:
         if self.closed:
-            return self._wait(None, "closed")
+            return self._wait(None, WaitKind.CLOSED, "closed")
         newer = self.outdated_by()
         if newer is not None:
-            return self._wait(None, f"a term of epoch {newer} formed or proposed a round: this one gives way")
+            return self._wait(
+                None,
+                WaitKind.GIVES_WAY,
+                f"a term of epoch {newer} formed or proposed a round: this one gives way",
+            )
         hold = self._next_hold_end(now)  # when a held-back node may restart the round: decide again
         if self.leader not in self.pending:
-            return self._wait(hold, "waiting for the leader's own join")
+            return self._wait(hold, WaitKind.LEADERS_JOIN, "waiting for the leader's own join")
         n = min(len(self.pending), self.max_nodes)  # the leader's own join is among them
         if n < self.min_nodes:
             self._min_reached_at = None
-            return self._wait(hold, f"{n} of min_nodes={self.min_nodes} nodes joined")
+            return self._wait(hold, WaitKind.TOO_FEW, f"{n} of min_nodes={self.min_nodes} nodes joined")
         first = self.first_round_majority and self.base() is None and not self.others.heard
         if first and 2 * n <= self.max_nodes:
             self._min_reached_at = None
             return self._wait(
-                hold, f"{n} nodes joined; the first round needs more than half of max_nodes={self.max_nodes}"
+                hold,
+                WaitKind.FIRST_MAJORITY,
+                f"{n} nodes joined; the first round needs more than half of max_nodes={self.max_nodes}",
             )
         if self._min_reached_at is None:
             self._min_reached_at = now
@@ -393,7 +402,11 @@ class RoundBook:
         if now >= deadline:
             return self._form(f"last call ({self.last_call_timeout:g}s) ended", hold)
         until = deadline if hold is None else min(deadline, hold)
-        return self._wait(until, f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come")
+        return self._wait(
+            until,
+            WaitKind.LAST_CALL,
+            f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come",
+        )
 
     def _form(self, reason: str, hold: float | None = None) -> Form | Wait:
         """The round of the first ``max_nodes`` in rank order (sorted only now: a decision to
@@ -407,7 +420,7 @@ class RoundBook:
         # at rank 0; the voters it leaves out accept the round all the same: ``quorum_met``).
         short = self._no_quorum(self.pending.keys(), base, uncertain, rivals)
         if short is not None:
-            return self._wait(hold, short)
+            return self._wait(hold, WaitKind.NO_QUORUM, short)
         joins = [self.pending[m] for m in admit]
         number = self.next_number()
         bases = [h for _, h in self._voting(base, uncertain, rivals)] if self.quorum else []
@@ -684,9 +697,14 @@ class RoundBook:
             + [(f"round {r.round} of epoch {r.epoch} (another line of this job)", r) for r in rivals]
         )
 
-    def _wait(self, until: float | None, reason: str) -> Wait:
-        self._reason = reason
-        return Wait(until=until, reason=reason)
+    def _wait(self, until: float | None, kind: WaitKind, reason: str) -> Wait:
+        self._kind, self._reason = kind, reason
+        return Wait(until=until, kind=kind, reason=reason)
+
+    @property
+    def wait_kind(self) -> WaitKind:
+        """Why the last decision waited (``explain`` says it in words)."""
+        return self._kind
 
     def _hold_end(self, node: int) -> float:
         doublings = min(MAX_HOLD_DOUBLINGS, max(0, self.ledger.drops.get(node, 1) - 1))

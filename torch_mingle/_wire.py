@@ -51,7 +51,7 @@ MAGIC = b"MNGL"
 #: says the highest round its node heard of (``Query.round_seen``); 9: a round heard of is named
 #: by its key (epoch, leader, number), in queries, announcements and frames (``_records.Heard``),
 #: not by its number. Nodes of different versions drop each other's datagrams (bad_version).
-VERSION = 9
+VERSION = 10
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01

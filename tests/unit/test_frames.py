@@ -31,7 +31,7 @@ from torch_mingle._frames import (
     from_leader,
     from_node,
 )
-from torch_mingle._records import Heard, History, Round
+from torch_mingle._records import Heard, History, Round, WaitKind
 from torch_mingle._wire import FrameReader, Invalid, encode_frame
 
 HIST = History(epoch=3, round=7, members=(0xA, 0xB, 0xC), lines=((1, 0xA, 1), (1, 0xC, 1)))
@@ -112,7 +112,9 @@ def test_the_leader_frames_read_as_records():
     )
     assert from_leader({"t": "round", "id": 4, "number": 8}) == RoundFormed(4, None, 8)
     assert from_leader({"t": "round", "id": 4, "round": rnd}) == RoundFormed(4, ROUND)
-    assert from_leader({"t": "wait", "id": 4, "reason": "r", "parked": True}) == Wait(4, "r", True)
+    wait = {"t": "wait", "id": 4, "reason": "r", "parked": True, "cause": "no_quorum"}
+    assert from_leader(wait) == Wait(4, "r", True, cause=WaitKind.NO_QUORUM)
+    assert isinstance(from_leader({**wait, "cause": "no quorum"}), Invalid)  # a kind, not a text
     assert from_leader({"t": "closed"}) == JobClosed()
 
 

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from torch_mingle._quorum import may_accept
-from torch_mingle._records import History, Round, Status
+from torch_mingle._records import History, Round, Status, WaitKind
 from torch_mingle._rounds import Form, JoinRequest, RoundBook, Wait
 from torch_mingle._wire import deflated
 
@@ -68,7 +68,7 @@ def test_no_round_without_the_leader_even_at_max_nodes():
 def test_max_nodes_forms_at_once_and_min_nodes_waits_for_the_last_call():
     b = book(min_nodes=2, max_nodes=4, last_call=30.0)
     join(b, LEADER)
-    assert b.decide(0.0) == Wait(until=None, reason="1 of min_nodes=2 nodes joined")
+    assert b.decide(0.0) == Wait(until=None, kind=WaitKind.TOO_FEW, reason="1 of min_nodes=2 nodes joined")
     join(b, 0x20)
     d = b.decide(1.0)
     assert isinstance(d, Wait)
@@ -179,7 +179,7 @@ def test_a_returning_node_does_not_restart_a_fresh_round_until_it_ran_rejoin_del
     join(b, 0x30, History(epoch=1, round=1, members=(LEADER, 0x20, 0x30)))
     assert b.parked(0x30)
     assert b.status(4.5).waiting == 0
-    assert b.decide(4.5) == Wait(until=13.0, reason=b.decide(4.5).reason)
+    assert b.decide(4.5) == Wait(until=13.0, kind=WaitKind.LEADERS_JOIN, reason=b.decide(4.5).reason)
     assert b.status(13.0).waiting == 1  # the round ran rejoin_delay: now it may restart it
     # Dropped a second time: twice as long.
     join(b, LEADER)
@@ -291,7 +291,7 @@ def test_close_answers_every_waiting_join():
     join(b, LEADER)
     join(b, 0x20)
     assert sorted(b.close()) == [LEADER, 0x20]
-    assert b.decide(0.0) == Wait(until=None, reason="closed")
+    assert b.decide(0.0) == Wait(until=None, kind=WaitKind.CLOSED, reason="closed")
     assert b.status(0.0).closed
     assert b.status(0.0).waiting == 0
 
