@@ -17,6 +17,7 @@ import random
 import statistics
 from pathlib import Path
 
+from torch_mingle._frames import Join
 from torch_mingle._order import place_of
 from torch_mingle._rounds import JoinRequest, rank_order
 
@@ -39,7 +40,7 @@ def ranks_under(
     pending = {}
     for n in arrived:
         env = {"SLURM_NODEID": str(nodes.index(n)), "TORCH_MINGLE_TOPOLOGY": f"dc1/rack{rack[n]}"}
-        pending[n] = JoinRequest(node=n, ip="198.18.0.1", place=place_of(policy, env, names[n]))
+        pending[n] = JoinRequest(node=n, join=Join(0, "198.18.0.1", place=place_of(policy, env, names[n])))
     return list(rank_order(rng.choice(arrived), pending))
 
 

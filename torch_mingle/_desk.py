@@ -87,19 +87,7 @@ class JoinDesk:
     def asked(self, term: Desk, m: Member, join: Join, now: float) -> None:
         """A join, from a member's connection or from the leader's own node."""
         assert m.node is not None  # noqa: S101 - only identified members join
-        req = JoinRequest(
-            node=m.node,
-            ip=join.ip,
-            history=self.history_of(term, m, join),
-            dport=join.dport,
-            pport=join.pport,
-            gone=join.gone,
-            accepted=join.accepted,
-            place=join.place,
-            restarted=join.restarted,
-            incarnation=m.incarnation,
-            seen=join.seen,
-        )
+        req = JoinRequest(m.node, join, self.history_of(term, m, join), m.incarnation)
         self.join(term, m, join.ticket, req, join.timeout_s, join.remaining_s, now)
 
     def history_of(self, term: Desk, m: Member, join: Join) -> History | None:

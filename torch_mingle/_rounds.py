@@ -60,6 +60,7 @@ import itertools
 import math
 from collections.abc import Collection
 
+from torch_mingle._frames import Join
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._ledger import Ledger
 from torch_mingle._others import OtherTerms, join_lines
@@ -67,7 +68,6 @@ from torch_mingle._places import natural_key
 from torch_mingle._record import field, record
 from torch_mingle._records import (
     MAX_MEMBERS,
-    NOTHING_HEARD,
     Gone,
     Heard,
     History,
@@ -83,28 +83,58 @@ MAX_HOLD_DOUBLINGS = 5
 
 @record
 class JoinRequest:
+    """A join as the leader's book keeps it: the node's ``Join`` as it sent it, and what only the
+    leader's side knows (who sent it, which process, its last round whole where the join named
+    it by number)."""
+
     node: int
-    ip: str
+    join: Join
+    #: The node's last round (``Join.history``, or the round ``Join.ref`` names).
     history: History | None = None
-    #: The node's discovery (unicast datagram) port: members reach each other when multicast stops.
-    dport: int = 0
-    #: The node's data-path probe port (TCP, 0: none): its peers check they reach it (``_datapath``).
-    pport: int = 0
-    #: Nodes that the joiner knows left the job (a leader whose ``bye`` said so), each with the
-    #: round it left: it no longer votes on that round's successor.
-    gone: Gone = ()
-    #: The newest proposal the joiner accepted that is newer than its history: a round that
-    #: may have formed without its knowing. The next round counts that proposal's voters too.
-    accepted: History | None = None
-    #: Where the node sorts in rank order (``_order``): "" sorts first, then by natural order.
-    place: str = ""
-    #: A new process of the node (a restarted agent: ``_identity``) that was in no round yet.
-    restarted: bool = False
     #: Which process of its node id sent it (``_identity``).
     incarnation: int = 1
-    #: The rounds of the job its node heard of (a spare told that a round runs without it, too):
-    #: one that no joiner was in leaves no quorum to count (``OtherTerms.unaccounted``).
-    seen: Heard = NOTHING_HEARD
+
+    @property
+    def ip(self) -> str:
+        return self.join.ip
+
+    @property
+    def dport(self) -> int:
+        """The node's discovery (unicast datagram) port: members reach each other when multicast stops."""
+        return self.join.dport
+
+    @property
+    def pport(self) -> int:
+        """The node's data-path probe port (TCP, 0: none): its peers check they reach it (``_datapath``)."""
+        return self.join.pport
+
+    @property
+    def gone(self) -> Gone:
+        """Nodes that the joiner knows left the job, each with the round it left: it no longer
+        votes on that round's successor."""
+        return self.join.gone
+
+    @property
+    def accepted(self) -> History | None:
+        """The newest proposal the joiner accepted that is newer than its history: a round that
+        may have formed without its knowing; the next round counts its voters too."""
+        return self.join.accepted
+
+    @property
+    def place(self) -> str:
+        """Where the node sorts in rank order (``_order``): "" sorts first, then by natural order."""
+        return self.join.place
+
+    @property
+    def restarted(self) -> bool:
+        """A new process of the node (a restarted agent: ``_identity``) that was in no round yet."""
+        return self.join.restarted
+
+    @property
+    def seen(self) -> Heard:
+        """The rounds of the job its node heard of: one that no joiner was in leaves no quorum
+        to count (``OtherTerms.unaccounted``)."""
+        return self.join.seen
 
 
 def rank_order(

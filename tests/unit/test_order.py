@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from torch_mingle._frames import Join
 from torch_mingle._order import parse_policy, place_of
 from torch_mingle._places import natural_key
 from torch_mingle._rounds import JoinRequest, rank_order
@@ -16,7 +17,7 @@ from torch_mingle.errors import MingleConfigError
 
 
 def joins(places: dict[int, str]) -> dict[int, JoinRequest]:
-    return {n: JoinRequest(node=n, ip="198.18.0.1", place=p) for n, p in places.items()}
+    return {n: JoinRequest(node=n, join=Join(0, "198.18.0.1", place=p)) for n, p in places.items()}
 
 
 def test_host_names_sort_by_their_numbers_not_as_strings():

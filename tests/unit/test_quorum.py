@@ -15,6 +15,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torch_mingle._frames import Join
 from torch_mingle._quorum import quorum_met
 from torch_mingle._records import Heard, History, Round
 from torch_mingle._rounds import Form, JoinRequest, RoundBook, Wait
@@ -44,7 +45,7 @@ def join(
     # (``left_from``, else the joiner's ``history``).
     left_from = left_from or history
     left = tuple((n, left_from.key if left_from else None) for n in sorted(gone))
-    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history, gone=left), 0.0)
+    b.join(JoinRequest(node=node, join=Join(0, f"198.18.0.{node}", gone=left), history=history), 0.0)
 
 
 def test_a_half_of_the_previous_round_never_forms_a_round():
@@ -277,7 +278,9 @@ def test_a_terms_withdrawn_first_proposal_is_no_rival_of_the_round_it_formed_nex
     later.epoch = 3
     join(later, 5, history=formed)
     join(later, 6, history=formed)
-    later.join(JoinRequest(node=7, ip="198.18.0.7", accepted=withdrawn, seen=Heard((withdrawn.key,))), 0.0)
+    later.join(
+        JoinRequest(node=7, join=Join(0, "198.18.0.7", accepted=withdrawn, seen=Heard((withdrawn.key,)))), 0.0
+    )
     assert later.rivals() == []
     assert isinstance(settle(later), Form)
 
@@ -291,7 +294,10 @@ def test_a_round_heard_of_that_a_joiner_accepted_as_a_proposal_counts_by_its_vot
     b = book(1, min_nodes=4)
     for node in (1, 2, 3, 4):
         b.join(
-            JoinRequest(node=node, ip=f"198.18.0.{node}", accepted=proposal, seen=Heard((proposal.key,))), 0.0
+            JoinRequest(
+                node=node, join=Join(0, f"198.18.0.{node}", accepted=proposal, seen=Heard((proposal.key,)))
+            ),
+            0.0,
         )
     d = settle(b)
     assert isinstance(d, Form) and set(d.members) == {1, 2, 3, 4}, d
@@ -300,7 +306,10 @@ def test_a_round_heard_of_that_a_joiner_accepted_as_a_proposal_counts_by_its_vot
     b = book(1, min_nodes=4)
     for node in (1, 2, 3, 4):
         b.join(
-            JoinRequest(node=node, ip=f"198.18.0.{node}", accepted=proposal, seen=Heard((other.key,))), 0.0
+            JoinRequest(
+                node=node, join=Join(0, f"198.18.0.{node}", accepted=proposal, seen=Heard((other.key,)))
+            ),
+            0.0,
         )
     d = settle(b)
     assert isinstance(d, Wait) and "leader 0000000000000008) ran, and none of its members" in d.reason
@@ -405,7 +414,7 @@ def test_a_departure_counts_for_the_newest_round_its_node_voted_for_not_the_lead
     b.current = Round(number=3, epoch=1, members=(1, 2, 3, 4), store_ip="198.18.0.1", store_port=1)
     assert b.current_key() == PREVIOUS.key
     other = History(epoch=3, round=4, members=(5, 2, 3))
-    b.join(JoinRequest(node=2, ip="198.18.0.2", history=PREVIOUS, accepted=other), 0.0)
+    b.join(JoinRequest(node=2, join=Join(0, "198.18.0.2", accepted=other), history=PREVIOUS), 0.0)
     b.leave(2)
     assert b.ledger.left_in(2) == other.key
     assert 2 in b.ledger.voters_of(PREVIOUS.members, PREVIOUS.key)
@@ -420,7 +429,7 @@ def test_a_departure_by_its_own_word_counts_for_its_round_and_an_unknown_one_for
     assert b.ledger.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
     b.leave(3)  # nothing known of node 3's rounds: it keeps its vote everywhere
     assert b.ledger.left_in(3) is None
-    b.join(JoinRequest(node=4, ip="198.18.0.4", history=PREVIOUS, gone=((3, None),)), 0.0)
+    b.join(JoinRequest(node=4, join=Join(0, "198.18.0.4", gone=((3, None),)), history=PREVIOUS), 0.0)
     assert b.ledger.voters_of(PREVIOUS.members, PREVIOUS.key) == {1, 2, 3, 4}
 
 
@@ -442,7 +451,7 @@ def test_a_round_of_no_base_needs_every_member_also_beside_a_proposal_it_account
     b = book(1, max_nodes=6)
     proposal = History(epoch=1, round=1, members=(3, 4, 5))
     join(b, 3, history=None)
-    b.join(JoinRequest(node=4, ip="198.18.0.4", accepted=proposal), 0.0)
+    b.join(JoinRequest(node=4, join=Join(0, "198.18.0.4", accepted=proposal)), 0.0)
     for node in (1, 2, 5, 6):
         join(b, node, history=None)
     d = settle(b)

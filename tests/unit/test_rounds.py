@@ -13,6 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from torch_mingle._frames import Join
 from torch_mingle._quorum import may_accept
 from torch_mingle._records import History, Round, Status, WaitKind
 from torch_mingle._rounds import Form, JoinRequest, RoundBook, Wait
@@ -33,7 +34,7 @@ def book(min_nodes=2, max_nodes=4, last_call=30.0, epoch=1, rejoin_delay=30.0):
 
 
 def join(b: RoundBook, node: int, history: History | None = None) -> None:
-    b.join(JoinRequest(node=node, ip=f"198.18.0.{node}", history=history), 0.0)
+    b.join(JoinRequest(node=node, join=Join(0, f"198.18.0.{node}"), history=history), 0.0)
 
 
 def form(b: RoundBook, decision: Form | Wait, now: float = 0.0) -> Round:
@@ -232,7 +233,7 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
 def _restarted_join(b: RoundBook, node: int, history: History, now: float, incarnation: int) -> None:
     """A new process of ``node`` (a restarted agent) that was in no round yet asks to join."""
     req = JoinRequest(
-        node=node, ip=f"198.18.0.{node}", history=history, restarted=True, incarnation=incarnation
+        node=node, join=Join(0, f"198.18.0.{node}", restarted=True), history=history, incarnation=incarnation
     )
     b.join(req, now)
 
@@ -488,7 +489,7 @@ def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
     for op, node, hist in ops:
         now += 1.0
         if op == "join":
-            b.join(JoinRequest(node=node, ip="198.18.0.1", history=hist), 0.0)
+            b.join(JoinRequest(node=node, join=Join(0, "198.18.0.1"), history=hist), 0.0)
         elif op == "decide" or node == LEADER:  # the leader never withdraws, dies or leaves here
             decision = b.decide(now)
             if isinstance(decision, Form):
