@@ -221,6 +221,7 @@ class Generator:
 
     def connect_all(self, deadline: float) -> None:
         from torch_mingle._follower import FollowerSession
+        from torch_mingle._settings import Beats
 
         rng = random.Random(self.n)
         todo = list(range(self.n))
@@ -235,7 +236,7 @@ class Generator:
                 session = FollowerSession(
                     claim=self.claim, ip=self.leader["ip"], port=self.leader["port"],
                     node=rng.getrandbits(63) | 1, own_ip="127.0.0.1", history=None,
-                    interval_s=self.interval_s, timeout_s=self.timeout_s, connect_timeout_s=PHASE_TIMEOUT_S,
+                    beats=Beats(self.interval_s, self.timeout_s, connect_timeout_s=PHASE_TIMEOUT_S),
                     label="bench", started=time.monotonic(), conn=sock.fileno(),
                 )  # fmt: skip
                 m = Member(sock, session)

@@ -52,7 +52,7 @@ class Advised(Protocol):
 class Advice:
     def __init__(self, settings: NodeSettings) -> None:
         self._warning_s = settings.discovery_warning_s
-        self._timeout_s = settings.timeout_s
+        self._timeout_s = settings.beats.timeout_s
         #: When to say that nothing was heard of the other nodes.
         self._quiet_at: float | None = None
         #: When a join that waits for a quorum says what to do, once.

@@ -26,12 +26,12 @@ from torch_mingle._node import Node
 from torch_mingle._order import place_of
 from torch_mingle._protocol import Discovery
 from torch_mingle._record import record
-from torch_mingle._settings import NodeSettings
+from torch_mingle._settings import Beats, NodeSettings, RoundRules
 from torch_mingle._slurm import JOB_ID_ENV
 from torch_mingle._store import StoreKeeper
 from torch_mingle._transport import McastTransport
 from torch_mingle._view import Diagnostics
-from torch_mingle._wire import Codec, derive_key, parse_ip
+from torch_mingle._wire import SCOPE_NAMES, Codec, derive_key, parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import README_SECURITY, MingleConfigError
 
@@ -69,6 +69,8 @@ def assemble(config: MingleConfig, *, node_id: int | None = None) -> Assembly:
     # With several interfaces and no pin, every one listens; the node settles on the one its
     # job's peers answer on, and the stores of a leader listen on all of them.
     multi = len(ifaces) > 1
+    with contextlib.suppress(OSError):
+        SCOPE_NAMES.update(socket.if_nameindex())  # link-local scopes named as every host names them
     ip = _resolve_ip(config.local_addr, family) if config.local_addr else ifaces[0].address
     bind_ip = _wildcard(family) if multi else ip
     connect_ip = _loopback(family) if multi else ip
@@ -110,20 +112,24 @@ def assemble(config: MingleConfig, *, node_id: int | None = None) -> Assembly:
     settings = NodeSettings(
         job=config.run_id,
         node_id=identity.node_id,
-        min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
-        last_call_timeout_s=config.last_call_timeout,
-        rejoin_delay_s=config.rejoin_delay,
-        interval_s=config.keep_alive_interval,
-        timeout_s=config.keep_alive_timeout,
-        connect_timeout_s=min(MAX_CONNECT_TIMEOUT_S, config.keep_alive_timeout),
+        rules=RoundRules(
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            last_call_timeout_s=config.last_call_timeout,
+            rejoin_delay_s=config.rejoin_delay,
+            quorum=config.quorum == "majority",
+            first_round_majority=config.first_round == "majority",
+        ),
+        beats=Beats(
+            interval_s=config.keep_alive_interval,
+            timeout_s=config.keep_alive_timeout,
+            connect_timeout_s=min(MAX_CONNECT_TIMEOUT_S, config.keep_alive_timeout),
+        ),
         discovery_warning_s=config.discovery_warning,
         bind_ip=bind_ip,
         advertised_ip=bind_ip,
         connect_ip=connect_ip,
         label=label,
-        quorum=config.quorum == "majority",
-        first_round_majority=config.first_round == "majority",
         probe_port=probe.port if probe is not None else 0,
         incarnation=identity.incarnation,
         place=place_of(config.rank_order, os.environ),
@@ -138,7 +144,7 @@ def assemble(config: MingleConfig, *, node_id: int | None = None) -> Assembly:
         peers=config.peer_hosts(),
         standby_peers=config.standby_hosts(),
         write_timeout_s=config.keep_alive_timeout,
-        connect_timeout_s=settings.connect_timeout_s,
+        connect_timeout_s=settings.beats.connect_timeout_s,
         label=label,
         membership_refresh_s=config.membership_refresh,
         identity=identity,

@@ -20,6 +20,9 @@ from torch_mingle._frames import (
     Join,
     JoinAnswer,
     JoinTimedOut,
+    LeaderFrame,
+    Members,
+    Next,
     OutOfContext,
     Retry,
     RoundFormed,
@@ -30,7 +33,7 @@ from torch_mingle._ports import StorePorts
 from torch_mingle._proposals import Vote
 from torch_mingle._records import History, Round, keep_delivered, node_hex
 from torch_mingle._rounds import JoinRequest, RoundBook
-from torch_mingle._wire import encode_frame, frame_digest
+from torch_mingle._wire import frame_digest
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,7 @@ class Desk(Protocol):
     def _decide(self, now: float) -> None: ...
     def _mark_status(self, now: float) -> None: ...
     def _out(self, m: Member, frame: bytes, digest: bytes | None = None) -> None: ...
-    def _send(
-        self, m: Member, kind: str, *, encoded: dict[str, str] | None = None, **fields: Any
-    ) -> None: ...
-    def _send_record(self, m: Member, frame: Any) -> None: ...
+    def _send_record(self, m: Member, frame: LeaderFrame) -> None: ...
     def _set_last(self, m: Member, last: tuple[int, int, int] | None) -> None: ...
     def _update_established(self) -> None: ...
 
@@ -173,8 +173,7 @@ class JoinDesk:
             rnd = answer.round
             assert rnd is not None  # noqa: S101 - the leader answers with the round itself
             keep_delivered(m.delivered, rnd)  # as the follower records it (``_delivered_number``)
-            encoded = {"status": status_text} if status_text is not None else {}
-            term._send(m, "round", id=ticket, number=rnd.number, encoded=encoded)
+            term._out(m, RoundFormed(ticket, number=rnd.number).encode(status_text))
         else:
             term._send_record(m, answer)
 
@@ -184,7 +183,7 @@ class JoinDesk:
         member (one frame of N members built per member made a round O(N**2) in the leader)."""
         cached = self._members_frame
         if cached is None or cached[0] is not rnd:
-            frame = encode_frame("members", encoded={"round": rnd.encoded})
+            frame = Members(rnd).encode()
             digest = frame_digest(frame) if term.seal_key is not None else None
             cached = self._members_frame = (rnd, frame, digest)
         term._out(m, cached[1], cached[2])
@@ -281,4 +280,4 @@ class JoinDesk:
         port = term.ports.spare
         if port is not None and m.conn is not None and m.connects_ahead and m.offered != port:
             m.offered = port
-            term._send(m, "next", port=port)
+            term._send_record(m, Next(port))

@@ -45,11 +45,13 @@ from typing import Any
 from torch_mingle import _failpoints
 from torch_mingle._claims import Claim
 from torch_mingle._frames import (
+    BEAT,
     Accept,
     Ack,
     Arrive,
     Beat,
     Bye,
+    Challenge,
     Close,
     Evicted,
     Hello,
@@ -66,15 +68,17 @@ from torch_mingle._frames import (
     Retry,
     RoundFormed,
     StatusPush,
+    Unsealed,
     Wait,
     Welcome,
-    from_leader,
+    leader_frames,
 )
 from torch_mingle._keys import RoundKey
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._record import field, record, replace
 from torch_mingle._records import NOTHING_HEARD, Gone, Heard, History, Round, Status, keep_delivered
-from torch_mingle._wire import Invalid, Seal, encode_frame
+from torch_mingle._settings import Beats
+from torch_mingle._wire import Invalid, Seal
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +133,8 @@ class FollowerSession:
     node: int
     own_ip: str
     history: History | None
-    interval_s: float
-    timeout_s: float
-    connect_timeout_s: float
+    #: Its heartbeats and their bounds (``_settings.Beats``).
+    beats: Beats
     label: str
     started: float
     conn: int = -1
@@ -236,23 +239,29 @@ class FollowerSession:
         if isinstance(frames, Invalid):
             self._end(f"protocol error from the leader: {frames.reason}")
             return
-        for msg in frames:
+        for frame in leader_frames(frames, self.seal):
             if self.over:  # a frame before this one ended the session
                 return
             seal = self.seal
             if seal is not None and self.phase is SessionPhase.CHALLENGE:
-                hello = seal.hello(msg, **self._hello().fields()) if msg.get("t") == "challenge" else None
+                hello = (
+                    seal.hello(frame.nonce, **self._hello().fields())
+                    if isinstance(frame, Challenge)
+                    else None
+                )
                 if hello is None:
                     self._end("the leader did not open with a challenge (no secret there?)")
                     return
                 self.last_heard = now
                 self._say_hello(hello)
                 continue
-            if seal is not None and not seal.open(msg):
+            if isinstance(frame, Unsealed):
                 why = "a frame from the leader without this connection's MAC (another secret?)"
                 self._end(why)
                 return
-            frame = from_leader(msg)
+            if isinstance(frame, Challenge):
+                self._end("protocol error from the leader: a challenge after the handshake")
+                return
             if isinstance(frame, Invalid):
                 self._end(f"protocol error from the leader: {frame.reason}")
                 return
@@ -260,35 +269,36 @@ class FollowerSession:
 
     def handle_timer(self, now: float) -> None:
         if self.phase is SessionPhase.CONNECTING:
-            if now >= self.started + self.connect_timeout_s:
+            if now >= self.started + self.beats.connect_timeout_s:
                 self._end(
                     f"the leader {self.ip}:{self.port} did not accept our connection "
-                    f"within {self.connect_timeout_s:g}s"
+                    f"within {self.beats.connect_timeout_s:g}s"
                 )
             return
         if self.phase in (SessionPhase.CHALLENGE, SessionPhase.HELLO):
-            if now >= self.last_heard + self.timeout_s:  # last_heard: the accept
+            if now >= self.last_heard + self.beats.timeout_s:  # last_heard: the accept
                 self._end(
-                    f"the leader {self.ip}:{self.port} did not answer our hello within {self.timeout_s:g}s"
+                    f"the leader {self.ip}:{self.port} did not answer our hello "
+                    f"within {self.beats.timeout_s:g}s"
                 )
             return
         if self.phase is not SessionPhase.READY:
             return
-        if now >= self.last_heard + self.timeout_s:  # the same sum as next_timer(): no float gap
-            self._end(f"no heartbeat from the leader for {self.timeout_s:g}s")
+        if now >= self.last_heard + self.beats.timeout_s:  # the same sum as next_timer(): no float gap
+            self._end(f"no heartbeat from the leader for {self.beats.timeout_s:g}s")
             return
         if now >= self._next_beat:
-            self._next_beat = now + self.interval_s
-            self._out(encode_frame("hb"))
+            self._next_beat = now + self.beats.interval_s
+            self._out(BEAT.encode())
             self.on_event(Note("keep_alive", f"sent a keep-alive heartbeat to the leader {self.ip}"))
 
     def next_timer(self) -> float | None:
         if self.phase is SessionPhase.CONNECTING:
-            return self.started + self.connect_timeout_s
+            return self.started + self.beats.connect_timeout_s
         if self.phase in (SessionPhase.CHALLENGE, SessionPhase.HELLO):
-            return self.last_heard + self.timeout_s
+            return self.last_heard + self.beats.timeout_s
         if self.phase is SessionPhase.READY:
-            return min(self._next_beat, self.last_heard + self.timeout_s)
+            return min(self._next_beat, self.last_heard + self.beats.timeout_s)
         return None
 
     # ------------------------------------------------------------ requests
@@ -376,7 +386,7 @@ class FollowerSession:
             case Welcome(epoch=epoch) if epoch == self.claim.epoch:
                 self.status = frame.status
                 self.phase = SessionPhase.READY
-                self._next_beat = now + self.interval_s
+                self._next_beat = now + self.beats.interval_s
                 self._events.append(Welcomed(self.status or Status(), seen=frame.seen))
             case Reject():
                 self._end(f"the leader rejected us: {frame.why}")

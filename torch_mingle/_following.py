@@ -22,7 +22,14 @@ from torch_mingle._frames import JobClosed as ClosedAnswer
 from torch_mingle._joining import Joiner
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._notes import Sink
-from torch_mingle._ready import Ready
+from torch_mingle._ready import (
+    Connected,
+    ConnectionAccepted,
+    ConnectionClosed,
+    ConnectionInput,
+    FramesReceived,
+    Ready,
+)
 from torch_mingle._records import History, Round
 from torch_mingle._roles import Electing, Following, NodeRole
 from torch_mingle._wire import Seal
@@ -52,6 +59,24 @@ class Follower(Joiner, Protocol):
     def answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None: ...
 
 
+def step(node: Follower, session: FollowerSession, event: ConnectionInput, now: float) -> bool:
+    """A connection's input in the following role: the session's connection only. True: the
+    node flushes what it decided."""
+    match event:
+        case Connected(conn=conn):
+            if conn != session.conn:
+                return False  # a connection of an earlier session
+            session.connected(now)
+        case FramesReceived(conn=conn, frames=frames) if conn == session.conn:
+            session.received(frames, now)
+        case ConnectionClosed(conn=conn, reason=reason) if conn == session.conn:
+            session.closed(reason, now)
+        case ConnectionAccepted(conn=conn):
+            node.out.close(conn)  # no term: nothing of this node listens for it
+            return False
+    return True
+
+
 def connect(node: Follower, view: LeaderView, now: float) -> None:
     s = node.settings
     ip = view.store_ip
@@ -63,9 +88,7 @@ def connect(node: Follower, view: LeaderView, now: float) -> None:
         node=s.node_id,
         own_ip=node.routes.local_ip_towards(ip),
         history=node.history,
-        interval_s=s.interval_s,
-        timeout_s=s.timeout_s,
-        connect_timeout_s=s.connect_timeout_s,
+        beats=s.beats,
         label=s.label,
         started=now,
         conn=conn,

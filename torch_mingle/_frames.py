@@ -18,7 +18,7 @@ a hello carries on both sides. Why a module of its own and not ``_wire``: the re
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch_mingle._keys import RoundKey
@@ -44,7 +44,7 @@ from torch_mingle._records import (
     round_key_of,
     round_key_to_json,
 )
-from torch_mingle._wire import Invalid, encode_frame
+from torch_mingle._wire import Invalid, Seal, encode_frame
 
 #: A join's wait, as its node says it, is at least this long (a shorter one is a busy loop).
 MIN_JOIN_WAIT_S = 0.5
@@ -207,6 +207,9 @@ class Close:
 class Beat:
     """A heartbeat."""
 
+    def encode(self) -> bytes:
+        return encode_frame("hb")
+
 
 @record
 class Bye:
@@ -220,7 +223,12 @@ class Bye:
     seen: Heard = NOTHING_HEARD
 
     def encode(self) -> bytes:
-        return encode_frame("bye", seen=self.seen.to_json()) if self.seen else encode_frame("bye")
+        fields: dict[str, Any] = {}
+        if self.leaving or self.gone:  # the leader's
+            fields.update(leaving=self.leaving, gone=gone_to_json(self.gone))
+        if self.seen:  # a node's
+            fields.update(seen=self.seen.to_json())
+        return encode_frame("bye", **fields)
 
 
 BEAT = Beat()
@@ -236,10 +244,17 @@ class Welcome:
     status: Status | None = None
     seen: Heard = NOTHING_HEARD
 
+    def encode(self) -> bytes:
+        status = self.status.to_json() if self.status is not None else None
+        return encode_frame("welcome", epoch=self.epoch, status=status, seen=self.seen.to_json())
+
 
 @record
 class Reject:
     why: str
+
+    def encode(self) -> bytes:
+        return encode_frame("reject", why=self.why)
 
 
 @record
@@ -251,12 +266,20 @@ class Propose:
     base: int
     covers: frozenset[RoundKey] = frozenset()
 
+    def encode(self) -> bytes:
+        """The same bytes for every voter: the round's member list is encoded once (``Round.encoded``)."""
+        covers = [[e, node_hex(leader), r] for e, leader, r in sorted(self.covers)]
+        return encode_frame("propose", base=self.base, covers=covers, encoded={"round": self.round.encoded})
+
 
 @record
 class Members:
     """A formed round, sent before the answers that name it by number."""
 
     round: Round
+
+    def encode(self) -> bytes:
+        return encode_frame("members", encoded={"round": self.round.encoded})
 
 
 @record
@@ -269,6 +292,14 @@ class RoundFormed:
     number: int | None = None
     #: The status the round runs under.
     status: Status | None = None
+
+    def encode(self, status_text: str | None = None) -> bytes:
+        """By number (the leader's answer: the member holds the round, proposed or ``members``);
+        ``status_text``: the status encoded once for every member it goes to."""
+        if self.number is None:
+            raise ValueError("a round is answered by its number")
+        encoded = {"status": status_text} if status_text is not None else {}
+        return encode_frame("round", id=self.ticket, number=self.number, encoded=encoded)
 
 
 @record
@@ -336,6 +367,9 @@ JoinAnswer = RoundFormed | Wait | Retry | JoinTimedOut | JobClosed
 class StatusPush:
     status: Status | None
 
+    def encode(self) -> bytes:
+        return encode_frame("status", status=self.status.to_json() if self.status is not None else None)
+
 
 @record
 class Ack:
@@ -353,6 +387,9 @@ class Evicted:
 
     why: str
 
+    def encode(self) -> bytes:
+        return encode_frame("evicted", why=self.why)
+
 
 @record
 class Next:
@@ -360,12 +397,58 @@ class Next:
 
     port: int
 
+    def encode(self) -> bytes:
+        return encode_frame("next", port=self.port)
+
+
+@record
+class Challenge:
+    """With a secret, the leader's first frame: its nonce, which the node's hello answers
+    (``Seal.hello``)."""
+
+    nonce: str
+
+
+@record
+class Unsealed:
+    """A frame without its connection's MAC (with a secret): it ends the connection."""
+
+
+UNSEALED = Unsealed()
 
 NodeFrame = Hello | Join | Accept | Arrive | Leave | Close | Beat | Bye
 LeaderFrame = (
     Welcome | Reject | Propose | Members | RoundFormed | Wait | Retry | JoinTimedOut | JobClosed
     | StatusPush | Ack | Evicted | Next | Beat | Bye
 )  # fmt: skip
+
+
+def node_frames(msgs: list[dict[str, Any]], seal: Seal | None) -> Iterator[NodeFrame | Invalid | Unsealed]:
+    """A node's frames on one connection, in order, as records. With a secret each is checked
+    against the connection's seal first (the hello against the leader's challenge), and the
+    first that fails is ``UNSEALED``, after which nothing of this batch is read. Lazily: a
+    frame that ends the connection leaves the rest unopened, and the seal's count with them."""
+    for msg in msgs:
+        if seal is not None and not (seal.open(msg) if seal.ready else seal.check_hello(msg)):
+            yield UNSEALED
+            return
+        yield from_node(msg)
+
+
+def leader_frames(
+    msgs: list[dict[str, Any]], seal: Seal | None
+) -> Iterator[LeaderFrame | Challenge | Invalid | Unsealed]:
+    """A leader's frames on one connection, in order, as records: with a secret, once the
+    handshake is done, each checked against the connection's seal (``UNSEALED`` ends the
+    batch); before it, the leader's ``Challenge``."""
+    for msg in msgs:
+        if seal is not None and seal.ready and not seal.open(msg):
+            yield UNSEALED
+            return
+        if seal is not None and not seal.ready and msg.get("t") == "challenge":
+            yield Challenge(_text(msg["n"])) if isinstance(msg.get("n"), str) else Invalid("a bad challenge")
+            continue
+        yield from_leader(msg)
 
 
 # --------------------------------------------------------------------------- decoding

@@ -19,8 +19,7 @@ from torch_mingle._ballot import Ballot
 from torch_mingle._claims import Role
 from torch_mingle._errors import StateError
 from torch_mingle._follower import FollowerSession
-from torch_mingle._frames import JobClosed as ClosedAnswer
-from torch_mingle._frames import Join, JoinAnswer, JoinTimedOut, Retry, RoundFormed, Wait
+from torch_mingle._frames import JobClosed, Join, JoinAnswer, JoinTimedOut, Retry, RoundFormed, Wait
 from torch_mingle._keys import RoundKey
 from torch_mingle._leader import LeaderTerm
 from torch_mingle._protocol import Discovery
@@ -28,7 +27,7 @@ from torch_mingle._ready import Routes, Ticket
 from torch_mingle._record import assert_never
 from torch_mingle._records import Heard, Round, Status, WaitKind
 from torch_mingle._settings import NodeSettings
-from torch_mingle._view import JobClosed, TimedOut
+from torch_mingle._view import JobOver, TimedOut
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ class Joining:
     def answer(self, node: Joiner, answer: JoinAnswer, session: FollowerSession | None, now: float) -> None:
         """The leader's answer to the agent's join (its own term's, or by ``session``)."""
         join = self.open()
-        if join is None or (not isinstance(answer, ClosedAnswer) and join.id != answer.ticket):
+        if join is None or (not isinstance(answer, JobClosed) and join.id != answer.ticket):
             return  # an answer to an older request
         match answer:
             case RoundFormed(round=Round() as rnd):
@@ -180,7 +179,7 @@ class Joining:
                 else:
                     who = f"this node leads ({node.term.claim})" if node.term is not None else "this node led"
                 self.decided(TimedOut(f"{who}; {answer.why}"))
-            case ClosedAnswer():
+            case JobClosed():
                 why = answer.why or "the job was closed while this node waited"
                 node.job_closed_seen(why, failed=answer.failed)
             case Wait():
@@ -210,7 +209,7 @@ class Joining:
             status = node.status(now)
             failure = (status.failure if status is not None else "") or (why if failed else "")
             ran = self.parked or bool(node.heard())
-            self.decided(JobClosed(waited, failure or why, failed=bool(failure), ran=ran))
+            self.decided(JobOver(waited, failure or why, failed=bool(failure), ran=ran))
 
     @staticmethod
     def why_no_round(node: Joiner) -> str:

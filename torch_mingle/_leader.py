@@ -48,24 +48,28 @@ from torch_mingle._desk import JoinDesk
 from torch_mingle._door import Door
 from torch_mingle._evidence import Evidence, judge
 from torch_mingle._frames import (
+    BEAT,
     Accept,
     Ack,
     Arrive,
     Beat,
     Bye,
     Close,
+    Evicted,
     Hello,
     JobClosed,
     Join,
     JoinAnswer,
-    JoinTimedOut,
+    LeaderFrame,
     Leave,
     NodeFrame,
     OutOfContext,
     Propose,
+    Reject,
     Retry,
-    Wait,
-    from_node,
+    Unsealed,
+    Welcome,
+    node_frames,
 )
 from torch_mingle._jobs import Job, OpenExitBarrier, OpenStore
 from torch_mingle._keys import RoundKey, newest_key
@@ -73,11 +77,12 @@ from torch_mingle._member import ConnId, Member
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._ports import StorePorts
 from torch_mingle._proposals import Vote
-from torch_mingle._push import StatusPush
+from torch_mingle._push import Pusher
 from torch_mingle._record import assert_never, field, record
-from torch_mingle._records import History, Round, Status, gone_to_json, node_hex
+from torch_mingle._records import History, Round, Status, node_hex
 from torch_mingle._rounds import Form, RoundBook
-from torch_mingle._wire import Invalid, Seal, encode_frame, frame_digest
+from torch_mingle._settings import Beats
+from torch_mingle._wire import Invalid, Seal, frame_digest
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +90,7 @@ HELLO_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 65536
 
 #: The heartbeat, encoded once (a thousand members get the same bytes every interval).
-HB_FRAME = encode_frame("hb")
+HB_FRAME = BEAT.encode()
 HB_DIGEST = frame_digest(HB_FRAME)
 
 
@@ -119,8 +124,8 @@ class LeaderTerm:
     claim: Claim
     book: RoundBook
     advertised_ip: str
-    interval_s: float
-    timeout_s: float
+    #: Its heartbeats and their bounds (``_settings.Beats``).
+    beats: Beats
     label: str
     own_history: History | None = None
     hello_timeout_s: float = HELLO_TIMEOUT_S
@@ -147,7 +152,7 @@ class LeaderTerm:
     #: Its members' joins: their answers, deadlines and parking (``_desk``).
     desk: JoinDesk = field(default_factory=JoinDesk)
     #: What it pushes to its round's members, and to whom (``_push``).
-    push: StatusPush = field(default_factory=StatusPush)
+    push: Pusher = field(default_factory=Pusher)
     #: The two-phase round: what it proposed and what its decisions keep (``_proposals``).
     vote: Vote = field(default_factory=Vote)
     #: With a secret: the key every control connection is authenticated with (``Seal``).
@@ -188,7 +193,7 @@ class LeaderTerm:
 
     def start(self, now: float) -> None:
         self.ports.jobs = self._jobs  # one list: the jobs go out in the order they were decided
-        self._next_beat = now + self.interval_s
+        self._next_beat = now + self.beats.interval_s
         self.ports.request(stopped=self._stopped)
         self._update_established()
         self._decide(now)
@@ -212,9 +217,10 @@ class LeaderTerm:
         departed = self.book.ledger.departed_of(rnd.member_set) if rnd else []
         if leaving:
             departed = sorted({*departed, self.claim.leader})
-        gone = gone_to_json((n, key) for n in departed if (key := self.book.ledger.left_in(n)) is not None)
+        gone = tuple((n, key) for n in departed if (key := self.book.ledger.left_in(n)) is not None)
+        bye = Bye(leaving, gone).encode()
         for m in list(self.conns.values()):
-            self._send(m, "bye", leaving=leaving, gone=gone)
+            self._out(m, bye)
         for conn in list(self.conns):
             self._closes.append((conn, why))
         self.conns.clear()
@@ -272,16 +278,14 @@ class LeaderTerm:
             return
         self.counters.frames_in += len(frames)
         decides = False
-        for msg in frames:
+        for frame in node_frames(frames, member.seal):
             if self.conns.get(conn) is not member:
                 return  # dropped by an earlier frame
-            seal = member.seal
-            if seal is not None and not (seal.open(msg) if seal.ready else seal.check_hello(msg)):
+            if isinstance(frame, Unsealed):
                 # With a secret, a frame without this connection's MAC (a hello from a host that
                 # does not know the secret, a frame added or replayed on the way) ends it.
                 self._drop(member, "a frame without this connection's MAC (not authenticated)", now)
                 return
-            frame = from_node(msg)
             if isinstance(frame, Invalid):
                 # The peer broke the protocol: that costs it its connection, never our term.
                 self._drop(member, f"protocol error from the node: {frame.reason}", now)
@@ -313,7 +317,7 @@ class LeaderTerm:
         self._settle()
         self.ports.due(now, stopped=self._stopped)
         if now >= self._next_beat:
-            self._next_beat = now + self.interval_s
+            self._next_beat = now + self.beats.interval_s
             self._sweep(now, beat=True)
         elif self._sweep_at is not None and now >= self._sweep_at:
             self._sweep(now, beat=False)
@@ -483,10 +487,8 @@ class LeaderTerm:
             self._drop(m, "protocol error: a hello with the leader's own node id", now)
             return
         if Claim(epoch=hello.epoch, leader=leader) != self.claim:
-            self._send(
-                m,
-                "reject",
-                why=f"this node leads {self.claim}, not epoch {hello.epoch} leader {leader:016x}",
+            self._send_record(
+                m, Reject(f"this node leads {self.claim}, not epoch {hello.epoch} leader {leader:016x}")
             )
             self._close(m, "wrong claim")
             return
@@ -495,8 +497,8 @@ class LeaderTerm:
         if old is not None and old is not m and old.incarnation > inc:
             # An older process of a node whose newer one is connected (it was frozen, say): the
             # newer one holds the node's identity and vote.
-            self._send(
-                m, "reject", why=f"incarnation {old.incarnation} of node {node_hex(node)} is connected"
+            self._send_record(
+                m, Reject(f"incarnation {old.incarnation} of node {node_hex(node)} is connected")
             )
             self._close(m, "an older incarnation")
             return
@@ -505,7 +507,7 @@ class LeaderTerm:
             old.node = None  # superseded: the node reconnected; not a death
             # Said, not just closed: if it is not the node's own reconnect (someone else uses its
             # id), the node must connect again, not take the close as the leader's death.
-            self._send(old, "evicted", why="another connection said hello with this node's id")
+            self._send_record(old, Evicted("another connection said hello with this node's id"))
             self._close(old, "superseded by a new connection of the same node")
             self.book.withdraw(node)  # its join, if any, comes again on the new connection
             if old.incarnation < inc:
@@ -522,9 +524,7 @@ class LeaderTerm:
         self.book.hear(hello.seen)
         self.push.hello(node)
         self.book.ips[node] = hello.ip
-        status = self.book.status(now).to_json()
-        seen = self.book.highest_heard().to_json()
-        self._send(m, "welcome", epoch=self.claim.epoch, status=status, seen=seen)
+        self._send_record(m, Welcome(self.claim.epoch, self.book.status(now), self.book.highest_heard()))
         if not self.book.parked(node):
             self.desk.offer_spare(self, m)  # its agent's first join is likely on its way
         proposal = self.vote.current
@@ -603,10 +603,10 @@ class LeaderTerm:
                     self._close(m, f"no hello within {self.hello_timeout_s:g}s")
                     continue
             else:
-                due = m.last_heard + self.timeout_s
+                due = m.last_heard + self.beats.timeout_s
                 if now >= due:
-                    why = f"no heartbeat for {self.timeout_s:g}s (frozen, cut off or too slow)"
-                    self._send(m, "evicted", why=why)
+                    why = f"no heartbeat for {self.beats.timeout_s:g}s (frozen, cut off or too slow)"
+                    self._send_record(m, Evicted(why))
                     self._drop(m, why, now, Evidence.SILENT)
                     continue
                 if beat:
@@ -616,7 +616,7 @@ class LeaderTerm:
         if earliest is None or earliest >= self._next_beat:
             self._sweep_at = None
         else:
-            self._sweep_at = max(earliest, now + self.interval_s / 10)
+            self._sweep_at = max(earliest, now + self.beats.interval_s / 10)
 
     def _drop(self, m: Member, why: str, now: float, evidence: Evidence = Evidence.BROKEN) -> None:
         """Close ``m``'s connection: it broke the protocol, or (``evidence``) went silent."""
@@ -684,7 +684,7 @@ class LeaderTerm:
         if rnd is None or self._barrier_opened >= rnd.number or not self.book.barrier_to_open():
             return
         self._barrier_opened = rnd.number
-        gone = sorted(node_hex(n) for n in self.book.departed() - self.book.arrived)
+        gone = sorted(node_hex(n) for n in self.book.gone_from_barrier())
         log.info(
             "%s exit barrier of round %d opened: %d node(s) arrived, %d left or died (%s)",
             self.label,
@@ -720,13 +720,9 @@ class LeaderTerm:
         self.push.mark(now)
         self._now = now
 
-    def _send_record(self, m: Member, frame: Wait | Retry | JoinTimedOut | JobClosed | Ack) -> None:
+    def _send_record(self, m: Member, frame: LeaderFrame) -> None:
         if m.conn is not None:
             self._out(m, frame.encode())
-
-    def _send(self, m: Member, kind: str, *, encoded: dict[str, str] | None = None, **fields: Any) -> None:
-        if m.conn is not None:
-            self._out(m, encode_frame(kind, encoded=encoded, **fields))
 
     def _out(self, m: Member, frame: bytes, digest: bytes | None = None) -> None:
         """Send ``frame`` to ``m`` (sealed with its connection's key, with a secret: ``Seal``;

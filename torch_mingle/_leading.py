@@ -25,7 +25,14 @@ from torch_mingle._leader import LeaderTerm
 from torch_mingle._notes import Note, Sink
 from torch_mingle._others import OtherTerms
 from torch_mingle._protocol import Discovery
-from torch_mingle._ready import Ready
+from torch_mingle._ready import (
+    Connected,
+    ConnectionAccepted,
+    ConnectionClosed,
+    ConnectionInput,
+    FramesReceived,
+    Ready,
+)
 from torch_mingle._records import Heard, History, Round
 from torch_mingle._roles import Electing, Leading, NodeRole
 from torch_mingle._rounds import RoundBook
@@ -63,6 +70,21 @@ class Leader(Joiner, Protocol):
     def vote(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool: ...
     def answer(self, answer: JoinAnswer | Ack, session: FollowerSession | None, now: float) -> None: ...
     def flush(self, now: float) -> None: ...
+
+
+def step(term: LeaderTerm, event: ConnectionInput, now: float) -> bool:
+    """A connection's input in the leading role: the term's control connections. True: the
+    node flushes what it decided."""
+    match event:
+        case ConnectionAccepted(conn=conn, source=source):
+            term.accepted(conn, now, source)
+        case FramesReceived(conn=conn, frames=frames) if conn in term.conns:
+            term.received(conn, frames, now)
+        case ConnectionClosed(conn=conn, reason=reason, evidence=evidence):
+            term.closed(conn, reason, now, evidence)
+        case Connected():
+            return False  # the leading role connects to nothing
+    return True
 
 
 def lead(node: Leader, epoch: int, now: float) -> None:
@@ -113,12 +135,7 @@ def start_term(node: Leader, port: int, now: float) -> None:
     book = RoundBook(
         leader=s.node_id,
         epoch=epoch,
-        min_nodes=s.min_nodes,
-        max_nodes=s.max_nodes,
-        last_call_timeout=s.last_call_timeout_s,
-        rejoin_delay_s=s.rejoin_delay_s,
-        quorum=s.quorum,
-        first_round_majority=s.first_round_majority,
+        rules=s.rules,
         others=OtherTerms(heard=node.heard()),
     )
     node.term_tag += 1
@@ -126,8 +143,7 @@ def start_term(node: Leader, port: int, now: float) -> None:
         claim=claim,
         book=book,
         advertised_ip=s.advertised_ip,
-        interval_s=s.interval_s,
-        timeout_s=s.timeout_s,
+        beats=s.beats,
         label=s.label,
         own_history=node.history,
         seal_key=node.core.codec.key,
@@ -221,8 +237,8 @@ def flush_term(node: Leader, term: LeaderTerm, now: float) -> bool:
             heard=term.book.highest_heard(),
             members=status.size,
             closed=status.closed,
-            min_nodes=node.settings.min_nodes,
-            max_nodes=node.settings.max_nodes,
+            min_nodes=node.settings.rules.min_nodes,
+            max_nodes=node.settings.rules.max_nodes,
             established=term.established,
             followers=term.connected_nodes(),
         )

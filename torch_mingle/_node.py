@@ -42,7 +42,6 @@ from torch_mingle._claims import (
 )
 from torch_mingle._cuts import StoreCuts
 from torch_mingle._errors import StateError
-from torch_mingle._evidence import Evidence
 from torch_mingle._follower import (
     FollowerSession,
 )
@@ -63,6 +62,7 @@ from torch_mingle._ready import (
     Connected,
     ConnectionAccepted,
     ConnectionClosed,
+    ConnectionInput,
     DatagramReceived,
     Extend,
     FramesReceived,
@@ -90,7 +90,6 @@ from torch_mingle._roles import Electing, Following, Leading, NodeRole
 from torch_mingle._settings import NodeSettings
 from torch_mingle._snapshot import Snapshots
 from torch_mingle._view import Joined
-from torch_mingle._wire import Invalid
 
 log = logging.getLogger(__name__)
 
@@ -221,14 +220,8 @@ class Node:
         match event:
             case DatagramReceived(data=data, addr=addr):
                 self._on_datagram(data, addr, now)
-            case FramesReceived(conn=conn, frames=frames):
-                self._on_frames(conn, frames, now)
-            case ConnectionAccepted(conn=conn, source=source):
-                self._on_accepted(conn, now, source)
-            case Connected(conn=conn):
-                self._on_connected(conn, now)
-            case ConnectionClosed(conn=conn, reason=reason, evidence=evidence):
-                self._on_closed(conn, reason, evidence, now)
+            case ConnectionAccepted() | Connected() | FramesReceived() | ConnectionClosed():
+                self._role_step(event, now)
             case WorkDone(job=job, tag=tag, result=result, error=error):
                 self._on_work_done(job, tag, result, error, now)
             case TimerFired():
@@ -277,32 +270,19 @@ class Node:
         else:
             self._flushed_later(now)
 
-    def _on_accepted(self, conn: int, now: float, source: str = "") -> None:
-        """A connection to our control port from ``source`` (an address)."""
-        if self.term is None:
-            self._out.close(conn)
-            return
-        self.term.accepted(conn, now, source)
-        self._flushed_later(now)
-
-    def _on_connected(self, conn: int, now: float) -> None:
-        if self.session is not None and self.session.conn == conn:
-            self.session.connected(now)
+    def _role_step(self, event: ConnectionInput, now: float) -> None:
+        """A connection's input goes to the role that holds it: chosen here, once (``_roles``)."""
+        match self.role:
+            case Leading(term=term):
+                changed = leading.step(term, event, now)
+            case Following(session=session):
+                changed = following.step(self, session, event, now)
+            case Electing():
+                if isinstance(event, ConnectionAccepted):
+                    self._out.close(event.conn)  # no term: nothing of this node listens for it
+                changed = not isinstance(event, ConnectionAccepted | Connected)
+        if changed:
             self._flushed_later(now)
-
-    def _on_frames(self, conn: int, frames: list[dict[str, object]] | Invalid, now: float) -> None:
-        if self.session is not None and self.session.conn == conn:
-            self.session.received(frames, now)
-        elif self.term is not None and conn in self.term.conns:
-            self.term.received(conn, frames, now)
-        self._flushed_later(now)
-
-    def _on_closed(self, conn: int, reason: str, evidence: Evidence, now: float) -> None:
-        if self.session is not None and self.session.conn == conn:
-            self.session.closed(reason, now)
-        elif self.term is not None:
-            self.term.closed(conn, reason, now, evidence)
-        self._flushed_later(now)
 
     def _on_work_done(self, job: Job, tag: int, result: object, error: str | None, now: float) -> None:
         if isinstance(job, OpenClient):

@@ -26,7 +26,7 @@ from torch_mingle._quorum import quorum_met
 from torch_mingle._record import field, record
 from torch_mingle._records import History, Round, WaitKind, node_hex
 from torch_mingle._rounds import Form, RoundBook
-from torch_mingle._wire import dumps_compact, encode_frame, frame_digest
+from torch_mingle._wire import dumps_compact, frame_digest
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,4 @@ class Vote:
     def frame(proposal: Proposal) -> bytes:
         """The ``propose`` frame of ``proposal`` (the same bytes for every voter)."""
         form = proposal.form
-        covers = [[e, node_hex(leader), r] for e, leader, r in form.covers]
-        return encode_frame(
-            "propose", base=form.base, covers=covers, encoded={"round": proposal.round.encoded}
-        )
+        return Propose(proposal.round, form.base, frozenset(form.covers)).encode()

@@ -12,16 +12,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 
+from torch_mingle._frames import StatusPush
 from torch_mingle._member import Member, status_key
 from torch_mingle._records import Status
 from torch_mingle._rounds import RoundBook
-from torch_mingle._wire import encode_frame, frame_digest
+from torch_mingle._wire import frame_digest
 
 #: Sends a frame (and its digest, with a secret) to a member (``LeaderTerm._out``).
 Send = Callable[[Member, bytes, "bytes | None"], None]
 
 
-class StatusPush:
+class Pusher:
     def __init__(self) -> None:
         self._key: tuple[object, ...] | None = None
         #: Members that said hello since the last push (they may not have been told).
@@ -63,7 +64,7 @@ class StatusPush:
             if m is None or m.conn is None or m.told == key or node in book.pending:
                 continue
             if not frame:
-                frame = encode_frame("status", status=status.to_json())
+                frame = StatusPush(status).encode()
                 digest = frame_digest(frame) if sealed else None
             m.told = key
             send(m, frame, digest)

@@ -186,6 +186,9 @@ class StoreUnreachable:
     why: str
 
 
+#: What happens on a connection: the role that holds it takes it (``Node._role_step``).
+ConnectionInput = ConnectionAccepted | Connected | FramesReceived | ConnectionClosed
+
 Input = (
     Started
     | DatagramReceived

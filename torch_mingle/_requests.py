@@ -147,7 +147,7 @@ def shutdown(
         else:
             # Between leaders (ours was just lost): the close goes to the next one, if one
             # welcomes this node in time; else the others would go on as if it had died.
-            node.requests.shutdown_due = now + min(close_timeout_s, node.settings.timeout_s)
+            node.requests.shutdown_due = now + min(close_timeout_s, node.settings.beats.timeout_s)
             log.info("%s shutting down: waiting for a leader to tell that the job closed", node.label)
     node.flush(now)
 

@@ -77,6 +77,7 @@ from torch_mingle._records import (
     WaitKind,
     node_hex,
 )
+from torch_mingle._settings import RoundRules
 
 MAX_HOLD_DOUBLINGS = 5
 
@@ -207,14 +208,8 @@ class RoundBook:
 
     leader: int
     epoch: int
-    min_nodes: int
-    max_nodes: int
-    last_call_timeout: float
-    rejoin_delay_s: float = 30.0
-    #: A round after the first needs a majority of the previous round's voting members.
-    quorum: bool = True
-    #: A job's first round needs more than half of ``max_nodes`` (``first_round=majority``).
-    first_round_majority: bool = False
+    #: The job's size, its waits and its quorum, as the node was told them (``_settings``).
+    rules: RoundRules
     #: What the term knows of the job's other terms: the rounds its nodes heard of, the
     #: proposals and rounds of other terms its joiners accepted or were in (``_others``).
     others: OtherTerms = field(default_factory=OtherTerms)
@@ -300,7 +295,7 @@ class RoundBook:
             known = (req.incarnation, now, known[1] if known is not None else None)
             self.restarted_at[req.node] = known
         _, at, before = known
-        return returning and before is not None and at - before < self.rejoin_delay_s
+        return returning and before is not None and at - before < self.rules.rejoin_delay_s
 
     def join_report(self, accepted: History) -> None:
         """A proposal of another term that a node accepted: the next round must account for it."""
@@ -410,32 +405,32 @@ class RoundBook:
         hold = self._next_hold_end(now)  # when a held-back node may restart the round: decide again
         if self.leader not in self.pending:
             return self._wait(hold, WaitKind.LEADERS_JOIN, "waiting for the leader's own join")
-        n = min(len(self.pending), self.max_nodes)  # the leader's own join is among them
-        if n < self.min_nodes:
+        n = min(len(self.pending), self.rules.max_nodes)  # the leader's own join is among them
+        if n < self.rules.min_nodes:
             self._min_reached_at = None
-            return self._wait(hold, WaitKind.TOO_FEW, f"{n} of min_nodes={self.min_nodes} nodes joined")
-        first = self.first_round_majority and self.base() is None and not self.others.heard
-        if first and 2 * n <= self.max_nodes:
+            return self._wait(hold, WaitKind.TOO_FEW, f"{n} of min_nodes={self.rules.min_nodes} nodes joined")
+        first = self.rules.first_round_majority and self.base() is None and not self.others.heard
+        if first and 2 * n <= self.rules.max_nodes:
             self._min_reached_at = None
             return self._wait(
                 hold,
                 WaitKind.FIRST_MAJORITY,
-                f"{n} nodes joined; the first round needs more than half of max_nodes={self.max_nodes}",
+                f"{n} nodes joined; the first round needs more than half of max_nodes={self.rules.max_nodes}",
             )
         if self._min_reached_at is None:
             self._min_reached_at = now
-        if n == self.max_nodes:
-            return self._form(f"max_nodes={self.max_nodes} joined", hold)
+        if n == self.rules.max_nodes:
+            return self._form(f"max_nodes={self.rules.max_nodes} joined", hold)
         if self._expected_joined():
             return self._form("every live node of the last round re-joined", hold)
-        deadline = self._min_reached_at + self.last_call_timeout
+        deadline = self._min_reached_at + self.rules.last_call_timeout_s
         if now >= deadline:
-            return self._form(f"last call ({self.last_call_timeout:g}s) ended", hold)
+            return self._form(f"last call ({self.rules.last_call_timeout_s:g}s) ended", hold)
         until = deadline if hold is None else min(deadline, hold)
         return self._wait(
             until,
             WaitKind.LAST_CALL,
-            f"last call: {n} joined, up to max_nodes={self.max_nodes} may still come",
+            f"last call: {n} joined, up to max_nodes={self.rules.max_nodes} may still come",
         )
 
     def _form(self, reason: str, hold: float | None = None) -> Form | Wait:
@@ -443,7 +438,7 @@ class RoundBook:
         wait, made once per batch of joins, sorts nothing), if it has a quorum."""
         admit = self._rank_order()
         base, uncertain, rivals = self.base(), self.uncertain(), self.rivals()
-        first = self.quorum and base is None
+        first = self.rules.quorum and base is None
         if first and self.abstained:
             admit = tuple(m for m in admit if m not in self.abstained)
         # Every joiner votes, a member of the new round or not (a spare that leads takes a place
@@ -453,7 +448,7 @@ class RoundBook:
             return self._wait(hold, WaitKind.NO_QUORUM, short)
         joins = [self.pending[m] for m in admit]
         number = self.next_number()
-        bases = [h for _, h in self._voting(base, uncertain, rivals)] if self.quorum else []
+        bases = [h for _, h in self._voting(base, uncertain, rivals)] if self.rules.quorum else []
         constraints = tuple(v for v in (self.ledger.voters_of(h.members, h.key) for h in bases) if v)
         if first:
             # A first round is accepted by every one of its members before it forms: if its
@@ -628,8 +623,12 @@ class RoundBook:
         """
         if self.current is None or not self.arrived:
             return False
-        gone = self.departed() - self.arrived
+        gone = self.gone_from_barrier()
         return bool(gone) and self.current.member_set <= (self.arrived | gone)
+
+    def gone_from_barrier(self) -> set[int]:
+        """Members of the current round that left or died without arriving in its barrier."""
+        return self.departed() - self.arrived
 
     def all_gone(self) -> bool:
         """True once every node except the leader has left or died (the leader may then stop).
@@ -694,7 +693,7 @@ class RoundBook:
         its vote (it may be alive on the other side of a partition, with a leader of its own);
         only one that left gives it up.
         """
-        if not self.quorum:
+        if not self.rules.quorum:
             return None
         stranger = self.others.unaccounted(base, [*uncertain, *rivals], (self.epoch, self.leader))
         if stranger is not None:
@@ -738,7 +737,7 @@ class RoundBook:
 
     def _hold_end(self, node: int) -> float:
         doublings = min(MAX_HOLD_DOUBLINGS, max(0, self.ledger.drops.get(node, 1) - 1))
-        return self.formed_at + self.rejoin_delay_s * float(2**doublings)
+        return self.formed_at + self.rules.rejoin_delay_s * float(2**doublings)
 
     def _held(self, now: float) -> set[int]:
         """Returning nodes that may not yet restart the healthy current round."""
@@ -823,7 +822,7 @@ class RoundBook:
 
     def _rank_order(self) -> tuple[int, ...]:
         previous = self._previous_members() or ()
-        return rank_order(self.leader, self.pending, previous, self.max_nodes)
+        return rank_order(self.leader, self.pending, previous, self.rules.max_nodes)
 
     def _expected_joined(self) -> bool:
         """True when every live node of the last round (re-)joined; the leader's own join is
@@ -864,5 +863,5 @@ class RoundBook:
         # Held nodes are joiners outside the round (returning ones, see ``join``).
         newcomers = len(self.pending) - rejoining - len(self._held(now))
         live_size = len(members) - len(self.ledger.out_of(members))
-        room = max(0, self.max_nodes - live_size)
+        room = max(0, self.rules.max_nodes - live_size)
         return rejoining + min(newcomers, room)

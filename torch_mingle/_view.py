@@ -1,5 +1,5 @@
 """What the agent's thread sees of its node: the answers to its join (``Joined``,
-``TimedOut``, ``JobClosed``) and the node's snapshot (``Diagnostics``), which the node
+``TimedOut``, ``JobOver``) and the node's snapshot (``Diagnostics``), which the node
 publishes through its ``Ready`` and the agent reads on the board (``_board``)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class TimedOut:
 
 
 @record
-class JobClosed:
+class JobOver:
     """The job is over; ``was_waiting``: this node saw it run and waited for a place (a spare)."""
 
     was_waiting: bool

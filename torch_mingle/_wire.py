@@ -244,8 +244,15 @@ def with_scope_of(ip: str, source: object) -> str:
     src = str(source[0]) if isinstance(source, tuple) and source else ""
     _, _, scope = src.partition("%")
     if not scope and isinstance(source, tuple) and len(source) >= 4 and source[3]:
-        scope = str(source[3])  # the index: the kernel reads ``fe80::1%3`` as it reads ``%eth0``
+        index = int(str(source[3]))
+        scope = SCOPE_NAMES.get(index, str(index))  # the kernel reads ``%3`` as it reads ``%eth0``
     return f"{addr}%{scope}" if scope else str(addr)
+
+
+#: This host's interfaces, by index (``socket.if_nameindex``): the shell fills it when it sets a
+#: node up (``_assembly``), so that a scope is named as every host of a job names it (``eth0``),
+#: not by this host's own index.
+SCOPE_NAMES: dict[int, str] = {}
 
 
 def _encode_body(body: Body) -> bytes:
@@ -579,11 +586,12 @@ class Seal:
         return True
 
     # the follower's side
-    def hello(self, challenge: Mapping[str, Any], **fields: Any) -> bytes | None:
-        """The hello for the leader's ``challenge`` (None if it is not one); the session key is set."""
+    def hello(self, nonce: str, **fields: Any) -> bytes | None:
+        """The hello for the leader's challenge of ``nonce`` (None if it is not one); the
+        session key is set."""
         try:
-            theirs = bytes.fromhex(str(challenge["n"]))
-        except (KeyError, ValueError):
+            theirs = bytes.fromhex(nonce)
+        except ValueError:
             return None
         if len(theirs) != NONCE_BYTES:
             return None

@@ -53,7 +53,7 @@ from torch_mingle._ready import (
 )
 from torch_mingle._records import History, Round
 from torch_mingle._store import AgentStore, open_client
-from torch_mingle._view import Diagnostics, JobClosed, Joined, TimedOut
+from torch_mingle._view import Diagnostics, JobOver, Joined, TimedOut
 from torch_mingle._wire import REPLAY_WINDOW_MS, parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
@@ -244,7 +244,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 error = self._timeout_error(started, outcome.why)
                 self._failure = f"its rendezvous timed out: {outcome.why}"
                 raise error
-            if isinstance(outcome, JobClosed):
+            if isinstance(outcome, JobOver):
                 self._job_closed(outcome)
             if not isinstance(outcome, Joined):
                 raise MingleError(f"{self._label} unexpected answer to a join: {outcome!r}")
@@ -476,7 +476,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         with contextlib.suppress(MingleError):
             self._ask("arrive", timeout, lambda t: ArriveRequested(t, round_number))
 
-    def _job_closed(self, outcome: JobClosed) -> NoReturn:
+    def _job_closed(self, outcome: JobOver) -> NoReturn:
         """The job is over. Only a spare of a job that ran and finished exits 0 (its workers were
         never needed); a node whose job failed, or never formed, fails with the leader's reason."""
         self._closed = True

@@ -202,6 +202,7 @@ class World(Agents[_Agent]):
             rejoin_delay_s=sc.REJOIN_DELAY_S,
             expect_all=True,
         )
+        self.sim.after_step = self._check_book_of
         Agents.__init__(
             self,
             self.sim,
@@ -719,26 +720,24 @@ class World(Agents[_Agent]):
                     f"bound {agent.bound_s:g}s",
                     now,
                 )
-        self._check_books()
         self._check_rogue()
         if int(now / MONITOR_S) % 10 == 0:
             self._check_resources()
         if not self.finishing:
             self._check_recovery(heal, bound)
 
-    def _check_books(self) -> None:
-        """What each leader's book keeps to answer in O(1) agrees with a count from scratch over
-        its state (``RoundBook.check``)."""
-        for sim_node in self.sim.nodes:
-            term = sim_node.node.term if sim_node.alive and sim_node.started else None
-            if term is None:
-                continue
-            self.checks += 1
-            problems = term.book.check()
-            if problems:
-                raise Violation(
-                    "book", f"{sim_node.node.label} {term.claim}: {'; '.join(problems)}", self.sim.now
-                )
+    def _check_book_of(self, sim_node: SimNode) -> None:
+        """After every step of a node: what its leader's book keeps to answer in O(1) agrees
+        with a count from scratch over its state (``RoundBook.check``, the ledger's too)."""
+        term = sim_node.node.term if sim_node.alive and sim_node.started else None
+        if term is None:
+            return
+        self.checks += 1
+        problems = term.book.check()
+        if problems:
+            raise Violation(
+                "book", f"{sim_node.node.label} {term.claim}: {'; '.join(problems)}", self.sim.now
+            )
 
     def _check_rogue(self) -> None:
         if not self.rogue_ends:

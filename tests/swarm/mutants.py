@@ -94,7 +94,7 @@ _sound_lead = Node._lead
 
 def _lead_without_quorum_after_a_restart(self: Node, epoch: int, now: float) -> None:
     if self.settings.incarnation > 1:
-        self.settings = replace(self.settings, quorum=False)
+        self.settings = replace(self.settings, rules=replace(self.settings.rules, quorum=False))
     _sound_lead(self, epoch, now)
 
 
@@ -155,7 +155,7 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("every member of a first round accepts it", "RoundBook._form (unanimous)",
                "a majority of its members forms it",
                (_attr(_proposals, "quorum_met", _quorum_met_by_a_majority),)),
-        Mutant("a restarted node keeps the quorum", "NodeSettings.quorum",
+        Mutant("a restarted node keeps the quorum", "RoundRules.quorum",
                "a leader whose process was restarted forms without a quorum",
                (_attr(Node, "_lead", _lead_without_quorum_after_a_restart),)),
         Mutant("a round heard of that no joiner was in leaves no quorum", "OtherTerms.unaccounted",

@@ -13,6 +13,7 @@ from torch_mingle._jobs import OpenStore
 from torch_mingle._leader import LeaderTerm
 from torch_mingle._records import History, Round, Status
 from torch_mingle._rounds import RoundBook
+from torch_mingle._settings import Beats, RoundRules
 from torch_mingle._wire import FrameReader, Seal, derive_key
 
 LEADER = 0x1
@@ -21,7 +22,7 @@ LEADER = 0x1
 def _session_to(claim: Claim) -> FollowerSession:
     return FollowerSession(
         claim=claim, ip="198.18.0.1", port=4000, node=0x2, own_ip="198.18.0.2", history=None,
-        interval_s=1.0, timeout_s=3.0, connect_timeout_s=3.0, label="", started=0.0,
+        beats=Beats(interval_s=1.0, timeout_s=3.0, connect_timeout_s=3.0), label="", started=0.0,
     )  # fmt: skip
 
 
@@ -108,7 +109,7 @@ def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_c
     timeout, and only then loses it by silence."""
     s = FollowerSession(
         claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x2, own_ip="198.18.0.2", history=None,
-        interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0, label="", started=0.0,
+        beats=Beats(interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0), label="", started=0.0,
     )  # fmt: skip
     s.connected(0.5)
     assert s.next_timer() == 3.5
@@ -118,7 +119,7 @@ def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_c
     assert s.ready
     late = FollowerSession(
         claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x3, own_ip="198.18.0.3", history=None,
-        interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0, label="", started=0.0,
+        beats=Beats(interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0), label="", started=0.0,
     )  # fmt: skip
     late.handle_timer(0.9)
     assert not late.over
@@ -127,7 +128,7 @@ def test_an_accepted_hello_waits_the_heartbeat_timeout_for_its_welcome_not_the_c
     assert "did not accept our connection within 1s" in over.reason
     silent = FollowerSession(
         claim=Claim(1, LEADER), ip="198.18.0.1", port=4000, node=0x4, own_ip="198.18.0.4", history=None,
-        interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0, label="", started=0.0,
+        beats=Beats(interval_s=1.0, timeout_s=3.0, connect_timeout_s=1.0), label="", started=0.0,
     )  # fmt: skip
     silent.connected(0.5)
     silent.handle_timer(3.5)
@@ -146,9 +147,9 @@ def _frames(data: list[bytes]) -> list[dict[str, Any]]:
 
 
 def _leader_of_two(epoch: int) -> LeaderTerm:
-    book = RoundBook(leader=LEADER, epoch=epoch, min_nodes=2, max_nodes=2, last_call_timeout=1.0)
+    book = RoundBook(leader=LEADER, epoch=epoch, rules=RoundRules(2, 2, 1.0))
     term = LeaderTerm(
-        claim=Claim(epoch, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0,
+        claim=Claim(epoch, LEADER), book=book, advertised_ip="198.18.0.1", beats=Beats(1.0, 3.0),
         label="",
     )  # fmt: skip
     term.start(0.0)
@@ -270,9 +271,13 @@ def test_a_round_formed_without_votes_goes_once_as_members_and_each_answer_names
     every member gets those same bytes (sealed per connection with a secret), then an answer
     that names the round by number; a frame of N members built per member was O(N**2)."""
     key = derive_key(secret) if secret else None
-    book = RoundBook(leader=LEADER, epoch=1, min_nodes=3, max_nodes=3, last_call_timeout=1.0, quorum=False)
+    book = RoundBook(
+        leader=LEADER,
+        epoch=1,
+        rules=RoundRules(3, 3, 1.0, quorum=False),
+    )
     term = LeaderTerm(
-        claim=Claim(1, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0,
+        claim=Claim(1, LEADER), book=book, advertised_ip="198.18.0.1", beats=Beats(1.0, 3.0),
         label="", seal_key=key,
     )  # fmt: skip
     term.start(0.0)

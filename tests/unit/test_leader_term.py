@@ -13,17 +13,27 @@ from torch_mingle._frames import Join, Propose
 from torch_mingle._jobs import OpenStore
 from torch_mingle._leader import LeaderTerm
 from torch_mingle._ports import NEXT_STORE_DELAY_S
+from torch_mingle._record import replace
 from torch_mingle._records import History, Round, node_hex
 from torch_mingle._rounds import RoundBook, Wait
+from torch_mingle._settings import Beats, RoundRules
 from torch_mingle._wire import FrameReader
 
 LEADER = 0x1
 
 
 def _term(min_nodes: int, max_nodes: int) -> LeaderTerm:
-    book = RoundBook(leader=LEADER, epoch=1, min_nodes=min_nodes, max_nodes=max_nodes, last_call_timeout=1.0)
+    book = RoundBook(
+        leader=LEADER,
+        epoch=1,
+        rules=RoundRules(min_nodes, max_nodes, 1.0),
+    )
     term = LeaderTerm(
-        claim=Claim(1, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0, label=""
+        claim=Claim(1, LEADER),
+        book=book,
+        advertised_ip="198.18.0.1",
+        beats=Beats(1.0, 3.0),
+        label="",
     )
     term.start(0.0)
     assert term.jobs() == [OpenStore()]
@@ -248,7 +258,7 @@ def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropp
     # is back it joins at once, not held back as a node that was dropped.
     history = {"epoch": 0, "round": 4, "members": [f"{n:016x}" for n in (9, LEADER, 2, 3)]}
     term = _term(2, 8)
-    term.book.last_call_timeout = 30.0
+    term.book.rules = replace(term.book.rules, last_call_timeout_s=30.0)
     term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.1)
     _connect(term, 10, 2, 0.2)
     term.received(10, [{"t": "bye"}], 0.3)
@@ -271,7 +281,7 @@ def test_a_join_read_in_the_same_batch_as_its_bye_is_withdrawn_not_put_in_a_roun
     # or it would break at once (the node is lost with its connection) and hold the node back.
     history = {"epoch": 0, "round": 4, "members": [f"{n:016x}" for n in (9, LEADER, 2, 3)]}
     term = _term(2, 8)
-    term.book.last_call_timeout = 30.0
+    term.book.rules = replace(term.book.rules, last_call_timeout_s=30.0)
     _store_opened(term, 5001, 0.0)
     term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.1)
     _connect(term, 11, 3, 0.2)
@@ -304,9 +314,9 @@ def test_a_new_term_is_established_by_a_majority_that_follows_it_now_not_by_ever
     # as members come and go: a member whose connection closed, or a node that reconnected
     # (its first connection superseded), is not counted twice.
     own = History(epoch=1, round=3, members=(LEADER, 2, 3, 4, 5))
-    book = RoundBook(leader=LEADER, epoch=2, min_nodes=2, max_nodes=5, last_call_timeout=1.0)
+    book = RoundBook(leader=LEADER, epoch=2, rules=RoundRules(2, 5, 1.0))
     term = LeaderTerm(
-        claim=Claim(2, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0,
+        claim=Claim(2, LEADER), book=book, advertised_ip="198.18.0.1", beats=Beats(1.0, 3.0),
         label="", own_history=own,
     )  # fmt: skip
     term.start(0.0)
@@ -411,9 +421,13 @@ def _proposed(term: LeaderTerm) -> list[tuple[int, dict[str, Any]]]:
 
 def _base_of_three() -> LeaderTerm:
     """A new term whose joiners (the leader, nodes 2 and 3) ran round 4 of nodes 1 to 3."""
-    book = RoundBook(leader=LEADER, epoch=2, min_nodes=2, max_nodes=4, last_call_timeout=1.0)
+    book = RoundBook(leader=LEADER, epoch=2, rules=RoundRules(2, 4, 1.0))
     term = LeaderTerm(
-        claim=Claim(2, LEADER), book=book, advertised_ip="198.18.0.1", interval_s=1.0, timeout_s=3.0, label=""
+        claim=Claim(2, LEADER),
+        book=book,
+        advertised_ip="198.18.0.1",
+        beats=Beats(1.0, 3.0),
+        label="",
     )
     term.start(0.0)
     term.jobs()
@@ -527,13 +541,12 @@ def test_a_proposal_never_forms_with_a_member_whose_join_timed_out_while_the_vot
     """Node 3's agent gives up (its join is answered "timeout") while round 5 waits for node 2's
     vote; only heartbeats and accepts arrive meanwhile. The round must not form with node 3 in
     it: its agent raised, and the others would wait for it in the store."""
-    book = RoundBook(leader=LEADER, epoch=2, min_nodes=2, max_nodes=4, last_call_timeout=1.0)
+    book = RoundBook(leader=LEADER, epoch=2, rules=RoundRules(2, 4, 1.0))
     term = LeaderTerm(
         claim=Claim(2, LEADER),
         book=book,
         advertised_ip="198.18.0.1",
-        interval_s=1.0,
-        timeout_s=30.0,
+        beats=Beats(interval_s=1.0, timeout_s=30.0),
         label="",
     )
     term.start(0.0)
@@ -580,7 +593,7 @@ def test_a_rounds_frame_for_every_member_is_one_object_that_the_term_hands_out_t
     queues it as it is: ``_outbox.Outbox``), never a copy per member."""
     for quorum, kind in ((True, "propose"), (False, "members")):
         term = _term(4, 4)
-        term.book.quorum = quorum
+        term.book.rules = replace(term.book.rules, quorum=quorum)
         _leader_joined(term)
         for node, conn in enumerate((10, 11, 12), start=2):
             _connect(term, conn, node, 0.2)

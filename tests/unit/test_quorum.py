@@ -19,6 +19,7 @@ from torch_mingle._frames import Join
 from torch_mingle._quorum import quorum_met
 from torch_mingle._records import Heard, History, Round
 from torch_mingle._rounds import Form, JoinRequest, RoundBook, Wait
+from torch_mingle._settings import RoundRules
 
 PREVIOUS = History(epoch=1, round=3, members=(1, 2, 3, 4))
 
@@ -27,10 +28,7 @@ def book(leader: int, *, quorum: bool = True, min_nodes: int = 1, max_nodes: int
     return RoundBook(
         leader=leader,
         epoch=2,
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        last_call_timeout=1.0,
-        quorum=quorum,
+        rules=RoundRules(min_nodes=min_nodes, max_nodes=max_nodes, last_call_timeout_s=1.0, quorum=quorum),
     )
 
 
@@ -436,7 +434,7 @@ def test_a_departure_by_its_own_word_counts_for_its_round_and_an_unknown_one_for
 def test_a_leader_gives_way_to_a_joiner_that_ran_a_round_of_a_higher_epoch_in_any_lineage():
     # Node 3 was cut off before round 1 of epoch 1 reached it, and formed round 1 of epoch 2
     # with others of its side. A round of ours (epoch 1) would take its token back.
-    b = RoundBook(leader=1, epoch=1, min_nodes=1, max_nodes=8, last_call_timeout=1.0)
+    b = RoundBook(leader=1, epoch=1, rules=RoundRules(min_nodes=1, max_nodes=8, last_call_timeout_s=1.0))
     join(b, 1, history=History(epoch=1, round=5, members=(1, 2)))
     join(b, 2, history=History(epoch=1, round=5, members=(1, 2)))
     assert b.outdated_by() is None

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from torch_mingle._frames import Join
 from torch_mingle._quorum import may_accept
+from torch_mingle._record import replace
 from torch_mingle._records import History, Round, Status, WaitKind
 from torch_mingle._rounds import Form, JoinRequest, RoundBook, Wait
+from torch_mingle._settings import RoundRules
 from torch_mingle._wire import deflated
 
 LEADER = 0x10
@@ -26,10 +28,12 @@ def book(min_nodes=2, max_nodes=4, last_call=30.0, epoch=1, rejoin_delay=30.0):
     return RoundBook(
         leader=LEADER,
         epoch=epoch,
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        last_call_timeout=last_call,
-        rejoin_delay_s=rejoin_delay,
+        rules=RoundRules(
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            last_call_timeout_s=last_call,
+            rejoin_delay_s=rejoin_delay,
+        ),
     )
 
 
@@ -51,7 +55,7 @@ def first_round(b: RoundBook, nodes: tuple[int, ...]) -> Round:
     for node in nodes:
         join(b, node)
     b.decide(0.0)
-    return form(b, b.decide(b.last_call_timeout), b.last_call_timeout)
+    return form(b, b.decide(b.rules.last_call_timeout_s), b.rules.last_call_timeout_s)
 
 
 def test_no_round_without_the_leader_even_at_max_nodes():
@@ -528,7 +532,7 @@ def test_what_the_book_keeps_per_join_matches_a_count_from_scratch(ops):
 
 def test_with_first_round_majority_no_side_of_a_split_below_half_of_max_nodes_starts_a_job():
     b = book(min_nodes=1, max_nodes=5, last_call=1.0)
-    b.first_round_majority = True
+    b.rules = replace(b.rules, first_round_majority=True)
     join(b, LEADER)
     join(b, 0x20)
     assert isinstance(b.decide(0.0), Wait)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_mingle import _loop
+from torch_mingle import _loop, _wire
 from torch_mingle._frames import LeaderFrame, NodeFrame, from_leader, from_node
 from torch_mingle._wire import (
     DUPLICATE_WINDOW_MS,
@@ -156,7 +156,15 @@ def test_epochs_beyond_the_bound_are_invalid():
 
 def test_a_link_local_address_gets_the_receivers_scope():
     assert with_scope_of("fe80::1", ("fe80::2%eth1", 29477, 0, 3)) == "fe80::1%eth1"
-    assert with_scope_of("fe80::1%7", ("fe80::2", 29477, 0, 1)) == "fe80::1%1"  # the receiver's scope
+    known = dict(_wire.SCOPE_NAMES)
+    _wire.SCOPE_NAMES.clear()
+    try:
+        assert with_scope_of("fe80::1%7", ("fe80::2", 29477, 0, 1)) == "fe80::1%1"  # no name known: the index
+        _wire.SCOPE_NAMES[1] = "lo"  # what the shell fills in (``_assembly``)
+        assert with_scope_of("fe80::1%7", ("fe80::2", 29477, 0, 1)) == "fe80::1%lo"  # index 1: loopback
+    finally:
+        _wire.SCOPE_NAMES.clear()
+        _wire.SCOPE_NAMES.update(known)
     assert with_scope_of("fe80::1", ("fe80::2", 29477, 0, 99999)) == "fe80::1%99999"
     assert with_scope_of("fd00::1", ("fe80::2%eth1", 29477, 0, 3)) == "fd00::1"
     assert with_scope_of("10.0.0.1", ("10.0.0.2", 1)) == "10.0.0.1"

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from torch_mingle._joining import JOIN_GRACE_S
 from torch_mingle._ready import Ticket
-from torch_mingle._view import JobClosed, Joined, TimedOut
+from torch_mingle._view import JobOver, Joined, TimedOut
 from torch_mingle.testing.sim import SimNode, Simulation
 
 #: torch's agent looks at its workers (and asks ``num_nodes_waiting``) this often.
@@ -147,7 +147,7 @@ class Agents(Generic[A]):
         elif isinstance(result, Joined):
             self.delivered(agent, result)
             agent.phase, agent.ticket = Phase.RUNNING, None
-        elif isinstance(result, TimedOut | JobClosed):
+        elif isinstance(result, TimedOut | JobOver):
             # torch's launcher shuts the handler down when the agent fails (that closes the
             # job for every node), and also after a closed rendezvous.
             self.shut(agent)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch_mingle._ballot import NodeState
@@ -40,7 +40,7 @@ from torch_mingle._ready import (
     apply,
 )
 from torch_mingle._record import field, record
-from torch_mingle._settings import NodeSettings
+from torch_mingle._settings import Beats, NodeSettings, RoundRules
 from torch_mingle._view import Diagnostics
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
 from torch_mingle.testing.net import Delivery, InMemoryNetwork, RouteHook
@@ -214,6 +214,8 @@ class Simulation:
         self._ports = itertools.count(50000)
         self._decode_memo: dict[int, tuple[bytes, Datagram | Invalid]] = {}
         self._observers: dict[object, Any] = {}
+        #: Called with each node after every step of it (the swarm checks its leader's book).
+        self.after_step: Callable[[SimNode], None] | None = None
         #: What each delivery handed in carries of its sender's knowledge, until read (``_observer``).
         self._knows: dict[int, object] = {}
         #: What each process (by index) heard of, transitively (``track_knowledge``); None: off.
@@ -254,11 +256,12 @@ class Simulation:
         )
         t = self.timing
         settings = NodeSettings(
-            job=job or self.job, node_id=node_id, min_nodes=self.min_nodes, max_nodes=self.max_nodes,
-            last_call_timeout_s=self.last_call_timeout_s, rejoin_delay_s=self.rejoin_delay_s,
-            interval_s=t.beacon_interval_s, timeout_s=t.leader_timeout_s,
-            connect_timeout_s=min(5.0, t.leader_timeout_s), discovery_warning_s=0.0,
-            bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]", quorum=self.quorum, place=place,
+            job=job or self.job, node_id=node_id,
+            rules=RoundRules(self.min_nodes, self.max_nodes, self.last_call_timeout_s, self.rejoin_delay_s,
+                             quorum=self.quorum),
+            beats=Beats(t.beacon_interval_s, t.leader_timeout_s, min(5.0, t.leader_timeout_s)),
+            discovery_warning_s=0.0,
+            bind_ip=addr[0], advertised_ip=addr[0], label=f"[sim {index}]", place=place,
             incarnation=incarnation,
         )  # fmt: skip
         sim_node = SimNode(index=index, addr=addr, node=None, start_at=start_at)  # type: ignore[arg-type]
@@ -488,6 +491,8 @@ class Simulation:
                 board.fail(exc)  # as the loop does: the node stops, its sockets close
                 self.kill(node)
                 return
+            if self.after_step is not None:
+                self.after_step(node)
         self._schedule_timer(node)
 
     def _dispatch(self, node: SimNode, deliveries: list[Delivery]) -> None:
