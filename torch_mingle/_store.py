@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import itertools
-import json
 import logging
 import os
 import signal
@@ -38,9 +37,11 @@ from typing import Any
 
 from torch.distributed import DistError, DistNetworkError, DistStoreError, PrefixStore, Store, TCPStore
 
-from torch_mingle import _faults
+from torch_mingle import _faults, _world
+from torch_mingle._errors import StateError
 from torch_mingle._jobs import Job, OpenExitBarrier, OpenStore, ReleaseStores
 from torch_mingle._wire import parse_ip
+from torch_mingle._world import RANK_KEYS, ROLE_INFO_PREFIX
 from torch_mingle.errors import MingleClosedError, MingleStateError
 
 try:  # torch's exit-barrier keys in an agent store: the counter and "the last one arrived"
@@ -57,11 +58,6 @@ except ImportError:  # pragma: no cover - a torch that renamed them: its agents 
 log = logging.getLogger(__name__)
 
 AGENT_PREFIX = "mingle/agent/"
-#: The keys torch's agent exchanges ranks under, right after ``next_rendezvous()``
-#: (``SimpleElasticAgent._assign_worker_ranks``): see ``AgentStore``.
-ROLE_INFO_PREFIX = "torchelastic/role_info/"
-ASSIGNED_RANKS_PREFIX = "torchelastic/assigned_ranks/"
-RANK_KEYS = (ROLE_INFO_PREFIX, ASSIGNED_RANKS_PREFIX)
 RANKS_WAIT_SLICE_S = 0.25
 CLIENT_TIMEOUT_S = 300.0
 #: The accept queue of the leader's listeners (control port, round stores). Every node, and
@@ -310,36 +306,13 @@ class AgentStore(Store):
             instead()
 
     def _stand_in(self, key: str) -> bytes:
-        """What this agent reads for a rank key of a round that broke: its own role info, and
-        ranks in the round's world, as if every member ran as many workers as it does."""
-        own = self._own_role or b'{"role": "default", "rank": 0, "local_world_size": 1}'
-        if key.startswith(ROLE_INFO_PREFIX):
-            return own
-        info = json.loads(own)
-        size, rank = int(info.get("local_world_size", 1)), int(key.rpartition("/")[2] or 0)
-        world = self._world_size * size
-        return json.dumps([rank * size, world, rank * size, world]).encode()
+        return _world.stand_in(key, self._own_role, self._world_size)
 
     def _checked(self, key: str, value: bytes) -> bytes:
-        """``value`` of a rank key, unless the ranks it assigns put this agent's workers in a
-        world smaller than the round's (each of its ``world_size`` nodes runs one worker at
-        least), or outside it: then the attempt fails loudly instead of starting the workers."""
-        if not key.startswith(ASSIGNED_RANKS_PREFIX):
-            return value
         try:
-            base, world, _role_base, _role_world = json.loads(value)
-            base, world = int(base), int(world)
-        except (ValueError, TypeError) as exc:
-            raise MingleStateError(f"{key} holds {value!r}, not torch's assigned ranks") from exc
-        own = json.loads(self._own_role) if self._own_role else {}
-        local = int(own.get("local_world_size", 1))
-        if world < self._world_size or not 0 <= base <= world - local:
-            raise MingleStateError(
-                f"{key} puts this agent's {local} worker(s) at rank {base} of a world of {world}, but "
-                f"its round has {self._world_size} nodes: its workers would train in a world of their "
-                "own. This is a bug in torch_mingle; please report it with the agents' logs"
-            )
-        return value
+            return _world.checked(key, value, self._own_role, self._world_size)
+        except StateError as exc:
+            raise MingleStateError(str(exc)) from exc
 
     def delete_key(self, key: str) -> bool:
         return bool(self._guard(lambda: self._inner.delete_key(key)))
