@@ -68,7 +68,6 @@ from torch_mingle._places import natural_key
 from torch_mingle._record import field, record
 from torch_mingle._records import (
     MAX_MEMBERS,
-    Gone,
     Heard,
     History,
     Lines,
@@ -95,48 +94,6 @@ class JoinRequest:
     #: Which process of its node id sent it (``_identity``).
     incarnation: int = 1
 
-    @property
-    def ip(self) -> str:
-        return self.join.ip
-
-    @property
-    def dport(self) -> int:
-        """The node's discovery (unicast datagram) port: members reach each other when multicast stops."""
-        return self.join.dport
-
-    @property
-    def pport(self) -> int:
-        """The node's data-path probe port (TCP, 0: none): its peers check they reach it (``_datapath``)."""
-        return self.join.pport
-
-    @property
-    def gone(self) -> Gone:
-        """Nodes that the joiner knows left the job, each with the round it left: it no longer
-        votes on that round's successor."""
-        return self.join.gone
-
-    @property
-    def accepted(self) -> History | None:
-        """The newest proposal the joiner accepted that is newer than its history: a round that
-        may have formed without its knowing; the next round counts its voters too."""
-        return self.join.accepted
-
-    @property
-    def place(self) -> str:
-        """Where the node sorts in rank order (``_order``): "" sorts first, then by natural order."""
-        return self.join.place
-
-    @property
-    def restarted(self) -> bool:
-        """A new process of the node (a restarted agent: ``_identity``) that was in no round yet."""
-        return self.join.restarted
-
-    @property
-    def seen(self) -> Heard:
-        """The rounds of the job its node heard of: one that no joiner was in leaves no quorum
-        to count (``OtherTerms.unaccounted``)."""
-        return self.join.seen
-
 
 def rank_order(
     leader: int,
@@ -161,10 +118,10 @@ def rank_order(
         return (n != leader, prev_rank.get(n, late), arrival.get(n, -1))
 
     admitted = sorted({leader, *pending}, key=admission)[:limit]
-    if not any(req.place for req in pending.values()):
+    if not any(req.join.place for req in pending.values()):
         return tuple(admitted)
     ring = sorted(
-        admitted, key=lambda n: (natural_key(pending[n].place) if n in pending else (), admission(n))
+        admitted, key=lambda n: (natural_key(pending[n].join.place) if n in pending else (), admission(n))
     )
     at = ring.index(leader)
     return tuple(ring[at:] + ring[:at])
@@ -259,20 +216,20 @@ class RoundBook:
 
     def join(self, req: JoinRequest, now: float) -> None:
         self._pend(req)
-        self.ips[req.node] = req.ip
+        self.ips[req.node] = req.join.ip
         if len(self.ips) > 2 * MAX_MEMBERS:
             self._forget_strangers()
         self.ledger.joined(req.node)
-        for node, key in req.gone:
+        for node, key in req.join.gone:
             if node not in self.pending:
                 self.ledger.reported_gone(node, key)
         if req.history is not None:
             self.last_round_number = max(self.last_round_number, req.history.round)
             if req.history.term != (self.epoch, self.leader):
                 self.others.ran(req.history, self.base)
-        if req.accepted is not None:
-            self.join_report(req.accepted)
-        self.others.hear(req.seen)
+        if req.join.accepted is not None:
+            self.join_report(req.join.accepted)
+        self.others.hear(req.join.seen)
         was_member = req.history is not None and req.history.has(req.node)
         returning = (
             self.current is not None
@@ -288,7 +245,7 @@ class RoundBook:
         """Whether a joiner is held back by ``rejoin_delay_s`` (see the module doc): it returns to
         a round that runs without it, and it is not a restarted process whose last restart in
         this term was at least ``rejoin_delay_s`` ago. Every restart is recorded."""
-        if not req.restarted:
+        if not req.join.restarted:
             return returning
         known = self.restarted_at.get(req.node)
         if known is None or known[0] != req.incarnation:  # a new process (not its join again)
@@ -464,9 +421,9 @@ class RoundBook:
         return Form(
             members=admit,
             reason=reason,
-            ips=tuple(j.ip for j in joins),
-            dports=tuple(j.dport for j in joins),
-            pports=tuple(j.pport for j in joins),
+            ips=tuple(j.join.ip for j in joins),
+            dports=tuple(j.join.dport for j in joins),
+            pports=tuple(j.join.pport for j in joins),
             number=number,
             constraints=constraints,
             unanimous=first,
@@ -552,7 +509,7 @@ class RoundBook:
         keys: list[RoundKey | None] = []
         pending = self.pending.get(node)
         if pending is not None:
-            keys += [h.key for h in (pending.history, pending.accepted) if h is not None]
+            keys += [h.key for h in (pending.history, pending.join.accepted) if h is not None]
         if self.current is not None and node in self.current.member_set:
             keys.append(self.current_key())
         return newest_key(*keys)

@@ -246,8 +246,9 @@ def test_every_mutant_breaks_code_that_exists() -> None:
 
 
 def test_every_rule_has_a_recorded_catching_seed() -> None:
-    assert set(mutants.recorded()) == set(mutants.MUTANTS), "run `make swarm-mutants` (it records them)"
-    assert all(0 <= seed < CI_SEEDS for seed in mutants.recorded().values())
+    caught = mutants.recorded()
+    assert set(caught) == set(mutants.MUTANTS), "run `make swarm-mutants` (it records them)"
+    assert all(0 <= seed < CI_SEEDS for seed in caught.values())
 
 
 @pytest.mark.timeout(900)
@@ -255,11 +256,11 @@ def test_every_rule_broken_is_caught_within_two_thousand_seeds() -> None:
     """``make swarm-mutants`` in CI: each mutant's recorded seed still catches it (and passes
     with every rule intact, ``test_two_thousand_seeds...``); where the code moved that seed's
     schedule, the hunt from seed 0 runs as ``make swarm-mutants`` does."""
-    rehunted = []
+    rehunted, caught = [], mutants.recorded()
     for rule, mutant in mutants.MUTANTS.items():
         if rule in mutants.SURVIVING:
             continue
-        seed = mutants.recorded()[rule]
+        seed = caught[rule]
         if mutants.replay(mutant, seed) is not None:
             assert run_seed(seed).violation is None, f"seed {seed} fails with every rule intact"
             continue

@@ -77,7 +77,7 @@ def test_rank_order_is_a_permutation_from_the_leader_that_keeps_place_neighbours
     assert order[0] == leader and sorted(order) == sorted(pending)
     if any(p for _, p in members):
         # Read as a ring, the ranks visit places in ascending order exactly once around.
-        ring = [natural_key(pending[n].place) for n in order]
+        ring = [natural_key(pending[n].join.place) for n in order]
         descents = sum(ring[i] > ring[(i + 1) % len(ring)] for i in range(len(ring)))
         assert descents <= 1
 
