@@ -33,6 +33,30 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from torch_mingle import BACKEND_NAME
+from torch_mingle._agent import (
+    STORE_CONNECT_ATTEMPTS,
+    Answered,
+    AskJoin,
+    Began,
+    BreakSeen,
+    CheckHealth,
+    ConnectStore,
+    Deliver,
+    Event,
+    ExitClean,
+    Fail,
+    Failure,
+    HealthChecked,
+    JoinFlow,
+    Probed,
+    ProbePeers,
+    StoreFailed,
+    StoreOpened,
+    TellStoreUnreachable,
+    Told,
+    WatchBreak,
+    nodes_waiting,
+)
 from torch_mingle._assembly import MAX_CONNECT_TIMEOUT_S, assemble
 from torch_mingle._datapath import MingleDataPathError, failure_message, peers_to_probe, probe
 from torch_mingle._events import record_notes
@@ -51,9 +75,10 @@ from torch_mingle._ready import (
     StoreUnreachable,
     Ticket,
 )
+from torch_mingle._record import assert_never
 from torch_mingle._records import History, Round
 from torch_mingle._store import AgentStore, open_client
-from torch_mingle._view import Diagnostics, JobOver, Joined, TimedOut
+from torch_mingle._view import Diagnostics, Joined
 from torch_mingle._wire import REPLAY_WINDOW_MS, parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
@@ -61,6 +86,7 @@ from torch_mingle.errors import (
     README_SECURITY,
     MingleClosedError,
     MingleError,
+    MingleStateError,
     MingleTimeoutError,
 )
 
@@ -71,8 +97,6 @@ SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: Set for the workers of every round (docs/design.md#fencing): the leader's term and the round. Both
 #: only grow within a job, so (epoch, round) orders the rounds, across failovers too.
 EPOCH_VAR, ROUND_VAR = "MINGLE_EPOCH", "MINGLE_ROUND"
-#: Tries at the round's store while the leader still answers (see ``_connect_round_store``).
-STORE_CONNECT_ATTEMPTS = 3
 #: How much longer than the node's own deadline the agent's thread waits for an answer.
 ANSWER_GRACE_S = 10.0
 #: The most a preempted node (SIGTERM) waits for the others to go on without it before its
@@ -80,9 +104,6 @@ ANSWER_GRACE_S = 10.0
 MAX_LEAVE_WAIT_S = 15.0
 #: A join not answered within this long loads what torch's agent needs after the rendezvous.
 PRELOAD_AFTER_S = 0.05
-#: After a failed data path probe, how long to look for the round breaking instead (a peer
-#: that died or left just after the round formed): then the node joins again.
-DATA_PATH_GRACE_S = 1.0
 #: torchrun's default ``--monitor-interval``: how often its agent polls ``num_nodes_waiting()``,
 #: until this handler has timed two polls of its own.
 DEFAULT_POLL_INTERVAL_S = 0.1
@@ -163,6 +184,11 @@ class MingleRendezvousHandler(RendezvousHandler):
         self._sigterm_hook = self._on_sigterm  # one bound method: the handler we install, by identity
         self._sigterm_prev: Any = None
         self._left = False
+        #: What the join flow's actions leave for the next one (``_next_rendezvous``).
+        self._client: TCPStore | None = None
+        self._master_addr = self._store_ip = self._ip
+        self._health_output = ""
+        self._data_path_failure = ""
         self._loop.start(self._node, self._board)
 
     @classmethod
@@ -223,58 +249,105 @@ class MingleRendezvousHandler(RendezvousHandler):
             raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
 
     def _next_rendezvous(self) -> RendezvousInfo:
-        self._refuse_if_shut()
-        if self._closed:
-            why = self._job_failure()
-            raise MingleClosedError(
-                f"the rendezvous of job {self._config.run_id!r} is closed" + (f": {why}" if why else "")
-            )
+        """Carry out the join flow's actions (``_agent.JoinFlow``: what each outcome means and
+        what comes next is decided there, for the simulator's agents too) until it delivers."""
+        cfg = self._config
+        flow = JoinFlow(
+            self._node_id,
+            cfg.run_id,
+            join_timeout_s=cfg.join_timeout,
+            store_timeout_s=min(MAX_CONNECT_TIMEOUT_S, cfg.keep_alive_timeout),
+            health_check=cfg.health_check is not None,
+            had_round=self._round is not None,
+        )
         started = time.monotonic()
+        event: Event = Began(self._shut, self._closed, self._job_failure() if self._closed else "")
+        joined: Joined | None = None
         while True:
-            if self._probe is not None:
-                # What the last round's probes left in the queue goes now, while the join
-                # waits, not when the round has formed and every node probes at once.
-                self._probe.drain()
-            if self._config.health_check:
-                self._check_health(started)
-                self._refuse_if_shut()  # shut while its check ran: its loop is gone, nothing would answer
-            left = self._config.join_timeout - (time.monotonic() - started)
-            outcome = self._ask("join", left, JoinRequested, while_waiting=_load_idna_codec)
-            if isinstance(outcome, TimedOut):
-                error = self._timeout_error(started, outcome.why)
-                self._failure = f"its rendezvous timed out: {outcome.why}"
-                raise error
-            if isinstance(outcome, JobOver):
-                self._job_closed(outcome)
-            if not isinstance(outcome, Joined):
-                raise MingleError(f"{self._label} unexpected answer to a join: {outcome!r}")
-            try:
-                info = self._round_info(outcome)
-            except DistError as exc:
-                where = outcome.leader_ip or "this node"
-                why = f"the round's store at {where}:{outcome.round.store_port} failed: {exc}"
-                log.warning("%s %s; joining again", self._label, why)
-                self._loop.ask(StoreUnreachable(outcome.claim, why))
-                continue
-            if not self._check_data_path(outcome, info.rank):
-                continue
-            log.info(
-                "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
-                self._label,
-                outcome.round.number,
-                info.rank,
-                info.world_size,
-                "this node" if outcome.leader_ip is None else outcome.leader_ip,
-                info.bootstrap_store_info.master_addr if info.bootstrap_store_info else "?",
-                outcome.round.store_port,
-                time.monotonic() - started,
-            )
-            self._log_counters(outcome.round.number)
-            return info
+            action = flow.step(event, time.monotonic())
+            match action:
+                case CheckHealth(until=until):
+                    event = self._check_health(until)
+                case AskJoin(timeout_s=left):
+                    if self._probe is not None:
+                        # What the last round's probes left in the queue goes now, while the join
+                        # waits, not when the round has formed and every node probes at once.
+                        self._probe.drain()
+                    try:
+                        outcome = self._ask("join", left, JoinRequested, while_waiting=_load_idna_codec)
+                    except MingleStateError as exc:
+                        event = Answered(None, error=str(exc))
+                        continue
+                    joined = outcome if isinstance(outcome, Joined) else None
+                    if joined is not None:
+                        self._face(joined)
+                    event = Answered(outcome)
+                case ConnectStore(attempt=attempt, timeout_s=timeout_s):
+                    assert joined is not None  # noqa: S101 - the flow connects a joined round's store
+                    event = self._connect_round_store(joined, attempt, timeout_s)
+                case TellStoreUnreachable(claim=claim, why=why):
+                    log.warning("%s %s; joining again", self._label, why)
+                    self._loop.ask(StoreUnreachable(claim, why))
+                    event = Told()
+                case ProbePeers(rank=rank):
+                    assert joined is not None  # noqa: S101 - the flow probes a joined round's peers
+                    event = Probed(self._data_path_ok(joined, rank), self._job_failure())
+                case WatchBreak(key=key, grace_s=grace_s):
+                    seen = self._board.wait_for(functools.partial(Diagnostics.round_broke, key=key), grace_s)
+                    event = BreakSeen(seen is not None, seen.failure if seen is not None else "")
+                    if seen is not None and not seen.failure:
+                        log.warning(
+                            "%s data path check: a peer did not answer, but round %d broke meanwhile; "
+                            "joining again",
+                            self._label,
+                            joined.round.number if joined else 0,
+                        )
+                case Deliver(joined=joined, rank=rank, world_size=world_size):
+                    return self._deliver(joined, rank, world_size, started)
+                case Fail(kind=kind, why=why, close=close):
+                    self._fail(kind, why, close, started)
+                case ExitClean(why=why):
+                    self._closed = True
+                    log.warning("%s %s", self._label, why)
+                    # torch 2.13's launcher crashes on RendezvousGracefulExitError (agent.run()
+                    # returns None); SystemExit(0) ends torchrun cleanly, and shutdown() still
+                    # runs on the way out.
+                    raise SystemExit(0)
+                case _:
+                    assert_never(action)
 
-    def _check_health(self, started: float) -> None:
+    def _fail(self, kind: Failure, why: str, close: bool, started: float) -> NoReturn:
+        """Raise the error of a failed ``next_rendezvous()`` (``Fail``)."""
+        if kind is Failure.SHUT:
+            raise MingleClosedError(f"{self._label} {why}")
+        if kind is Failure.TIMEOUT:
+            self._failure = f"its rendezvous timed out: {why}"
+            raise self._timeout_error(started, why)
+        if kind is Failure.HEALTH:
+            cfg = self._config
+            self._failure = f"its health check failed: {why}"
+            self._unhealthy = True
+            raise MingleTimeoutError(
+                f"{self._label} this node's health check `{cfg.health_check}` kept failing for "
+                f"join_timeout={cfg.join_timeout:g}s, so it did not join: {why}. Its last "
+                f"output:\n{self._health_output or '(none)'}\nFix the node, or the check "
+                "(docs/usage.md#health-checks)"
+            )
+        if kind is Failure.DATA_PATH:
+            why = self._data_path_failure
+            log.error("%s %s", self._label, why)
+            self._failure = why
+            if close:
+                self._loop.ask(CloseRequested(why, failed=True))
+            raise MingleDataPathError(f"{self._label} {why}")
+        if kind is Failure.STATE:
+            raise MingleStateError(f"{self._label} {why}")
+        self._closed = True
+        raise MingleClosedError(f"{self._label} {why}")
+
+    def _check_health(self, until: float) -> HealthChecked:
         """Run the site's check before the join; while it fails, this node stays out of the
-        rounds and leads none. Bounded by ``join_timeout``, counted from ``started``."""
+        rounds and leads none. Bounded by ``until`` (the end of ``join_timeout``)."""
         cfg = self._config
         assert cfg.health_check is not None  # noqa: S101 - called with one
 
@@ -287,24 +360,14 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._note(Note("health_check_failed", f"failed its health check: {verdict.why}", "FAILED"))
             self._loop.ask(HealthJudged(unfit=True))
 
-        deadline = started + cfg.join_timeout
         self._loop.ask(HealthChecking(running=True))
         try:
-            verdict = wait_until_healthy(
-                cfg.health_check, cfg.health_check_timeout, deadline, on_failure=failed
-            )
+            verdict = wait_until_healthy(cfg.health_check, cfg.health_check_timeout, until, on_failure=failed)
         finally:
             self._loop.ask(HealthChecking(running=False))
         self._loop.ask(HealthJudged(unfit=not verdict.ok))
-        if not verdict.ok:
-            self._failure = f"its health check failed: {verdict.why}"
-            self._unhealthy = True
-            raise MingleTimeoutError(
-                f"{self._label} this node's health check `{cfg.health_check}` kept failing for "
-                f"join_timeout={cfg.join_timeout:g}s, so it did not join: {verdict.why}. Its last "
-                f"output:\n{verdict.output or '(none)'}\nFix the node, or the check "
-                "(docs/usage.md#health-checks)"
-            )
+        self._health_output = verdict.output
+        return HealthChecked(verdict.ok, verdict.why, shut=self._shut)
 
     def is_closed(self) -> bool:
         if self._board.diagnostics().closed:
@@ -331,10 +394,8 @@ class MingleRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return 0
         diag = self._board.diagnostics()
-        if self._closed and not self._job_failure():
-            return 0  # a job that failed stops its workers (the next join fails with why)
+        waiting = nodes_waiting(History.of(self._round).key, self._closed, diag)
         self._hook_preemption()
-        waiting = diag.waiting_in(History.of(self._round).key)
         if waiting > 0 and diag.told_at is not None:
             self._hold_for_the_others(diag.told_at)
         return waiting
@@ -476,148 +537,109 @@ class MingleRendezvousHandler(RendezvousHandler):
         with contextlib.suppress(MingleError):
             self._ask("arrive", timeout, lambda t: ArriveRequested(t, round_number))
 
-    def _job_closed(self, outcome: JobOver) -> NoReturn:
-        """The job is over. Only a spare of a job that ran and finished exits 0 (its workers were
-        never needed); a node whose job failed, or never formed, fails with the leader's reason."""
-        self._closed = True
-        job = self._config.run_id
-        if outcome.failed:
-            raise MingleClosedError(f"{self._label} the job failed: {outcome.why}")
-        if outcome.was_waiting and not outcome.ran:
-            raise MingleClosedError(
-                f"{self._label} job {job!r} closed before any round formed ({outcome.why}): no node "
-                "trained; this node's script never ran"
-            )
-        if outcome.was_waiting:
-            log.warning(
-                "%s job %r finished before this node was admitted (%s): it was a spare the job never "
-                "needed, and its script never ran; exiting 0 (docs/usage.md#exit-codes)",
-                self._label,
-                job,
-                outcome.why,
-            )
-            # torch 2.13's launcher crashes on RendezvousGracefulExitError (agent.run() returns
-            # None); SystemExit(0) ends torchrun cleanly, and shutdown() still runs on the way out.
-            raise SystemExit(0)
-        if self._round is None:
-            raise MingleClosedError(
-                f"job {job!r} already finished ({outcome.why}): this node never saw it open; "
-                "use a new --rdzv_id for a new run"
-            )
-        raise MingleClosedError(
-            f"the rendezvous of job {job!r} is closed: {outcome.why}; use a new --rdzv_id"
-        )
-
-    def _round_info(self, joined: Joined) -> RendezvousInfo:
-        rnd = joined.round
-        rank = rnd.rank_of(self._node_id)
-        assert rank is not None  # noqa: S101 - the node checked it
+    def _face(self, joined: Joined) -> None:
+        """Where this node meets its round: the interface its workers use, and the store's address."""
         if joined.leader_ip is None:
-            self._settle_as_leader(rnd)
-            master_addr, connect_ip = self._ip, self._connect_ip  # our address on our members' network
+            self._settle_as_leader(joined.round)
+            self._master_addr, self._store_ip = self._ip, self._connect_ip  # ours, on our members' network
         else:
             self._settle(
                 self._loop.interface_towards(joined.leader_ip),
                 f"the leader {joined.leader_ip} answered there",
             )
-            master_addr = connect_ip = joined.leader_ip  # the leader's address this node reached
-        client = joined.client if isinstance(joined.client, TCPStore) else None
+            self._master_addr = self._store_ip = joined.leader_ip  # the leader's address this node reached
+
+    def _connect_round_store(
+        self, joined: Joined, attempt: int, timeout_s: float
+    ) -> StoreOpened | StoreFailed:
+        """A client of the round's store (``ConnectStore``), bounded by ``timeout_s``. torch's
+        client resolves the store's address back to a name before it connects, and a resolver
+        that is slow or unreachable costs its own timeout (5 s by default) per try: the flow
+        gives each try longer. A frozen leader ends the try at once (the node cuts its
+        sockets, see ``abort_connections_to``) and is then no longer the leader."""
+        port = joined.round.store_port
+        try:
+            self._client = open_client(self._store_ip, port, timeout_s, ended=self._loop.ended_stores)
+        except DistError as exc:
+            broke = self._board.diagnostics().round_broke(History.of(joined.round).key)
+            if not broke and attempt < STORE_CONNECT_ATTEMPTS:
+                log.warning(
+                    "%s the round's store at %s:%d did not answer (attempt %d of %d: %s); "
+                    "the leader still does, trying again",
+                    self._label, self._store_ip, port, attempt, STORE_CONNECT_ATTEMPTS,
+                    str(exc).splitlines()[0],
+                )  # fmt: skip
+            where = joined.leader_ip or "this node"
+            return StoreFailed(f"the round's store at {where}:{port} failed: {exc}", broke)
+        return StoreOpened()
+
+    def _deliver(self, joined: Joined, rank: int, world_size: int, started: float) -> RendezvousInfo:
+        """The workers start in the joined round (``Deliver``): the agent's store and its rendezvous info."""
+        rnd = joined.round
+        client = joined.client if isinstance(joined.client, TCPStore) else self._client
         if client is None:
-            client = self._connect_round_store(joined, connect_ip)
-        else:
+            raise MingleStateError(f"{self._label} round {rnd.number} delivered without a store client")
+        if client is joined.client:
             log.debug("%s round %d: the store client was connected ahead", self._label, rnd.number)
+        self._client = None
         key = History.of(rnd).key
         store = AgentStore(
             client,
             on_barrier=lambda: self._arrive_at_exit_barrier(rnd.number),
             failed=self._job_failure,
             round_broke=lambda: self._board.diagnostics().round_broke(key),
-            world_size=rnd.world_size,
+            world_size=world_size,
         )
         self._round, self._polled_at = rnd, None  # polls are timed within a round
         self._export_worker_env(rnd)
+        log.info(
+            "%s joined round %d as rank %d of %d (leader %s, store %s:%d) in %.3fs",
+            self._label,
+            rnd.number,
+            rank,
+            world_size,
+            "this node" if joined.leader_ip is None else joined.leader_ip,
+            self._master_addr,
+            rnd.store_port,
+            time.monotonic() - started,
+        )
+        self._log_counters(rnd.number)
         return RendezvousInfo(
             store,
             rank,
-            rnd.world_size,
-            RendezvousStoreInfo(master_addr=master_addr, master_port=rnd.store_port),
+            world_size,
+            RendezvousStoreInfo(master_addr=self._master_addr, master_port=rnd.store_port),
         )
 
     def _job_failure(self) -> str:
         """Why the job failed ("" while it did not): a member's round could not start."""
         return self._board.diagnostics().failure
 
-    def _check_data_path(self, joined: Joined, rank: int) -> bool:
+    def _data_path_ok(self, joined: Joined, rank: int) -> bool:
         """Before the workers start: can this node open a TCP connection to its peers, on the
-        addresses its workers and theirs will use? If not, the job fails now, on every node,
-        with the pairs named (``_datapath``), instead of hanging in the process group.
-
-        False: a peer did not answer because the round broke meanwhile (it died, left, or
-        its leader was lost): the node joins again, as after any lost round.
-        """
+        addresses its workers and theirs will use? If not (``_data_path_failure`` says how),
+        the flow looks whether the round broke meanwhile (a peer that died or left), and
+        otherwise fails the job on every node with the pairs named (``_datapath``), instead
+        of a process group that hangs."""
         rnd, timeout = joined.round, self._config.data_path_timeout
-        if self._probe is not None and len(rnd.pports) == len(rnd.ips) == rnd.world_size:
-            targets = []
-            for peer in peers_to_probe(rnd.world_size, rank):
-                ip, port = rnd.ips[peer], rnd.pports[peer]
-                with contextlib.suppress(ValueError):  # a leader on several networks advertises none
-                    if parse_ip(ip).is_unspecified:
-                        ip = joined.leader_ip or self._ip
-                if port:
-                    targets.append((peer, ip, port))
-            failed, local = probe(targets, timeout, scope=self._iface.name)
-            for u in local:
-                log.warning(
-                    "%s data path check: rank %d at %s not probed: %s", self._label, u.rank, u.ip, u.why
-                )
-            if failed:
-                # A peer that died or left just as the round formed refuses too: that round
-                # breaks (and the node joins again), where a broken path changes nothing.
-                key = History.of(rnd).key
-                seen = self._board.wait_for(lambda d: d.round_broke(key), DATA_PATH_GRACE_S)
-                if seen is not None and not seen.failure:
-                    log.warning(
-                        "%s data path check: %d peer(s) did not answer, but round %d broke meanwhile; "
-                        "joining again",
-                        self._label,
-                        len(failed),
-                        rnd.number,
-                    )
-                    return False
-                why = failure_message((rank, rnd.ips[rank]), self._iface.name, failed, len(targets), timeout)
-                log.error("%s %s", self._label, why)
-                self._failure = why
-                self._loop.ask(CloseRequested(why, failed=True))
-                raise MingleDataPathError(f"{self._label} {why}")
-        why = self._job_failure()  # another member's check failed while this one ran
-        if why:
-            raise MingleClosedError(f"{self._label} the job failed: {why}")
-        return True
-
-    def _connect_round_store(self, joined: Joined, ip: str) -> TCPStore:
-        """A client of the round's store. A connect that fails while the leader still answers on
-        the control connection is load (a store busy with a burst of joins), not a lost leader:
-        it is tried again, up to STORE_CONNECT_ATTEMPTS times; the caller treats the last failure
-        as the leader being unreachable. Each attempt is bounded, and each retry waits longer:
-        torch's client resolves the store's address back to a name before it connects, and a
-        resolver that is slow or unreachable costs its own timeout (5 s by default) per try.
-        A frozen leader ends the first attempt at once (the node cuts its sockets, see
-        ``abort_connections_to``) and is then no longer the leader, so nothing is retried."""
-        base = min(MAX_CONNECT_TIMEOUT_S, self._config.keep_alive_timeout)
-        connect = functools.partial(open_client, ip, joined.round.store_port, ended=self._loop.ended_stores)
-        for attempt in range(1, STORE_CONNECT_ATTEMPTS):
-            try:
-                return connect(base * attempt)
-            except DistError as exc:
-                if self._board.diagnostics().round_broke(History.of(joined.round).key):
-                    raise
-                log.warning(
-                    "%s the round's store at %s:%d did not answer (attempt %d of %d: %s); "
-                    "the leader still does, trying again",
-                    self._label, ip, joined.round.store_port, attempt, STORE_CONNECT_ATTEMPTS,
-                    str(exc).splitlines()[0],
-                )  # fmt: skip
-        return connect(base * STORE_CONNECT_ATTEMPTS)
+        if self._probe is None or not len(rnd.pports) == len(rnd.ips) == rnd.world_size:
+            return True
+        targets = []
+        for peer in peers_to_probe(rnd.world_size, rank):
+            ip, port = rnd.ips[peer], rnd.pports[peer]
+            with contextlib.suppress(ValueError):  # a leader on several networks advertises none
+                if parse_ip(ip).is_unspecified:
+                    ip = joined.leader_ip or self._ip
+            if port:
+                targets.append((peer, ip, port))
+        failed, local = probe(targets, timeout, scope=self._iface.name)
+        for u in local:
+            log.warning("%s data path check: rank %d at %s not probed: %s", self._label, u.rank, u.ip, u.why)
+        if failed:
+            self._data_path_failure = failure_message(
+                (rank, rnd.ips[rank]), self._iface.name, failed, len(targets), timeout
+            )
+        return not failed
 
     def _settle(self, iface: Interface, why: str) -> None:
         """Use ``iface`` for this node's address and its workers' traffic (several interfaces only)."""
