@@ -19,6 +19,7 @@ Pure: no thread, clock, socket or torch (time comes in as ``now``).
 from __future__ import annotations
 
 import enum
+import itertools
 
 from torch_mingle._claims import Claim
 from torch_mingle._errors import StateError
@@ -33,6 +34,8 @@ STORE_CONNECT_ATTEMPTS = 3
 #: After a failed data path probe, how long to look for the round breaking instead (a peer
 #: that died or left just after the round formed refuses too): then the node joins again.
 DATA_PATH_GRACE_S = 1.0
+#: Peers each node probes in a large round (every peer when the round is at most this + 1).
+MAX_PROBES = 16
 
 
 class Failure(enum.Enum):
@@ -81,9 +84,10 @@ class TellStoreUnreachable:
 
 @record
 class ProbePeers:
-    """Check the data path from ``rank`` to its peers of the joined round."""
+    """Check the data path from ``rank`` to the ranks ``peers`` of the joined round (``peers_to_probe``)."""
 
     rank: int
+    peers: tuple[int, ...]
 
 
 @record
@@ -188,6 +192,8 @@ class Probed:
 class BreakSeen:
     broke: bool
     failure: str = ""
+    #: The job closed meanwhile (it finished, or a node shut down).
+    closed: bool = False
 
 
 Event = Began | HealthChecked | Answered | StoreOpened | StoreFailed | Told | Probed | BreakSeen
@@ -239,7 +245,7 @@ class JoinFlow:
             case Answered(outcome=outcome):
                 return self._answered(outcome, now)
             case StoreOpened():
-                return ProbePeers(self.rank)
+                return self._probe()
             case StoreFailed(why=why, broke=broke):
                 joined = self._joined()
                 if broke or self.attempt >= STORE_CONNECT_ATTEMPTS:
@@ -257,6 +263,9 @@ class JoinFlow:
                 return WatchBreak(History.of(self._joined().round).key, DATA_PATH_GRACE_S)
             case BreakSeen(broke=True, failure=""):
                 return self._ask(now)  # a peer was lost as the round formed: the next one
+            case BreakSeen(closed=True, failure=""):
+                # Its peers exited with the job, which did not fail: no path to blame.
+                return Fail(Failure.CLOSED, f"job {self.job!r} closed while this node checked its data path")
             case BreakSeen():
                 return Fail(Failure.DATA_PATH, "", close=True)
             case _:
@@ -270,6 +279,9 @@ class JoinFlow:
 
     def _left(self, now: float) -> float:
         return max(0.001, self.join_timeout_s - (now - self.started))
+
+    def _probe(self) -> ProbePeers:
+        return ProbePeers(self.rank, tuple(peers_to_probe(self._joined().round.world_size, self.rank)))
 
     def _joined(self) -> Joined:
         if self.joined is None:
@@ -290,7 +302,7 @@ class JoinFlow:
             )
         self.joined, self.rank = outcome, rank
         if outcome.client is not None:
-            return ProbePeers(rank)  # a client of its store was connected while the join waited
+            return self._probe()  # a client of its store was connected while the join waited
         self.attempt = 1
         return ConnectStore(1, self.store_timeout_s)
 
@@ -321,6 +333,23 @@ def job_over(outcome: JobOver, had_round: bool, job: str) -> Fail | ExitClean:
     return Fail(
         Failure.CLOSED, f"the rendezvous of job {job!r} is closed: {outcome.why}; use a new --rdzv_id"
     )
+
+
+def peers_to_probe(world: int, rank: int, limit: int = MAX_PROBES) -> list[int]:
+    """The ranks ``rank`` probes: all others in a round of at most ``limit + 1``; else its ring
+    neighbours, then peers at distances 2, 4, 8, ... on either side (then the nearest ones
+    not probed yet), ``limit`` in all."""
+    if world - 1 <= limit:
+        return [r for r in range(world) if r != rank]
+    powers = [1 << k for k in range(world.bit_length())]
+    out: list[int] = []
+    for distance in itertools.chain(powers, range(3, world)):
+        for peer in ((rank + distance) % world, (rank - distance) % world):
+            if peer != rank and peer not in out:
+                out.append(peer)
+                if len(out) == limit:
+                    return out
+    return out
 
 
 def nodes_waiting(key: RoundKey | None, closed: bool, diag: Diagnostics) -> int:

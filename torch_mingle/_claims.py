@@ -69,6 +69,8 @@ class LeaderView:
     closed: bool = False
     established: bool = False
     followers: int = 0
+    #: The job closed as failed (``Announce.failed``).
+    failed: bool = False
 
     def standing(self) -> tuple[int, int, int, int]:
         return standing(self.claim, self.established, self.followers)
@@ -85,6 +87,7 @@ class LeaderView:
             round=body.round,
             members=body.members,
             closed=body.closed,
+            failed=body.failed,
             established=body.established,
             followers=body.followers,
         )

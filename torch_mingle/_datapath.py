@@ -5,7 +5,7 @@ formed, as a gloo or NCCL process group that hangs. Every node therefore listens
 port of its own (``ProbeListener``, told to the leader with each join and to every member in
 the round), and before ``next_rendezvous`` returns it opens a connection to its peers on the
 address each advertised, the one its workers will use: to every peer in small rounds, in
-large ones to a bounded number (``peers_to_probe``: ring neighbours first, then peers at
+large ones to a bounded number (``_agent.peers_to_probe``: ring neighbours first, then peers at
 power-of-two distances). Connects run at once, non-blocking, under one deadline.
 
 The listener never accepts on its own: the kernel completes the handshake, which is what is
@@ -15,7 +15,6 @@ checked, and each join first drains what the previous round's probes left in the
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import selectors
 import socket
@@ -27,8 +26,6 @@ from torch_mingle._record import record
 from torch_mingle._wire import parse_ip
 from torch_mingle.errors import README_NETWORKS, MingleConnectionError
 
-#: Peers each node probes in a large round (every peer when the round is at most this + 1).
-MAX_PROBES = 16
 LISTEN_BACKLOG = 1024
 
 
@@ -75,23 +72,6 @@ class ProbeListener:
 
     def close(self) -> None:
         self._sock.close()
-
-
-def peers_to_probe(world: int, rank: int, limit: int = MAX_PROBES) -> list[int]:
-    """The ranks ``rank`` probes: all others in a round of at most ``limit + 1``; else its ring
-    neighbours, then peers at distances 2, 4, 8, ... on either side (then the nearest ones
-    not probed yet), ``limit`` in all."""
-    if world - 1 <= limit:
-        return [r for r in range(world) if r != rank]
-    powers = [1 << k for k in range(world.bit_length())]
-    out: list[int] = []
-    for distance in itertools.chain(powers, range(3, world)):
-        for peer in ((rank + distance) % world, (rank - distance) % world):
-            if peer != rank and peer not in out:
-                out.append(peer)
-                if len(out) == limit:
-                    return out
-    return out
 
 
 #: Errors of this host, not of the path to the peer: logged, never blamed on the pair.

@@ -510,7 +510,8 @@ class Node:
         if not view.is_self:
             self.on_event(Note("leader_found", f"follows the leader {who} (epoch {view.claim.epoch})"))
         if view.closed and not view.is_self:
-            self.job_closed_seen("its leader announces that the job finished")
+            said = "failed" if view.failed else "finished"
+            self.job_closed_seen(f"its leader announces that the job {said}", failed=view.failed)
             if self.core.role is not Role.FOLLOWING:
                 return  # it left (its shutdown waited only to hear that the job closed)
             # It follows that leader all the same: its session is what notices that it went

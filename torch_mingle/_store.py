@@ -210,6 +210,8 @@ class AgentStore(Store):
         failed: Callable[[], str] = lambda: "",
         round_broke: Callable[[], bool] = lambda: False,
         world_size: int = 1,
+        wait_broken: Callable[[float], bool] = lambda timeout_s: False,
+        heartbeat_timeout_s: float = 0.0,
     ) -> None:
         super().__init__()
         self._inner = PrefixStore(AGENT_PREFIX, client)
@@ -217,6 +219,8 @@ class AgentStore(Store):
         self._failed = failed
         self._round_broke = round_broke
         self._world_size = world_size
+        self._wait_broken = wait_broken
+        self._heartbeat_timeout_s = heartbeat_timeout_s
         self._counter = EXIT_BARRIER_KEYS[0] if EXIT_BARRIER_KEYS is not None else None
         self._own_role: bytes | None = None
 
@@ -291,7 +295,7 @@ class AgentStore(Store):
             except DistStoreError:
                 continue  # not there yet: look at the round again
             except (DistError, RuntimeError):
-                if self._round_broke():
+                if self._broke_after_error():
                     continue  # cut with the round's lost leader
                 raise
             return [self._checked(k, v) for k, v in zip(keys, self._guard(read), strict=True)]
@@ -301,9 +305,15 @@ class AgentStore(Store):
         try:
             call()
         except (DistError, RuntimeError):
-            if not (key.startswith(RANK_KEYS) and self._round_broke()):
+            if not (key.startswith(RANK_KEYS) and self._broke_after_error()):
                 raise
             instead()
+
+    def _broke_after_error(self) -> bool:
+        """A call of the rank exchange failed on the store: whether the round broke, as the node
+        says within ``_world.store_error_wait_s`` (a reset comes before the node's word)."""
+        wait_s = _world.store_error_wait_s(self._heartbeat_timeout_s)
+        return self._round_broke() or self._wait_broken(wait_s)
 
     def _stand_in(self, key: str) -> bytes:
         return _world.stand_in(key, self._own_role, self._world_size)

@@ -51,7 +51,7 @@ MAGIC = b"MNGL"
 #: says the highest round its node heard of (``Query.round_seen``); 9: a round heard of is named
 #: by its key (epoch, leader, number), in queries, announcements and frames (``_records.Heard``),
 #: not by its number. Nodes of different versions drop each other's datagrams (bad_version).
-VERSION = 10
+VERSION = 11
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -74,6 +74,7 @@ _RESIGN = struct.Struct("!Q")
 _PORT = struct.Struct("!H")
 ANNOUNCE_CLOSED = 0x01
 ANNOUNCE_ESTABLISHED = 0x02
+ANNOUNCE_FAILED = 0x04
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFF_FFFF
 
@@ -130,6 +131,9 @@ class Announce:
     closed: bool = False
     established: bool = False
     followers: int = 0
+    #: The job closed because it failed (an agent failed, or a round could not start): a node
+    #: that hears only this announcement does not take the job for finished.
+    failed: bool = False
     #: The rounds of the job the leader knows ran, as (epoch, leader, round), newest first
     #: (``_records.Heard``): who hears it knows which rounds ran, not only the highest number.
     heard: tuple[tuple[int, int, int], ...] = ()
@@ -261,7 +265,11 @@ def _encode_body(body: Body) -> bytes:
         head = _QUERY.pack(body.epoch_seen, len(addrs))
         return head + b"".join(_encode_addr(a) for a in addrs) + _encode_keys(body.round_seen)
     if isinstance(body, Announce):
-        flags = (ANNOUNCE_CLOSED if body.closed else 0) | (ANNOUNCE_ESTABLISHED if body.established else 0)
+        flags = (
+            (ANNOUNCE_CLOSED if body.closed else 0)
+            | (ANNOUNCE_ESTABLISHED if body.established else 0)
+            | (ANNOUNCE_FAILED if body.failed else 0)
+        )
         return (
             _ANNOUNCE.pack(
                 body.epoch,
@@ -338,7 +346,7 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             raise _Bad("bad_field")
         if not 0 < epoch <= EPOCH_MAX:
             raise _Bad("bad_epoch")
-        if flags & ~(ANNOUNCE_CLOSED | ANNOUNCE_ESTABLISHED):
+        if flags & ~(ANNOUNCE_CLOSED | ANNOUNCE_ESTABLISHED | ANNOUNCE_FAILED):
             raise _Bad("bad_flags")
         return Announce(
             epoch=epoch,
@@ -350,6 +358,7 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             max_nodes=max_nodes,
             closed=bool(flags & ANNOUNCE_CLOSED),
             established=bool(flags & ANNOUNCE_ESTABLISHED),
+            failed=bool(flags & ANNOUNCE_FAILED),
             followers=followers,
             heard=heard,
         )

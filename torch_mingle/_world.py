@@ -9,7 +9,11 @@ assigns under ``ASSIGNED_RANKS_PREFIX``, and every agent reads its own
   stand-ins (``stand_in``): this agent's own role info, and ranks in a world of the round's
   size, as if every member ran as many workers as it does; never a world of this agent alone;
 * whatever torch computes, ranks that put this agent's workers in a world smaller than the
-  round's, or outside it, are refused (``checked``): its workers never start.
+  round's, or outside it, are refused (``checked``): its workers never start;
+* a call of the exchange that fails on the round's store is the round breaking only once the
+  node says so, and the node is given ``store_error_wait_s`` to say it: a reset (a firewall
+  blip, a lost leader) reaches the store's client at once, the node's word a little later.
+  Failing at once would end the agent, and close the job, for a round that only broke.
 
 Pure (``_store.AgentStore`` applies them on the agent's thread; the simulator's agents can too).
 """
@@ -23,6 +27,9 @@ from torch_mingle._errors import StateError
 ROLE_INFO_PREFIX = "torchelastic/role_info/"
 ASSIGNED_RANKS_PREFIX = "torchelastic/assigned_ranks/"
 RANK_KEYS = (ROLE_INFO_PREFIX, ASSIGNED_RANKS_PREFIX)
+#: How much longer than the node's heartbeat timeout a failed store call waits for its word.
+STORE_ERROR_SLACK_S = 1.0
+
 #: What an agent that wrote no role info yet stands in with.
 DEFAULT_ROLE = b'{"role": "default", "rank": 0, "local_world_size": 1}'
 
@@ -37,6 +44,14 @@ def stand_in(key: str, own_role: bytes | None, world_size: int) -> bytes:
     size, rank = int(info.get("local_world_size", 1)), int(key.rpartition("/")[2] or 0)
     world = world_size * size
     return json.dumps([rank * size, world, rank * size, world]).encode()
+
+
+def store_error_wait_s(heartbeat_timeout_s: float) -> float:
+    """How long a call of the rank exchange that failed on the round's store waits for the node
+    to say that the round broke (then it goes on as in a broken round) before the agent fails:
+    whatever cut the store off cut its control connection too, and the node notices that
+    within its heartbeat timeout."""
+    return heartbeat_timeout_s + STORE_ERROR_SLACK_S
 
 
 def checked(key: str, value: bytes, own_role: bytes | None, world_size: int) -> bytes:

@@ -58,7 +58,7 @@ from torch_mingle._agent import (
     nodes_waiting,
 )
 from torch_mingle._assembly import MAX_CONNECT_TIMEOUT_S, assemble
-from torch_mingle._datapath import MingleDataPathError, failure_message, peers_to_probe, probe
+from torch_mingle._datapath import MingleDataPathError, failure_message, probe
 from torch_mingle._events import record_notes
 from torch_mingle._health import HEALTH_RETRY_S, Verdict, wait_until_healthy
 from torch_mingle._interfaces import Interface, interface_for
@@ -289,12 +289,13 @@ class MingleRendezvousHandler(RendezvousHandler):
                     log.warning("%s %s; joining again", self._label, why)
                     self._loop.ask(StoreUnreachable(claim, why))
                     event = Told()
-                case ProbePeers(rank=rank):
+                case ProbePeers(rank=rank, peers=peers):
                     assert joined is not None  # noqa: S101 - the flow probes a joined round's peers
-                    event = Probed(self._data_path_ok(joined, rank), self._job_failure())
+                    event = Probed(self._data_path_ok(joined, rank, peers), self._job_failure())
                 case WatchBreak(key=key, grace_s=grace_s):
                     seen = self._board.wait_for(functools.partial(Diagnostics.round_broke, key=key), grace_s)
-                    event = BreakSeen(seen is not None, seen.failure if seen is not None else "")
+                    now = self._board.diagnostics()
+                    event = BreakSeen(seen is not None, now.failure, closed=now.closed)
                     if seen is not None and not seen.failure:
                         log.warning(
                             "%s data path check: a peer did not answer, but round %d broke meanwhile; "
@@ -589,6 +590,11 @@ class MingleRendezvousHandler(RendezvousHandler):
             failed=self._job_failure,
             round_broke=lambda: self._board.diagnostics().round_broke(key),
             world_size=world_size,
+            wait_broken=lambda timeout_s: (
+                self._board.wait_for(functools.partial(Diagnostics.round_broke, key=key), timeout_s)
+                is not None
+            ),
+            heartbeat_timeout_s=self._config.keep_alive_timeout,
         )
         self._round, self._polled_at = rnd, None  # polls are timed within a round
         self._export_worker_env(rnd)
@@ -615,7 +621,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         """Why the job failed ("" while it did not): a member's round could not start."""
         return self._board.diagnostics().failure
 
-    def _data_path_ok(self, joined: Joined, rank: int) -> bool:
+    def _data_path_ok(self, joined: Joined, rank: int, peers: tuple[int, ...]) -> bool:
         """Before the workers start: can this node open a TCP connection to its peers, on the
         addresses its workers and theirs will use? If not (``_data_path_failure`` says how),
         the flow looks whether the round broke meanwhile (a peer that died or left), and
@@ -625,7 +631,7 @@ class MingleRendezvousHandler(RendezvousHandler):
         if self._probe is None or not len(rnd.pports) == len(rnd.ips) == rnd.world_size:
             return True
         targets = []
-        for peer in peers_to_probe(rnd.world_size, rank):
+        for peer in peers:
             ip, port = rnd.ips[peer], rnd.pports[peer]
             with contextlib.suppress(ValueError):  # a leader on several networks advertises none
                 if parse_ip(ip).is_unspecified:

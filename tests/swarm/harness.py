@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.swarm import scenario as sc
+from torch_mingle._agent import ExitClean, Fail, Failure
 from torch_mingle._claims import Timing
 from torch_mingle._keys import age
 from torch_mingle._leader import LeaderTerm
@@ -118,9 +119,14 @@ GARBLE_FOR_S = 0.05
 VOTE_OUT_S = 0.0005
 
 INVARIANTS = (
-    "one-round", "quorum", "successors", "ranks", "rank-order", "token", "secret", "bounded-wait",
-    "recovery", "resources", "book",
+    "one-round", "quorum", "successors", "ranks", "world", "success", "false-failure", "rank-order",
+    "token", "secret", "bounded-wait", "recovery", "resources", "book",
 )  # fmt: skip
+
+
+def local_world_size(seed: int) -> int:
+    """How many workers each agent of a seed runs (``--nproc_per_node``, the same on every host)."""
+    return 1 + (seed >> 3) % 3
 
 
 def timing() -> Timing:
@@ -210,6 +216,7 @@ class World(Agents[_Agent]):
             close_timeout_s=sc.CLOSE_TIMEOUT_S,
             leave_timeout_s=LEAVE_TIMEOUT_S,
             arrive_timeout_s=ARRIVE_TIMEOUT_S,
+            local_world_size=local_world_size(scenario.seed),
         )
         self.rounds: dict[tuple[int, int, int], _Round] = {}
         #: Each proposal a node accepted, by its key: the round it was formed from, its members.
@@ -411,8 +418,60 @@ class World(Agents[_Agent]):
 
     # ------------------------------------------------------------ the agents' hooks
 
-    def unanswered(self, agent: _Agent, result: object) -> None:
-        raise Violation("bounded-wait", f"host {agent.host}: join answered {result!r}", self.sim.now)
+    def failed(self, agent: _Agent, fail: Fail) -> None:
+        if fail.kind is Failure.DATA_PATH:
+            raise Violation(
+                "false-failure",
+                f"host {agent.host}: the job failed on its data path check, but every cut in the swarm "
+                "cuts the control plane too: the round must break (and the node join again) first",
+                self.sim.now,
+            )
+        if fail.kind is Failure.STATE:  # the node answered what it must not, or lost the call
+            raise Violation(
+                "bounded-wait", f"host {agent.host}: next_rendezvous() failed: {fail.why}", self.sim.now
+            )
+
+    def exited_clean(self, agent: _Agent, clean: ExitClean) -> None:
+        """``success``: an agent exits 0 without having trained only as a spare of a job that
+        finished its work (an agent whose workers ran shut down cleanly), never when the job
+        failed or never ran."""
+        self.checks += 1
+        if self.finished_at is None:  # (a failure whose close was lost does not end the job)
+            failed = f" (an agent failed at {self.failed_at:.3f}s)" if self.failed_at is not None else ""
+            why = f"host {agent.host} exits 0 ({clean.why}), but no agent's workers finished{failed}"
+            raise Violation("success", why, self.sim.now)
+
+    def exchange_failed(self, agent: _Agent, why: str) -> None:
+        raise Violation(
+            "false-failure",
+            f"host {agent.host}: {why}, and the agent fails, but every cut in the swarm heals and "
+            "cuts the control plane too: the node must say the round broke first",
+            self.sim.now,
+        )
+
+    def refused(self, agent: _Agent, why: str) -> None:
+        raise Violation("world", f"host {agent.host}: its ranks were refused: {why}", self.sim.now)
+
+    def workers_started(self, agent: _Agent, base: int, world: int) -> None:
+        """``world``: an agent's workers start at the ranks of its place in its round, in a world
+        of the round's every worker: never a world of their own, whatever broke meanwhile."""
+        deliver = agent.deliver
+        assert deliver is not None
+        local = agent.local_world_size
+        want = (deliver.rank * local, len(deliver.joined.round.members) * local)
+        self.checks += 1
+        if (base, world) != want:
+            stood = (
+                " (stand-ins: the round broke first)" if agent.exchange and agent.exchange.stood_in else ""
+            )
+            raise Violation(
+                "world",
+                f"host {agent.host}: its {local} worker(s) start at rank {base} of a world of {world}"
+                f"{stood}, but it is rank {deliver.rank} of {_show(agent.round)}: ranks {want[0]}.. "
+                f"of {want[1]}",
+                self.sim.now,
+            )
+        self._note(agent, f"workers start at rank {base} of {world}")
 
     def noted(self, agent: _Agent, what: str) -> None:
         if what == "joins again" and agent.round is not None:
@@ -436,6 +495,13 @@ class World(Agents[_Agent]):
         self.checks += 1
         if len(set(members)) != len(members) or agent.node_id not in members:
             raise Violation("ranks", f"{where}: members {[node_hex(m) for m in members]}", now)
+        deliver = agent.deliver
+        if deliver is None or (deliver.rank, deliver.world_size) != (
+            members.index(agent.node_id),
+            len(members),
+        ):
+            got = (deliver.rank, deliver.world_size) if deliver is not None else None
+            raise Violation("world", f"{where}: next_rendezvous() gave (rank, world size) {got}", now)
         if members[0] != claim.leader or rnd.epoch != claim.epoch:
             raise Violation("ranks", f"{where}: rank 0 is {node_hex(members[0])}, formed by {claim}", now)
         leader_hosts = {a.node.addr[0] for a in self.agents if a.node_id == members[0]}
@@ -706,7 +772,9 @@ class World(Agents[_Agent]):
     def _check(self, heal: float, bound: float) -> None:
         now = self.sim.now
         for agent in self.agents:
-            if agent.phase in (Phase.EXITED, Phase.RUNNING) or not agent.node.alive or not agent.node.started:
+            if agent.phase is Phase.EXITED or not agent.node.alive or not agent.node.started:
+                continue
+            if agent.phase is Phase.RUNNING and not agent.in_exchange:
                 continue
             if agent.node.frozen:
                 agent.thawed_at = now
@@ -714,9 +782,12 @@ class World(Agents[_Agent]):
             self.checks += 1
             start = max(agent.since, agent.thawed_at)
             if now > start + agent.bound_s + SLACK_S:
+                what = agent.phase.value + (f" ({type(agent.action).__name__})" if agent.action else "")
+                if agent.exchange is not None and agent.in_exchange:
+                    what = f"in torch's rank exchange ({agent.exchange.stage.value})"
                 raise Violation(
                     "bounded-wait",
-                    f"host {agent.host} ({agent.node.node.label}) {agent.phase.value} since {start:.3f}s, "
+                    f"host {agent.host} ({agent.node.node.label}) {what} since {start:.3f}s, "
                     f"bound {agent.bound_s:g}s",
                     now,
                 )
@@ -1172,8 +1243,12 @@ class World(Agents[_Agent]):
         self._at(down.at, lambda: self._fire(down))
 
     def _do_shutdown(self, e: sc.Event, agent: _Agent) -> None:
-        if agent.phase in (Phase.JOINING, Phase.RUNNING):
+        """The agent calls ``shutdown()``: its workers finished (the job is done), or, in its
+        rendezvous, it was stopped (the launcher shuts down on the way out of the error)."""
+        if agent.phase is Phase.RUNNING:
             self.shut(agent)
+        elif agent.phase is Phase.JOINING:
+            self.shut(agent, failed="its agent was stopped in its rendezvous")
 
     def _addr(self, host: int) -> tuple[str, int]:
         return self.by_host[host].node.addr

@@ -32,7 +32,8 @@ from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _ballot, _evidence, _proposals, _quorum
+from torch_mingle import _agent, _ballot, _evidence, _proposals, _quorum, _world
+from torch_mingle._agent import BreakSeen, ExitClean, Fail, JoinFlow
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
 from torch_mingle._ledger import Ledger
@@ -41,6 +42,7 @@ from torch_mingle._others import OtherTerms
 from torch_mingle._record import replace
 from torch_mingle._records import History
 from torch_mingle._rounds import RoundBook
+from torch_mingle._view import JobOver
 from torch_mingle.testing import sim as _sim
 
 Patch = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -117,6 +119,31 @@ def _voting_without_rivals(base: Any, uncertain: Any, rivals: Any) -> Any:
     return _sound_voting(base, uncertain, [])
 
 
+def _stand_in_of_one_node(key: str, own_role: bytes | None, world_size: int) -> bytes:
+    """The stand-in before f833318: ranks in a world of this agent's workers alone."""
+    own = own_role or _world.DEFAULT_ROLE
+    if key.startswith(_world.ROLE_INFO_PREFIX):
+        return own
+    size, rank = int(json.loads(own).get("local_world_size", 1)), int(key.rpartition("/")[2] or 0)
+    return json.dumps([rank * size, size, rank * size, size]).encode()
+
+
+_sound_step = JoinFlow.step
+
+
+def _step_blind_to_a_break(self: JoinFlow, event: Any, now: float) -> Any:
+    if isinstance(event, BreakSeen):
+        event = replace(event, broke=False)
+    return _sound_step(self, event, now)
+
+
+_sound_job_over = _agent.job_over
+
+
+def _job_over_taken_for_finished(outcome: JobOver, had_round: bool, job: str) -> Fail | ExitClean:
+    return _sound_job_over(replace(outcome, failed=False), had_round, job)
+
+
 MUTANTS: dict[str, Mutant] = {
     m.rule: m
     for m in (
@@ -166,6 +193,18 @@ MUTANTS: dict[str, Mutant] = {
                (_attr(RoundBook, "_voting", staticmethod(_voting_without_rivals)),)),
         Mutant("a term that learns of a newer term's round gives way", "OtherTerms.outdated_by",
                "it goes on", (_attr(OtherTerms, "outdated_by", lambda self, *a: None),)),
+        Mutant("stand-ins carry the round's world", "_world.stand_in",
+               "a broken round's stand-ins carry one node's world (the code before f833318)",
+               (_attr(_world, "stand_in", _stand_in_of_one_node),)),
+        Mutant("a failed store call waits for the node's word", "_world.store_error_wait_s",
+               "a store call of the rank exchange that fails ends the agent at once",
+               (_attr(_world, "store_error_wait_s", lambda heartbeat_timeout_s: 0.0),)),
+        Mutant("a failed probe blames the path only if the round holds", "JoinFlow.step (BreakSeen)",
+               "a failed probe fails the job even when the round broke meanwhile",
+               (_attr(JoinFlow, "step", _step_blind_to_a_break),)),
+        Mutant("only a spare of a job that finished exits 0", "_agent.job_over",
+               "a spare of a job that failed exits 0 as if it finished",
+               (_attr(_agent, "job_over", _job_over_taken_for_finished),)),
     )
 }  # fmt: skip
 

@@ -19,7 +19,8 @@ from tests.swarm import mutants
 from tests.swarm import scenario as sc
 from tests.swarm.__main__ import main, run_seed
 from tests.swarm.harness import INVARIANTS, Outcome, run
-from torch_mingle import _evidence, _rounds
+from torch_mingle import _agent, _evidence, _rounds, _world
+from torch_mingle._agent import JoinFlow
 from torch_mingle._ballot import Ballot
 from torch_mingle._claims import Claim
 from torch_mingle._cuts import StoreCuts
@@ -146,6 +147,23 @@ def _no_quorum(self: RoundBook, *args: object) -> None:
     return None
 
 
+def _leader_frozen_in_the_rank_exchange() -> sc.Scenario:
+    """A round forms (host 1's workers failed) and its leader freezes before it took its rank:
+    the others stand in for the ranks."""
+    return _cluster(3, sc.Event(2.0, "workers_fail", node=1), sc.Event(2.15, "freeze", node=2, dur=4.0))
+
+
+def _member_dies_as_the_round_forms() -> sc.Scenario:
+    """A member dies after its round was answered and before its peers probed it: their probes
+    fail, and the round breaks meanwhile."""
+    return _cluster(3, sc.Event(2.0, "workers_fail", node=1), sc.Event(2.15, "crash", node=0))
+
+
+def _member_stopped_while_a_spare_waits() -> sc.Scenario:
+    """A member's agent is stopped in its rendezvous: the job fails, a spare is waiting."""
+    return _cluster(3, sc.Event(2.0, "workers_fail", node=1), sc.Event(2.02, "shutdown", node=1), max_nodes=2)
+
+
 def _placed_and_a_crash() -> sc.Scenario:
     return _cluster(5, sc.Event(2.0, "crash", node=4), places=True)
 
@@ -205,6 +223,14 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     "successors": (_voter_loses_power, [(Ballot, "accept", mutants._accept_without_persisting)]),
     # Rank 0 is not the leader that hosts the store.
     "ranks": (_split_2_2, [(_rounds.RoundBook, "_rank_order", _leader_last)]),
+    # A broken round's stand-ins carry one node's world (before f833318), and nothing checks them.
+    "world": (_leader_frozen_in_the_rank_exchange, [(_world, "stand_in", mutants._stand_in_of_one_node),
+                                                    (_world, "checked", lambda key, value, *a: value)]),
+    # A spare of a job that failed exits 0.
+    "success": (_member_stopped_while_a_spare_waits,
+                [(_agent, "job_over", mutants._job_over_taken_for_finished)]),
+    # A failed probe fails the job though its round broke meanwhile.
+    "false-failure": (_member_dies_as_the_round_forms, [(JoinFlow, "step", mutants._step_blind_to_a_break)]),
     # Ranks in descending place order after the leader: the ring of places is broken.
     "rank-order": (_placed_and_a_crash, [(_rounds, "rank_order", _against_the_ring)]),
     # A term that learns of a newer term's round goes on: its next round has an older epoch.

@@ -55,14 +55,16 @@ def test_a_round_answered_is_delivered_after_its_store_and_data_path():
     f = flow()
     assert f.step(Began(), 100.0) == AskJoin(60.0)
     assert f.step(Answered(JOINED), 101.0) == ConnectStore(1, STORE_S)
-    assert f.step(StoreOpened(), 101.1) == ProbePeers(2)
+    assert f.step(StoreOpened(), 101.1) == ProbePeers(2, (0, 1))
     assert f.step(Probed(ok=True), 101.2) == Deliver(JOINED, 2, 3)
 
 
 def test_a_store_client_connected_ahead_is_not_connected_again():
     f = flow()
     f.step(Began(), 0.0)
-    assert f.step(Answered(Joined(ROUND, Claim(1, LEADER), None, client=object())), 1.0) == ProbePeers(2)
+    assert f.step(Answered(Joined(ROUND, Claim(1, LEADER), None, client=object())), 1.0) == ProbePeers(
+        2, (0, 1)
+    )
 
 
 def test_a_store_that_fails_while_the_leader_answers_is_tried_again_longer_then_reported():
@@ -104,6 +106,15 @@ def test_a_round_that_broke_because_the_job_failed_fails_the_data_path_too():
     f.step(StoreOpened(), 1.0)
     f.step(Probed(ok=False), 2.0)
     assert kind(f.step(BreakSeen(broke=True, failure="a peer's data path"), 2.0)) is Failure.DATA_PATH
+
+
+def test_a_failed_probe_blames_no_path_when_the_job_closed_meanwhile():
+    f = flow()
+    f.step(Began(), 0.0)
+    f.step(Answered(JOINED), 1.0)
+    f.step(StoreOpened(), 1.0)
+    f.step(Probed(ok=False), 6.0)
+    assert kind(f.step(BreakSeen(broke=False, closed=True), 7.0)) is Failure.CLOSED
 
 
 def test_a_job_that_failed_while_the_probe_ran_fails_the_join():

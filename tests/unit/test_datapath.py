@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torch_mingle._datapath import MAX_PROBES, ProbeListener, _address, failure_message, peers_to_probe, probe
+from torch_mingle._agent import MAX_PROBES, peers_to_probe
+from torch_mingle._datapath import ProbeListener, _address, failure_message, probe
 from torch_mingle._records import Round, Status
 from torch_mingle._wire import deflated
 

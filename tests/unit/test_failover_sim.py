@@ -465,3 +465,30 @@ def test_a_node_whose_disk_refuses_its_vote_stops_before_it_goes_out_and_the_oth
     assert broken.core.node_id not in sim.saved  # nothing of it was written, nor went out
     assert agents.rounds, "no round formed"
     assert all(broken.core.node_id not in members for _, _, members in agents.rounds), agents.rounds
+
+
+def test_a_spare_that_hears_only_the_announcement_of_a_failed_job_fails_and_does_not_exit_0():
+    """Its control connection cut while the job closed as failed (a member's agent failed), the
+    spare learns the close from the leader's announcement alone once the cut heals; that says
+    the job failed (``Announce.failed``), so the spare fails too. It said only "closed", and the
+    spare exited 0 as if the job had finished (swarm seed 2708)."""
+    sim = Simulation(3, seed=7, timing=FAST, min_nodes=1, max_nodes=2, last_call_timeout_s=0.5)
+    agents = Agents(sim, list(sim.nodes))
+    exits: list[str] = []
+    agents.exited_clean = lambda agent, clean: exits.append(clean.why)  # type: ignore[method-assign]
+    fails: list[str] = []
+    agents.failed = lambda agent, fail: fails.append(fail.why)  # type: ignore[method-assign]
+    agents.run_until(3.0)
+    members = set(agents.rounds[-1][2])
+    (spare,) = [n for n in sim.nodes if n.core.node_id not in members]
+    assert spare.node.joining.parked
+    cut = [(spare.addr, n.addr) for n in sim.nodes if n is not spare]
+    sim.net.block(1, cut + [(b, a) for a, b in cut])
+    agents.run_until(sim.now + 10.0)  # its session to the leader is lost meanwhile
+    (member, *_) = [a for a in agents.agents if a.node is not spare]
+    agents.shut(member, failed="its workers failed")
+    agents.run_until(sim.now + 2.0)
+    sim.net.unblock(1, sim.now)
+    agents.run_until(sim.now + 10.0)
+    assert not exits, f"the spare exited 0 after a failed job: {exits}"
+    assert any("the job failed" in why for why in fails), fails

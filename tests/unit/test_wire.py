@@ -49,6 +49,8 @@ BODIES = [
         heard=((7, 0xB, 4), (6, 0xB, 3), (1, 1, 1), (1, 2, 1)),
     ),
     Announce(epoch=2**40, store_ip="2001:db8::1", store_port=1, closed=True, established=True, followers=512),
+    # A job closed as failed says so (swarm seed 2708: a spare that heard only this exited 0).
+    Announce(epoch=3, store_ip="198.18.0.2", store_port=29500, round=2, closed=True, failed=True),
     Resign(epoch=9),
     Probe(),
 ]

@@ -353,12 +353,13 @@ class Simulation:
         self._call(node, lambda now: self.step_node(node, [JoinRequested(ticket)]))
         return ticket
 
-    def leave(self, node: SimNode, close_timeout_s: float = 5.0) -> Ticket:
-        """``shutdown()`` on ``node``."""
+    def leave(
+        self, node: SimNode, close_timeout_s: float = 5.0, *, why: str = "finished", failed: bool = False
+    ) -> Ticket:
+        """``shutdown()`` on ``node``; ``failed``: its agent failed (``why``)."""
         ticket = Ticket("shutdown", next(node.tickets), timeout_s=close_timeout_s)
-        self._call(
-            node, lambda now: self.step_node(node, [ShutdownRequested(ticket, close_timeout_s, "finished")])
-        )
+        shutdown = ShutdownRequested(ticket, close_timeout_s, why, failed=failed)
+        self._call(node, lambda now: self.step_node(node, [shutdown]))
         return ticket
 
     def arrive(self, node: SimNode, round_number: int, timeout_s: float = 5.0) -> Ticket:
