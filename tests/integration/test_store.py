@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from torch.distributed import TCPStore
+from torch.distributed import DistError, TCPStore
 from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 from torch.distributed.elastic.utils import store as store_util
 
@@ -71,3 +76,50 @@ def test_the_leader_opens_torchs_exit_barrier_for_a_member_that_left(make_handle
         leaving.shutdown()  # leaves without arriving: it will never come
         for b in barriers:
             b.result(timeout=30)
+
+
+_SERVER = (
+    "import time; from torch.distributed import TCPStore; "
+    "s = TCPStore('127.0.0.1', 0, None, True, wait_for_workers=False); "
+    "print(s.port, flush=True); time.sleep(600)"
+)
+
+
+def _agent_store_whose_server_dies(broke_after_s: float | None) -> tuple[_store.AgentStore, Any]:
+    """An agent's store on a real TCPStore whose server process is then killed (its kernel
+    resets the connection); the node says the round broke ``broke_after_s`` later (None: never)."""
+    server = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())  # type: ignore[union-attr]
+        client = TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=5))
+    except BaseException:
+        server.kill()
+        raise
+    broke = threading.Event()
+    store = _store.AgentStore(
+        client, on_barrier=lambda: None, round_broke=broke.is_set, world_size=3,
+        wait_broken=broke.wait, heartbeat_timeout_s=1.0,
+    )  # fmt: skip
+    role = json.dumps({"role": "trainer", "rank": 1, "local_world_size": 2})
+    store.set("torchelastic/role_info/1", role)
+    server.kill()
+    server.wait(timeout=30)
+    if broke_after_s is not None:
+        threading.Timer(broke_after_s, broke.set).start()
+    return store, server
+
+
+def test_a_rank_read_that_fails_before_the_node_says_the_round_broke_waits_for_its_word():
+    """The store's connection resets before the node knows its round broke (a firewall blip, a
+    leader lost): the read waits for the node's word, then stands in, as in any broken round.
+    It raised at once, and torch's agent failed and closed the job (swarm seed 2708)."""
+    store, _ = _agent_store_whose_server_dies(broke_after_s=0.5)
+    assert store.get("torchelastic/assigned_ranks/1") == b"[2, 6, 2, 6]"  # rank 1 of 3 nodes x 2 workers
+
+
+def test_a_rank_read_that_fails_while_the_node_says_nothing_fails_after_its_wait():
+    """...and a store that fails while the node never says its round broke is an error of the
+    store (after ``_world.store_error_wait_s``), not a round to stand in for."""
+    store, _ = _agent_store_whose_server_dies(broke_after_s=None)
+    with pytest.raises((DistError, RuntimeError)):
+        store.get("torchelastic/assigned_ranks/1")

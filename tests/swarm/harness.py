@@ -235,6 +235,8 @@ class World(Agents[_Agent]):
         #: What each member knew when it accepted each proposal (``one-round``, ``token``): a
         #: round is judged by what its members had heard when they committed to it.
         self.knew_at_accept: dict[tuple[int, int, int], dict[int, frozenset[object]]] = {}
+        #: What each node id knew when its joins went out (``_record_heard``), across its processes.
+        self.joined_knowing: dict[int, frozenset[object]] = {}
         #: The process that led each term (epoch, leader) (``token``).
         self.term_process: dict[tuple[int, int], SimNode] = {}
         #: The proposals each proposal's leader accounted for, by its key.
@@ -338,16 +340,37 @@ class World(Agents[_Agent]):
         self._record_accepts(node)
         self._record_terms(node)
         self._record_leaves(node)
+        self._record_heard(node)
         kept = [h.key for h in (node.node.history, node.node.accepted) if h is not None]
         for key in (*kept, *node.node.ballot.heard.keys):  # its state file's: it knows them
             lineage = self._lineage_known(key)
             if lineage is not None:
                 self.sim.learn(node, ("lineage", lineage))
+        for fact in self.joined_knowing.get(node.core.node_id, frozenset()):
+            self.sim.learn(node, fact)  # what its node heard as it joined: the rule puts it on disk
         agent = self.start(host, node, at)
         self.alive_at[node.core.node_id] = at
         self._quiet_since = max(self._quiet_since, at)
         self._note(agent, f"starts node {node_hex(node.core.node_id)[:6]}")
         return agent
+
+    def _record_heard(self, node: SimNode) -> None:
+        """What the node's process knew each time its join went out, or it heard more while its
+        join waited (``Joining.remember_heard``, the moments the rule "what a node heard of is on
+        the disk before it joins" speaks of): the node heard it, whatever its state file kept,
+        and a new process under its id knows it too (``one-round`` judges it by that)."""
+        joining = node.node.joining
+        inner = joining.remember_heard
+
+        def remember(joiner: Any) -> None:
+            inner(joiner)
+            if joining.open() is not None:
+                node_id = node.core.node_id
+                self.joined_knowing[node_id] = self.joined_knowing.get(node_id, frozenset()) | self.sim.knows(
+                    node
+                )
+
+        joining.remember_heard = remember  # type: ignore[method-assign, assignment]
 
     def _record_accepts(self, node: SimNode) -> None:
         """Every proposal the node accepts, with the round it was formed from: a round may form
