@@ -35,18 +35,19 @@ netns: $(STAMP)
 faults: $(STAMP)
 	$(BIN)/python -m pytest tests/faults
 
-# The fault swarm (tests/swarm): SEEDS seeds, or run for DURATION seconds with swarm-long.
+# The fault swarm (tests/swarm): SEEDS seeds from START, or run for DURATION seconds with swarm-long.
 SEEDS ?= 10000
+START ?= 0
 DURATION ?= 7200
 swarm: $(STAMP)
-	$(BIN)/python -m tests.swarm --seeds $(SEEDS) --json bench-results/swarm.json
+	$(BIN)/python -m tests.swarm --seeds $(SEEDS) --start $(START) --json bench-results/swarm.json
 
 # Each named safety rule broken on purpose: the first seed that catches it (docs/faults.md).
 swarm-mutants: $(STAMP)
 	$(BIN)/python -m tests.swarm.mutants --seeds 2000 --json bench-results/swarm-mutants.json --record
 
 swarm-long: $(STAMP)
-	$(BIN)/python -m tests.swarm --duration $(DURATION) --json bench-results/swarm-long.json
+	$(BIN)/python -m tests.swarm --duration $(DURATION) --start $(START) --json bench-results/swarm-long.json
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rendezvous_latency.py
