@@ -50,7 +50,9 @@ MAGIC = b"MNGL"
 #: (``_records.Round.to_json``: ``columns``), which a node of version 6 cannot read; 8: a query
 #: says the highest round its node heard of (``Query.round_seen``); 9: a round heard of is named
 #: by its key (epoch, leader, number), in queries, announcements and frames (``_records.Heard``),
-#: not by its number. Nodes of different versions drop each other's datagrams (bad_version).
+#: not by its number; 10: a leader's "wait" says why (``WaitKind``); 11: an announcement of a
+#: closed job says whether it failed (``ANNOUNCE_FAILED``), a flag version 10 refuses.
+#: Nodes of different versions drop each other's datagrams (bad_version).
 VERSION = 11
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
