@@ -18,12 +18,25 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   if none of its members could have heard of that lineage, directly or through anything any
   node sent it, transitively (``Simulation.track_knowledge``), and no node is a member of a
   round of each (a member counted in a round it never heard of is still in that job):
-  islands that never heard of each other. And once a node was a member of a round of each of
-  two lineages, they are one job: no round of one trains beside a round of the other, first
-  rounds or not (the lineage that continues after they met is not the fork, so long as the
-  other stops).
+  islands that never heard of each other. A new process under a node's id knows what its
+  state file kept and what its node knew as its joins went out (the rule "what a node heard of
+  is on the disk before it joins" covers that; ``_record_heard``). And once a node was a
+  member of a round of each of two lineages, they are one job: no round of one trains beside
+  a round of the other, first rounds or not (the lineage that continues after they met is
+  not the fork, so long as the other stops).
 * ``ranks``: a round's ranks are 0..n-1, each node once; rank 0 is the leader that formed
   it, and the store is at rank 0's address.
+* ``world``: ``next_rendezvous()`` (the handler's policy, ``_agent.JoinFlow``) gives the node
+  its rank and its round's size, and torch's rank exchange through the round's store (under
+  ``AgentStore``'s rules: ``_world``) starts every member's workers at the ranks of its place
+  in a world of the round's every worker, stand-ins included; a refusal by ``_world.checked``
+  fails it too (it says "a bug in torch_mingle").
+* ``success``: an agent exits 0 without having trained only as a spare of a job whose work
+  finished (an agent whose workers ran shut down cleanly).
+* ``false-failure``: no agent fails for a fault that heals: a data path check that failed
+  while its round held (every cut here cuts the control plane too, so the round breaks
+  first), or a store call of the rank exchange that failed before the node said its round
+  broke.
 * ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
   the members' places in ascending order exactly once around (``_rounds.rank_order``).
 * ``token``: the fencing token (epoch, round) handed to workers only grows: per agent, and
@@ -49,7 +62,9 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   each vote: a node's vote for a proposal of another term than its previous vote, built on a
   base older than that vote, names it (or a later proposal of its term) in ``covers``; its
   previous vote is the truth's, across its processes, not what its state file kept.
-* ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound).
+* ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound),
+  and so does each of the handler's own waits (a store try, the probe, the look for a broken
+  round) and torch's rank exchange (``join_timeout`` from the delivery).
 * ``recovery``: after the last fault heals, if a majority of the last round's voters are
   alive and at least ``min_nodes`` agents are, every live agent is in one round (or parked
   as a spare beside a full one) within ``recovery_bound_s()``. A member whose leave a live
