@@ -247,7 +247,7 @@ class JoinFlow:
             case StoreOpened():
                 return self._probe()
             case StoreFailed(why=why, broke=broke):
-                joined = self._joined()
+                joined = self.current()
                 if broke or self.attempt >= STORE_CONNECT_ATTEMPTS:
                     return TellStoreUnreachable(joined.claim, why)
                 self.attempt += 1
@@ -257,10 +257,10 @@ class JoinFlow:
             case Probed(ok=True, failure=failure):
                 if failure:  # another member's check failed while this one ran
                     return Fail(Failure.CLOSED, f"the job failed: {failure}")
-                joined = self._joined()
+                joined = self.current()
                 return Deliver(joined, self.rank, joined.round.world_size)
             case Probed():
-                return WatchBreak(History.of(self._joined().round).key, DATA_PATH_GRACE_S)
+                return WatchBreak(History.of(self.current().round).key, DATA_PATH_GRACE_S)
             case BreakSeen(broke=True, failure=""):
                 return self._ask(now)  # a peer was lost as the round formed: the next one
             case BreakSeen(closed=True, failure=""):
@@ -281,9 +281,10 @@ class JoinFlow:
         return max(0.001, self.join_timeout_s - (now - self.started))
 
     def _probe(self) -> ProbePeers:
-        return ProbePeers(self.rank, tuple(peers_to_probe(self._joined().round.world_size, self.rank)))
+        return ProbePeers(self.rank, tuple(peers_to_probe(self.current().round.world_size, self.rank)))
 
-    def _joined(self) -> Joined:
+    def current(self) -> Joined:
+        """The answer the flow goes on with (between a ``Joined`` and the next join)."""
         if self.joined is None:
             raise StateError("the agent's join flow has no round to go on with")
         return self.joined

@@ -392,7 +392,7 @@ class Agents(Generic[A]):
                     agent.procs = self._processes(ticket.result.round.members)
                 return Answered(ticket.result, error=str(ticket.error) if ticket.error is not None else "")
             case ConnectStore():
-                joined = flow._joined()
+                joined = flow.current()
                 reach = self.reach(agent.node, agent.procs.get(joined.claim.leader))
                 if reach == OK:
                     return StoreOpened()
@@ -404,7 +404,7 @@ class Agents(Generic[A]):
                 return None
             case ProbePeers(peers=peers):
                 # A connect refused or unanswered is tried again until the deadline (``probe``).
-                members = flow._joined().round.members
+                members = flow.current().round.members
                 reaches = [self.reach(agent.node, agent.procs.get(members[p]), kernel=True) for p in peers]
                 if all(r == OK for r in reaches) or over:
                     return Probed(all(r == OK for r in reaches), agent.diagnostics.failure)
@@ -418,7 +418,7 @@ class Agents(Generic[A]):
 
     def _broke(self, agent: A) -> bool:
         assert agent.flow is not None  # noqa: S101
-        return agent.diagnostics.round_broke(History.of(agent.flow._joined().round).key)
+        return agent.diagnostics.round_broke(History.of(agent.flow.current().round).key)
 
     def _delivered(self, agent: A, deliver: Deliver) -> None:
         """``next_rendezvous()`` returned: torch's agent exchanges ranks, then starts its workers."""
