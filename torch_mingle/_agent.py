@@ -301,7 +301,7 @@ class JoinFlow:
             return Fail(
                 Failure.STATE, f"round {outcome.round.number} was answered to a node it does not hold"
             )
-        self.joined, self.rank = outcome, rank
+        self.joined, self.rank, self.had_round = outcome, rank, True
         if outcome.client is not None:
             return self._probe()  # a client of its store was connected while the join waited
         self.attempt = 1

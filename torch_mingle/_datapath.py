@@ -104,9 +104,9 @@ def probe(
 
     A peer passes as soon as one connect to it completes. Each ``retry_s`` a peer that has not
     answered gets one more connect, the earlier ones still waiting, until the deadline: a lossy
-    path passes, a missing one still fails. A connect that fails with an ICMP unreachable
-    (``TRANSIENT_ERRNOS``) is dropped and the next tried; a refusal, or a route of this host
-    that rejects, fails the peer at once.
+    path passes, a missing one still fails. A connect refused or met by an ICMP unreachable
+    (``TRANSIENT_ERRNOS``) is dropped and the next tried (a rule lifted as the round forms
+    costs a retry, not the job); any other error fails the peer at once.
 
     Returns the pairs that failed, and the probes this host could not make (out of
     descriptors, an address it cannot parse): those say nothing about the path. A peer with

@@ -379,7 +379,8 @@ class LeaderTerm:
         """No further rounds: the job is over (``why``: who closed it, and why, for the waiters;
         ``failed``: its round cannot start, so the members running it stop too; ``job_failed``:
         the closing agent failed, so the nodes still waiting for a place fail too, while the
-        members running a round finish as their own workers do)."""
+        members running a round that is whole finish as their own workers do: one that a
+        member left before its exit barrier cannot, and stops, ``Snapshots.round_state``)."""
         if self.book.closed:
             return
         self.closed_why = f"node {node_hex(by)} closed the job" + (f" ({why})" if why else "")

@@ -66,8 +66,18 @@ class Snapshots:
             return False, 0
         if status is not None and status.failure and status.epoch == rnd.epoch:
             return True, 1  # its round cannot start: stop the workers (the next join fails with why)
-        if node.job_closed:
-            return False, 0
+        if node.job_closed or (status is not None and status.closed and status.epoch == rnd.epoch):
+            # The job is over. A round that is whole finishes (a member that finished and waits
+            # in the exit barrier breaks nothing); one that a member left or lost before it
+            # finished, or that a newer round replaced, cannot: its workers would wait for the
+            # missing ones until their own timeout. It broke: its rank exchange fails
+            # (``_world.stands_in``), and its workers stop, their next join failing with why.
+            broke = (
+                status is not None
+                and status.epoch == rnd.epoch
+                and (status.round > rnd.number or (status.round == rnd.number and status.stale))
+            )
+            return broke, int(broke)
         if node.trouble is not None:
             return True, 1
         if status is None:

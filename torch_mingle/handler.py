@@ -244,10 +244,6 @@ class MingleRendezvousHandler(RendezvousHandler):
         )
         return info
 
-    def _refuse_if_shut(self) -> None:
-        if self._shut:
-            raise MingleClosedError(f"{self._label} this handler was shut down; create a new one")
-
     def _next_rendezvous(self) -> RendezvousInfo:
         """Carry out the join flow's actions (``_agent.JoinFlow``: what each outcome means and
         what comes next is decided there, for the simulator's agents too) until it delivers."""
@@ -263,12 +259,14 @@ class MingleRendezvousHandler(RendezvousHandler):
         started = time.monotonic()
         event: Event = Began(self._shut, self._closed, self._job_failure() if self._closed else "")
         joined: Joined | None = None
+        lost: MingleStateError | None = None  # the board's error, raised as it came
         while True:
             action = flow.step(event, time.monotonic())
             match action:
                 case CheckHealth(until=until):
                     event = self._check_health(until)
                 case AskJoin(timeout_s=left):
+                    self._client = None  # a client of a round this node no longer goes on with
                     if self._probe is not None:
                         # What the last round's probes left in the queue goes now, while the join
                         # waits, not when the round has formed and every node probes at once.
@@ -276,7 +274,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                     try:
                         outcome = self._ask("join", left, JoinRequested, while_waiting=_load_idna_codec)
                     except MingleStateError as exc:
-                        event = Answered(None, error=str(exc))
+                        lost, event = exc, Answered(None, error=str(exc))
                         continue
                     joined = outcome if isinstance(outcome, Joined) else None
                     if joined is not None:
@@ -284,7 +282,12 @@ class MingleRendezvousHandler(RendezvousHandler):
                     event = Answered(outcome)
                 case ConnectStore(attempt=attempt, timeout_s=timeout_s):
                     assert joined is not None  # noqa: S101 - the flow connects a joined round's store
-                    event = self._connect_round_store(joined, attempt, timeout_s)
+                    if attempt > 1 and isinstance(event, StoreFailed):
+                        log.warning(
+                            "%s %s (try %d of %d); the leader still answers, trying again",
+                            self._label, event.why.splitlines()[0], attempt - 1, STORE_CONNECT_ATTEMPTS,
+                        )  # fmt: skip
+                    event = self._connect_round_store(joined, timeout_s)
                 case TellStoreUnreachable(claim=claim, why=why):
                     log.warning("%s %s; joining again", self._label, why)
                     self._loop.ask(StoreUnreachable(claim, why))
@@ -296,16 +299,19 @@ class MingleRendezvousHandler(RendezvousHandler):
                     seen = self._board.wait_for(functools.partial(Diagnostics.round_broke, key=key), grace_s)
                     now = self._board.diagnostics()
                     event = BreakSeen(seen is not None, now.failure, closed=now.closed)
-                    if seen is not None and not seen.failure:
+                    if event.broke and not event.failure:
                         log.warning(
-                            "%s data path check: a peer did not answer, but round %d broke meanwhile; "
-                            "joining again",
+                            "%s %s, but round %d broke meanwhile; joining again",
                             self._label,
+                            self._data_path_failure.split(":")[0],
                             joined.round.number if joined else 0,
                         )
                 case Deliver(joined=joined, rank=rank, world_size=world_size):
                     return self._deliver(joined, rank, world_size, started)
                 case Fail(kind=kind, why=why, close=close):
+                    self._client = None
+                    if kind is Failure.STATE and lost is not None:
+                        raise lost  # the board's own error: the loop stopped, or missed its deadline
                     self._fail(kind, why, close, started)
                 case ExitClean(why=why):
                     self._closed = True
@@ -396,7 +402,8 @@ class MingleRendezvousHandler(RendezvousHandler):
             return 0
         diag = self._board.diagnostics()
         waiting = nodes_waiting(History.of(self._round).key, self._closed, diag)
-        self._hook_preemption()
+        if not self._closed or diag.failure:
+            self._hook_preemption()  # (a job that finished: its workers finish, no leave to put first)
         if waiting > 0 and diag.told_at is not None:
             self._hold_for_the_others(diag.told_at)
         return waiting
@@ -550,9 +557,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             )
             self._master_addr = self._store_ip = joined.leader_ip  # the leader's address this node reached
 
-    def _connect_round_store(
-        self, joined: Joined, attempt: int, timeout_s: float
-    ) -> StoreOpened | StoreFailed:
+    def _connect_round_store(self, joined: Joined, timeout_s: float) -> StoreOpened | StoreFailed:
         """A client of the round's store (``ConnectStore``), bounded by ``timeout_s``. torch's
         client resolves the store's address back to a name before it connects, and a resolver
         that is slow or unreachable costs its own timeout (5 s by default) per try: the flow
@@ -563,13 +568,6 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._client = open_client(self._store_ip, port, timeout_s, ended=self._loop.ended_stores)
         except DistError as exc:
             broke = self._board.diagnostics().round_broke(History.of(joined.round).key)
-            if not broke and attempt < STORE_CONNECT_ATTEMPTS:
-                log.warning(
-                    "%s the round's store at %s:%d did not answer (attempt %d of %d: %s); "
-                    "the leader still does, trying again",
-                    self._label, self._store_ip, port, attempt, STORE_CONNECT_ATTEMPTS,
-                    str(exc).splitlines()[0],
-                )  # fmt: skip
             where = joined.leader_ip or "this node"
             return StoreFailed(f"the round's store at {where}:{port} failed: {exc}", broke)
         return StoreOpened()
@@ -595,6 +593,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 is not None
             ),
             heartbeat_timeout_s=self._config.keep_alive_timeout,
+            job_closed=lambda: self._board.diagnostics().closed,
         )
         self._round, self._polled_at = rnd, None  # polls are timed within a round
         self._export_worker_env(rnd)

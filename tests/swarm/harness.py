@@ -250,6 +250,9 @@ class World(Agents[_Agent]):
         #: What each member knew when it accepted each proposal (``one-round``, ``token``): a
         #: round is judged by what its members had heard when they committed to it.
         self.knew_at_accept: dict[tuple[int, int, int], dict[int, frozenset[object]]] = {}
+        #: Per term (epoch, leader) that closed the job, whether the close that did it was a
+        #: failure, by what happened (the closing agent failed, or its round could not start).
+        self.term_failed: dict[tuple[int, int], bool] = {}
         #: What each node id knew when its joins went out (``_record_heard``), across its processes.
         self.joined_knowing: dict[int, frozenset[object]] = {}
         #: The process that led each term (epoch, leader) (``token``).
@@ -442,6 +445,18 @@ class World(Agents[_Agent]):
                 propose(form, port, now)
 
             term._propose = proposing  # type: ignore[method-assign]
+            close_job = term.close_job
+
+            def closing(
+                by: int, why: str, now: float, *, failed: bool = False, job_failed: bool = False
+            ) -> None:
+                was_closed = term.book.closed
+                close_job(by, why, now, failed=failed, job_failed=job_failed)
+                if not was_closed and term.book.closed:
+                    truth = failed or self.shut_failed.get(by, False)
+                    self.term_failed.setdefault((term.claim.epoch, term.claim.leader), truth)
+
+            term.close_job = closing  # type: ignore[method-assign]
             first = self.term_process.setdefault((epoch, term.claim.leader), node)
             if first is not node:
                 raise Violation(
@@ -474,9 +489,11 @@ class World(Agents[_Agent]):
         finished its work (an agent whose workers ran shut down cleanly), never when the job
         failed or never ran."""
         self.checks += 1
-        if self.finished_at is None:  # (a failure whose close was lost does not end the job)
-            failed = f" (an agent failed at {self.failed_at:.3f}s)" if self.failed_at is not None else ""
-            why = f"host {agent.host} exits 0 ({clean.why}), but no agent's workers finished{failed}"
+        view = agent.node.core.leader
+        fate = self.term_failed.get((view.claim.epoch, view.claim.leader)) if view is not None else None
+        if self.finished_at is None or fate:  # (a failure whose close was lost does not end the job)
+            state = "its leader's term closed it as failed" if fate else "no agent's workers finished"
+            why = f"host {agent.host} exits 0 ({clean.why}), but {state}"
             raise Violation("success", why, self.sim.now)
 
     def exchange_failed(self, agent: _Agent, why: str) -> None:
@@ -812,7 +829,7 @@ class World(Agents[_Agent]):
         for agent in self.agents:
             if agent.phase is Phase.EXITED or not agent.node.alive or not agent.node.started:
                 continue
-            if agent.phase is Phase.RUNNING and not agent.in_exchange:
+            if agent.phase is Phase.RUNNING and not agent.in_exchange and not self.waits_for_peers(agent):
                 continue
             if agent.node.frozen:
                 agent.thawed_at = now
@@ -823,6 +840,10 @@ class World(Agents[_Agent]):
                 what = agent.phase.value + (f" ({type(agent.action).__name__})" if agent.action else "")
                 if agent.exchange is not None and agent.in_exchange:
                     what = f"in torch's rank exchange ({agent.exchange.stage.value})"
+                elif self.waits_for_peers(agent):
+                    what = (
+                        "running workers that wait for a member's that never started (nothing restarted them)"
+                    )
                 raise Violation(
                     "bounded-wait",
                     f"host {agent.host} ({agent.node.node.label}) {what} since {start:.3f}s, "
@@ -1282,11 +1303,12 @@ class World(Agents[_Agent]):
 
     def _do_shutdown(self, e: sc.Event, agent: _Agent) -> None:
         """The agent calls ``shutdown()``: its workers finished (the job is done), or, in its
-        rendezvous, it was stopped (the launcher shuts down on the way out of the error)."""
-        if agent.phase is Phase.RUNNING:
+        rendezvous or before its workers could train, it was stopped (the launcher shuts down
+        on the way out of the error)."""
+        if self.workers_ran(agent):
             self.shut(agent)
-        elif agent.phase is Phase.JOINING:
-            self.shut(agent, failed="its agent was stopped in its rendezvous")
+        elif agent.phase in (Phase.JOINING, Phase.RUNNING):
+            self.shut(agent, failed="its agent was stopped before its workers could train")
 
     def _addr(self, host: int) -> tuple[str, int]:
         return self.by_host[host].node.addr

@@ -64,7 +64,7 @@ from torch_mingle._record import assert_never
 from torch_mingle._records import History
 from torch_mingle._view import Diagnostics, Joined
 from torch_mingle._world import ASSIGNED_RANKS_PREFIX, ROLE_INFO_PREFIX
-from torch_mingle.testing.net import DROP
+from torch_mingle.testing.net import DROP, FIN
 from torch_mingle.testing.sim import SimNode, Simulation
 
 #: torch's agent looks at its workers (and asks ``num_nodes_waiting``) this often.
@@ -139,6 +139,8 @@ class Agent:
     exchange: Exchange | None = None
     #: It ran a round of the job before (the handler's ``_round``).
     had_round: bool = False
+    #: Its client of the round's store lost its connection (``Agents._watch_client``).
+    client_lost: bool = False
     #: How many workers it runs (``--nproc_per_node``).
     local_world_size: int = 1
 
@@ -201,6 +203,10 @@ class Agents(Generic[A]):
         #: one whose workers had finished first shut down (torch's contract: the job is done).
         self.failed_at: float | None = None
         self.finished_at: float | None = None
+        #: The members of each round whose workers started in it (by round key).
+        self.started_in: dict[RoundKey, set[int]] = defaultdict(set)
+        #: Whether each node's agent, the last time it shut down, failed (by node id).
+        self.shut_failed: dict[int, bool] = {}
 
     # ------------------------------------------------------------ the hosts
 
@@ -273,7 +279,7 @@ class Agents(Generic[A]):
     def arrive_if_running(self, agent: A) -> None:
         """The work is done: an agent whose workers run a round enters its exit barrier."""
         number = self.round_number(agent)
-        if agent.phase is Phase.RUNNING and not agent.in_exchange and number is not None and agent.node.alive:
+        if self.workers_ran(agent) and number is not None and agent.node.alive:
             bound_s = self.arrive_timeout_s
             self.call(agent, Phase.ARRIVING, self.sim.arrive(agent.node, number, bound_s), bound_s)
 
@@ -282,10 +288,27 @@ class Agents(Generic[A]):
         why = f"it shut down after: {failed}" if failed else "finished"
         if failed and self.failed_at is None:
             self.failed_at = self.sim.now
-        if not failed and agent.phase in (Phase.RUNNING, Phase.ARRIVING) and self.finished_at is None:
+        if not failed and self.finished_at is None and self.workers_ran(agent):
             self.finished_at = self.sim.now  # its workers finished their work
+        self.shut_failed[agent.node_id] = bool(failed)
         ticket = self.sim.leave(agent.node, self.close_timeout_s, why=why, failed=bool(failed))
         self.call(agent, Phase.SHUTTING, ticket, self.close_timeout_s)
+
+    def workers_ran(self, agent: A) -> bool:
+        """Whether the agent's workers run (or ran to the end) their round: they started, and so
+        did every other member's (a process group forms only with all of them)."""
+        return agent.phase is Phase.ARRIVING or (
+            agent.phase is Phase.RUNNING and not agent.in_exchange and not self.waits_for_peers(agent)
+        )
+
+    def waits_for_peers(self, agent: A) -> bool:
+        """Its workers started, and wait for a member's that never started in that round: they
+        cannot train, and only a restart (``num_nodes_waiting() > 0``) ends them."""
+        ex = agent.exchange
+        if agent.phase is not Phase.RUNNING or ex is None or ex.stage is not Stage.STARTED:
+            return False
+        members = agent.deliver.joined.round.members if agent.deliver is not None else ()
+        return not self.started_in[ex.key] >= set(members)
 
     def preempt(self, agent: A) -> None:
         """SIGTERM: it leaves the job at once."""
@@ -392,24 +415,29 @@ class Agents(Generic[A]):
                     agent.procs = self._processes(ticket.result.round.members)
                 return Answered(ticket.result, error=str(ticket.error) if ticket.error is not None else "")
             case ConnectStore():
+                # torch's client retries a refused port until its timeout; the node cuts the
+                # connect once it knows the leader is lost (then the round broke).
                 joined = flow.current()
                 reach = self.reach(agent.node, agent.procs.get(joined.claim.leader))
                 if reach == OK:
+                    agent.client_lost = False
                     return StoreOpened()
                 broke = self._broke(agent)
-                if reach == REFUSED or broke or over:
+                if broke or over:
                     return StoreFailed(
                         f"the round's store {reach if reach == REFUSED else 'did not answer'}", broke
                     )
                 return None
             case ProbePeers(peers=peers):
                 # A connect refused or unanswered is tried again until the deadline (``probe``).
+                self._watch_client(agent, agent.procs.get(flow.current().claim.leader))
                 members = flow.current().round.members
                 reaches = [self.reach(agent.node, agent.procs.get(members[p]), kernel=True) for p in peers]
                 if all(r == OK for r in reaches) or over:
                     return Probed(all(r == OK for r in reaches), agent.diagnostics.failure)
                 return None
             case WatchBreak(key=key):
+                self._watch_client(agent, agent.procs.get(flow.current().claim.leader))
                 diag = agent.diagnostics
                 if diag.round_broke(key) or over:
                     return BreakSeen(diag.round_broke(key), diag.failure, closed=diag.closed)
@@ -448,9 +476,10 @@ class Agents(Generic[A]):
         store = self.stores[ex.key]
         size = ex.world_size
         while agent.phase is Phase.RUNNING and ex.stage is not Stage.STARTED:
+            self._watch_client(agent, ex.store)
             reach, broke = self.reach(agent.node, ex.store), agent.diagnostics.round_broke(ex.key)
-            if ex.error_at is not None:
-                reach = REFUSED  # a client that failed stays failed
+            if ex.error_at is not None or agent.client_lost:
+                reach = REFUSED  # a client whose connection failed, or was closed, stays failed
             if ex.stage in (Stage.WRITE, Stage.ASSIGN):  # (``AgentStore._unless_round_over``)
                 if reach == OK or (reach == REFUSED and broke) or (reach == SILENT and broke):
                     if reach == OK and ex.stage is Stage.WRITE:
@@ -467,6 +496,11 @@ class Agents(Generic[A]):
                 if ex.stage is Stage.ROLES
                 else [f"{ASSIGNED_RANKS_PREFIX}{ex.rank}"]
             )  # (``AgentStore._ranks_read``)
+            if broke and not _world.stands_in(agent.diagnostics.closed):
+                why = f"the job closed while it took its rank ({ex.stage.value}), and its round broke"
+                self.noted(agent, f"fails: {why}")
+                self.shut(agent, failed=f"its agent failed: {why}")
+                return
             if broke:
                 values = [_world.stand_in(k, ex.role, size) for k in keys]
                 ex.stood_in = True
@@ -488,6 +522,8 @@ class Agents(Generic[A]):
                 continue
             base, world, _, _ = json.loads(values[0])
             ex.stage = Stage.STARTED
+            self.started_in[ex.key].add(agent.node_id)
+            agent.since, agent.bound_s = self.sim.now, self.exchange_bound_s  # (``waits_for_peers``)
             self.workers_started(agent, int(base), int(world))
 
     def _store_failed(self, agent: A, ex: Exchange) -> None:
@@ -505,6 +541,19 @@ class Agents(Generic[A]):
         self.shut(agent, failed=f"its agent failed: {why}")
 
     # ------------------------------------------------------------ the simulated sockets
+
+    def _watch_client(self, agent: A, store: SimNode | None) -> None:
+        """The agent's client of the round's store loses its connection, idle or not, when the
+        store's process dies or a proxy closes the connections that cross a cut (``FIN``); a
+        cut that drops, or resets only what crosses it, leaves an idle connection be."""
+        if store is None or store is agent.node or agent.client_lost:
+            return
+        net = self.sim.net
+        died = not store.alive and store.addr not in net.dark
+        agent.client_lost = died or FIN in (
+            net.cut_mode(agent.node.addr, store.addr),
+            net.cut_mode(store.addr, agent.node.addr),
+        )
 
     def _processes(self, members: Iterable[int]) -> dict[int, SimNode]:
         """The newest process of each member id, now (dead or alive: ``reach`` tells a host that
