@@ -70,8 +70,8 @@ class Snapshots:
             # The job is over. A round that is whole finishes (a member that finished and waits
             # in the exit barrier breaks nothing); one that a member left or lost before it
             # finished, or that a newer round replaced, cannot: its workers would wait for the
-            # missing ones until their own timeout. It broke: its rank exchange fails
-            # (``_world.stands_in``), and its workers stop, their next join failing with why.
+            # missing ones until their own timeout. It broke: its rank exchange stands in, and
+            # its workers stop, their next join failing with why.
             broke = (
                 status is not None
                 and status.epoch == rnd.epoch

@@ -212,7 +212,6 @@ class AgentStore(Store):
         world_size: int = 1,
         wait_broken: Callable[[float], bool] = lambda timeout_s: False,
         heartbeat_timeout_s: float = 0.0,
-        job_closed: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__()
         self._inner = PrefixStore(AGENT_PREFIX, client)
@@ -222,7 +221,6 @@ class AgentStore(Store):
         self._world_size = world_size
         self._wait_broken = wait_broken
         self._heartbeat_timeout_s = heartbeat_timeout_s
-        self._job_closed = job_closed
         self._counter = EXIT_BARRIER_KEYS[0] if EXIT_BARRIER_KEYS is not None else None
         self._own_role: bytes | None = None
 
@@ -284,12 +282,6 @@ class AgentStore(Store):
         broke (see the class doc): never a wait that only the store's 300 s timeout ends."""
         while True:
             if self._round_broke():
-                if not _world.stands_in(self._job_closed()):
-                    why = self._failed()
-                    raise MingleClosedError(
-                        f"the job {'failed: ' + why if why else 'closed'} while this agent took its "
-                        f"rank ({keys[0]}), and its round broke: its workers do not start"
-                    )
                 log.warning(
                     "the round broke before every member took its rank (%s): its workers start in "
                     "the round's world of %d nodes, which they cannot complete, only to be restarted "

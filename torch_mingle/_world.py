@@ -10,9 +10,6 @@ assigns under ``ASSIGNED_RANKS_PREFIX``, and every agent reads its own
   size, as if every member ran as many workers as it does; never a world of this agent alone;
 * whatever torch computes, ranks that put this agent's workers in a world smaller than the
   round's, or outside it, are refused (``checked``): its workers never start;
-* stand-ins are for a job that goes on: its next round restarts the workers; once the job is
-  closed there is none, and the exchange of a round that broke fails instead, with the reason
-  (``stands_in``), never a wait that only the store's timeout ends;
 * a call of the exchange that fails on the round's store is the round breaking only once the
   node says so, and the node is given ``store_error_wait_s`` to say it: a reset (a firewall
   blip, a lost leader) reaches the store's client at once, the node's word a little later.
@@ -47,13 +44,6 @@ def stand_in(key: str, own_role: bytes | None, world_size: int) -> bytes:
     size, rank = int(info.get("local_world_size", 1)), int(key.rpartition("/")[2] or 0)
     world = world_size * size
     return json.dumps([rank * size, world, rank * size, world]).encode()
-
-
-def stands_in(job_closed: bool) -> bool:
-    """Whether the agent of a round that broke during the exchange stands in (its workers start,
-    and ``num_nodes_waiting()`` restarts them for the next round), or, its job closed (no next
-    round, nothing to restart them), fails the exchange with the reason."""
-    return not job_closed
 
 
 def store_error_wait_s(heartbeat_timeout_s: float) -> float:

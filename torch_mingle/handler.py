@@ -593,7 +593,6 @@ class MingleRendezvousHandler(RendezvousHandler):
                 is not None
             ),
             heartbeat_timeout_s=self._config.keep_alive_timeout,
-            job_closed=lambda: self._board.diagnostics().closed,
         )
         self._round, self._polled_at = rnd, None  # polls are timed within a round
         self._export_worker_env(rnd)

@@ -42,6 +42,7 @@ from torch_mingle._others import OtherTerms
 from torch_mingle._record import replace
 from torch_mingle._records import History
 from torch_mingle._rounds import RoundBook
+from torch_mingle._snapshot import Snapshots
 from torch_mingle._view import JobOver
 from torch_mingle.testing import sim as _sim
 
@@ -128,6 +129,14 @@ def _stand_in_of_one_node(key: str, own_role: bytes | None, world_size: int) -> 
     return json.dumps([rank * size, size, rank * size, size]).encode()
 
 
+_sound_round_state = Snapshots.round_state
+
+
+def _round_state_whole_once_closed(node: Any, status: Any) -> tuple[bool, int]:
+    closed = node.job_closed or (status is not None and status.closed)
+    return (False, 0) if closed and node.in_round is not None else _sound_round_state(node, status)
+
+
 _sound_step = JoinFlow.step
 
 
@@ -196,9 +205,9 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("stand-ins carry the round's world", "_world.stand_in",
                "a broken round's stand-ins carry one node's world (the code before f833318)",
                (_attr(_world, "stand_in", _stand_in_of_one_node),)),
-        Mutant("a broken round stands in only while its job goes on", "_world.stands_in",
-               "the workers of a closed job's broken round start on stand-ins that nothing restarts",
-               (_attr(_world, "stands_in", lambda job_closed: True),)),
+        Mutant("a closed job's round that a member left breaks", "Snapshots.round_state",
+               "a closed job's round never breaks: its exchange and its workers wait for the missing",
+               (_attr(Snapshots, "round_state", staticmethod(_round_state_whole_once_closed)),)),
         Mutant("a failed store call waits for the node's word", "_world.store_error_wait_s",
                "a store call of the rank exchange that fails ends the agent at once",
                (_attr(_world, "store_error_wait_s", lambda heartbeat_timeout_s: 0.0),)),

@@ -13,7 +13,6 @@ from torch_mingle._world import (
     ROLE_INFO_PREFIX,
     checked,
     stand_in,
-    stands_in,
     store_error_wait_s,
 )
 
@@ -52,13 +51,6 @@ def test_what_is_not_torchs_ranks_is_refused_and_other_keys_pass():
     with pytest.raises(StateError, match="not torch's assigned ranks"):
         checked(f"{ASSIGNED_RANKS_PREFIX}0", b"garbage", None, world_size=2)
     assert checked(f"{ROLE_INFO_PREFIX}0", b"anything", None, world_size=2) == b"anything"
-
-
-def test_a_broken_round_stands_in_only_while_its_job_goes_on():
-    """Stand-ins are restarted by the next round; a closed job has none (swarm seed 20000487:
-    rank 0 waited in the exchange for a member whose agent had closed the job)."""
-    assert stands_in(job_closed=False)
-    assert not stands_in(job_closed=True)
 
 
 def test_a_failed_store_call_waits_longer_than_the_nodes_heartbeat_timeout():

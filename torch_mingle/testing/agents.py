@@ -496,11 +496,6 @@ class Agents(Generic[A]):
                 if ex.stage is Stage.ROLES
                 else [f"{ASSIGNED_RANKS_PREFIX}{ex.rank}"]
             )  # (``AgentStore._ranks_read``)
-            if broke and not _world.stands_in(agent.diagnostics.closed):
-                why = f"the job closed while it took its rank ({ex.stage.value}), and its round broke"
-                self.noted(agent, f"fails: {why}")
-                self.shut(agent, failed=f"its agent failed: {why}")
-                return
             if broke:
                 values = [_world.stand_in(k, ex.role, size) for k in keys]
                 ex.stood_in = True
