@@ -1285,7 +1285,9 @@ class World(Agents[_Agent]):
         self._at(e.ends, functools.partial(self.sim.step_clock, agent.node, -step))
 
     def _do_workers_fail(self, e: sc.Event, agent: _Agent) -> None:
-        if agent.phase is Phase.RUNNING:
+        """Its workers fail and torch's agent restarts them: only workers that started (in
+        torch's rank exchange the agent has none, and cannot re-join from there)."""
+        if agent.phase is Phase.RUNNING and not agent.in_exchange:
             self.rejoin(agent)
 
     def _do_sigterm(self, e: sc.Event, agent: _Agent) -> None:
