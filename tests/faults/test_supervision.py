@@ -91,7 +91,7 @@ def test_a_store_connect_that_times_out_while_the_leader_answers_is_tried_again(
     assert _faults.remaining("store.connect") == 0, "the failpoint was never reached"
     after = [h.diagnostics() for h in handlers]
     assert {(d.leader, d.epoch, d.round) for d in after} == {(leader.leader, leader.epoch, 1)}
-    assert sum("did not answer (attempt" in r.getMessage() for r in caplog.records) == 2
+    assert sum("the leader still answers, trying again" in r.getMessage() for r in caplog.records) == 2
     assert not any("lost leader" in r.getMessage() for r in caplog.records)
 
 
