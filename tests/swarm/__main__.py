@@ -19,6 +19,7 @@ import json
 import logging
 import multiprocessing
 import os
+import queue
 import sys
 import time
 from collections import Counter
@@ -144,16 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     longest = (0.0, -1)
     chunks = _seed_stream(args)
     ctx = multiprocessing.get_context("fork")
+    done: queue.SimpleQueue[list[dict[str, Any]] | BaseException] = queue.SimpleQueue()
     with ctx.Pool(args.jobs) as pool:
-        first = [c for c in (next(chunks, None) for _ in range(2 * args.jobs)) if c is not None]
-        pending = [pool.apply_async(_chunk, (chunk,)) for chunk in first]
-        while pending:
-            results = pending.pop(0).get()
+        # Whichever chunk ends first makes room for the next: a slow seed holds one worker, not all.
+        def submit(chunk: list[int] | None) -> int:
+            if chunk is None:
+                return 0
+            pool.apply_async(_chunk, (chunk,), callback=done.put, error_callback=done.put)
+            return 1
+
+        in_flight = sum(submit(next(chunks, None)) for _ in range(2 * args.jobs))
+        while in_flight:
+            results = done.get()
+            in_flight -= 1
+            if isinstance(results, BaseException):
+                raise results
             over = args.duration and time.monotonic() - started >= args.duration
             if not over and not (args.stop_at_first and failures):
-                nxt = next(chunks, None)
-                if nxt is not None:
-                    pending.append(pool.apply_async(_chunk, (nxt,)))
+                in_flight += submit(next(chunks, None))
             for r in results:
                 totals["seeds"] += 1
                 totals["checks"] += r["checks"]
@@ -187,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(summary, indent=2))
     shrunk = []
+    failures.sort(key=lambda f: f["seed"])
     for failure in failures[: 0 if args.no_shrink else 5]:
         seed, invariant = failure["seed"], failure["violation"]["invariant"]
         kept, outcome = shrink(seed, invariant)
