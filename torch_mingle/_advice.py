@@ -1,7 +1,9 @@
 """A node's early words to whoever runs it, each at its own time, and one decision.
 
-* Nothing heard of the job's other nodes ``discovery_warning`` after the start: multicast
-  may be blocked (said once, with the interfaces and what to try).
+* Nothing heard of the job's other nodes ``discovery_warning`` after the start: what was heard
+  instead (datagrams naming the job signed with another secret, of another version, from a
+  clock far apart), else that multicast may be blocked (said once, with the interfaces and
+  what to try); nothing in a job of one node.
 * A join still waits after ``discovery_warning``, and for a quorum of an earlier round's
   votes: a relaunch of a job that is over, on fewer of its hosts, finds the votes its nodes
   kept (``_identity``); it says at once what that means and how to go on, not only when
@@ -14,13 +16,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Protocol
 
-from torch_mingle._errors import README_NETWORKS
+from torch_mingle._errors import README_NETWORKS, README_SECURITY
 from torch_mingle._leader import LeaderTerm
 from torch_mingle._protocol import Discovery
 from torch_mingle._records import WaitKind
 from torch_mingle._settings import NodeSettings
+from torch_mingle._wire import REPLAY_WINDOW_MS
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +111,22 @@ class Advice:
         return True
 
     def _warn_if_alone(self, node: Advised) -> None:
-        """Nothing heard from the job's other nodes yet: say early that multicast may be blocked."""
-        if node.core.peers:
+        """Nothing heard from the job's other nodes yet: say what was heard instead (datagrams
+        naming the job that it must drop: another secret, another version, clocks apart), or
+        that multicast may be blocked; nothing in a job of one node, which has nobody to hear."""
+        if node.core.peers or node.settings.rules.max_nodes <= 1:
             return
         job = node.settings.job
+        mine = node.core.stats.invalid_of_job
+        meaning = what_drops_mean(mine)
+        if meaning:
+            log.warning(
+                "%s no other node of job %r heard in %gs, but %d datagram(s) naming the job arrived "
+                "that this node must drop (%s): %s",
+                node.label, job, self._warning_s, sum(mine.values()),
+                ", ".join(f"{reason} x{n}" for reason, n in sorted(mine.items())), meaning,
+            )  # fmt: skip
+            return
         log.warning(
             "%s no other node of job %r heard on %s in %gs: either they have not started, or "
             "multicast does not reach them (probably blocked between the nodes). Check with "
@@ -141,3 +157,33 @@ class Advice:
             "(docs/usage.md#relaunching-a-job); otherwise start the missing nodes",
             node.label, self._warning_s, why,
         )  # fmt: skip
+
+
+def what_drops_mean(invalid: Mapping[str, int]) -> str:
+    """What dropped datagrams say about secrets, versions and clocks, if anything."""
+    tips = []
+    if invalid.get("bad_tag"):
+        tips.append(
+            "datagrams signed with a different secret arrived: every node of the job needs the same "
+            "secret (secret_file)"
+        )
+    if invalid.get("missing_tag"):
+        tips.append(
+            "unsigned datagrams arrived: some nodes run without a secret; give them the same secret_file"
+        )
+    if invalid.get("unexpected_tag"):
+        tips.append(
+            "signed datagrams arrived: the other nodes use a secret and this node has none; give it "
+            f"the same secret_file (see {README_SECURITY})"
+        )
+    if invalid.get("bad_version"):
+        tips.append(
+            "datagrams of another torch_mingle version arrived: nodes of different versions cannot "
+            "read each other's rounds; install the same version on every node"
+        )
+    if invalid.get("outside_replay_window"):
+        tips.append(
+            f"signed datagrams older or newer than {REPLAY_WINDOW_MS // 1000} s arrived: if they are not "
+            "replays, the nodes' clocks differ; sync them (NTP)"
+        )
+    return "; ".join(tips)

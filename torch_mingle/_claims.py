@@ -17,7 +17,19 @@ from torch_mingle._wire import (
 )
 
 #: Drop reasons that are normal on a healthy network: counted, never warned about.
-QUIET_REASONS = frozenset({"duplicate"})
+QUIET_REASONS = frozenset({"duplicate", "unsigned_probe"})
+
+#: Why another job's datagram fails here, when that job has its own secret or none: not a fault.
+OTHER_SECRETS = frozenset({"bad_tag", "missing_tag", "unexpected_tag"})
+
+#: What a drop reason says, for the log line of the first drop of its kind.
+DROP_MEANINGS = {
+    "bad_tag": "signed with another secret",
+    "missing_tag": "unsigned, while this node has a secret",
+    "unexpected_tag": "signed, while this node has no secret",
+    "bad_version": "another torch_mingle version",
+    "outside_replay_window": "signed more than the replay window ago: clocks apart, or a replay",
+}
 
 #: A destination: ``None`` is the job's multicast group; otherwise a socket address.
 Dest = tuple[object, ...] | None
@@ -214,6 +226,8 @@ class Stats:
     accepted: int = 0
     sent: int = 0
     invalid: Counter[str] = field(default_factory=Counter)
+    #: The drops among ``invalid`` whose header named this node's job (another secret, say).
+    invalid_of_job: Counter[str] = field(default_factory=Counter)
     other_jobs: dict[str, int] = field(default_factory=dict)
     other_jobs_overflow: int = 0
     stale_claims: int = 0
@@ -222,7 +236,12 @@ class Stats:
         return sum(n for reason, n in self.invalid.items() if reason not in QUIET_REASONS)
 
     def copy(self) -> Stats:
-        return replace(self, invalid=self.invalid.copy(), other_jobs=dict(self.other_jobs))
+        return replace(
+            self,
+            invalid=self.invalid.copy(),
+            invalid_of_job=self.invalid_of_job.copy(),
+            other_jobs=dict(self.other_jobs),
+        )
 
 
 def standing_of(claim: Claim | None) -> tuple[int, int, int, int]:

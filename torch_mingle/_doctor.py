@@ -177,6 +177,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             )
     if heard.invalid:
         print(f"dropped datagrams: {dict(heard.invalid)}")
+    for hint in _secret_hints(heard.invalid, signing=args.secret_file is not None):
+        print(f"hint: {hint}")
     return 0
 
 
@@ -230,6 +232,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  job {j.job!r}: {leader}")
     if heard.invalid:
         print(f"  dropped (invalid): {dict(heard.invalid)}")
+    for hint in _secret_hints(heard.invalid, signing=args.secret_file is not None):
+        print(f"  hint: {hint}")
     if args.job:
         if not any(reached.values()):
             any_bcast = any(ips for (_, path), ips in heard.doctors.items() if path == "broadcast")
@@ -251,6 +255,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"PROBLEM: {problem}")
     return 1 if problems else 0
+
+
+def _secret_hints(invalid: Counter[str], *, signing: bool) -> list[str]:
+    """What the dropped datagrams say about secrets: how to see the jobs they come from."""
+    hints = []
+    if invalid["unexpected_tag"] and not signing:
+        hints.append("signed datagrams arrived: a job here uses a secret; pass its --secret-file to see it")
+    if invalid["bad_tag"] and signing:
+        hints.append("datagrams signed with another secret arrived: pass that job's --secret-file to see it")
+    if invalid["missing_tag"] and signing:
+        hints.append(
+            "unsigned datagrams arrived: a job here runs without a secret; leave out --secret-file to see it"
+        )
+    return hints
 
 
 def run(args: argparse.Namespace) -> int:

@@ -50,6 +50,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torch_mingle._claims import (
+    DROP_MEANINGS,
+    OTHER_SECRETS,
     QUIET_REASONS,
     BecomeLeader,
     Claim,
@@ -194,6 +196,12 @@ class Discovery:
         if isinstance(dgram, Invalid):
             if dgram.stale is not None:
                 self._hear_round(dgram.stale)
+            if dgram.job == self.job:
+                self.stats.invalid_of_job[dgram.reason] += 1
+            elif dgram.job is not None and dgram.reason in OTHER_SECRETS:
+                # Another job's, signed its own way (or ``doctor``'s): no fault of this job's.
+                self._count_other_job(dgram.job)
+                return
             _count_invalid(self, dgram.reason, addr, now)
             return
         if dgram.sender == self.node_id:
@@ -805,12 +813,13 @@ def _count_invalid(core: Discovery, reason: str, addr: Dest, now: float) -> None
     if last is None or now - last >= INVALID_LOG_INTERVAL_S:
         core._invalid_logged_at[reason] = now
         log.warning(
-            "[%s %016x] dropped an invalid datagram from %s (%s); %d dropped so far, "
+            "[%s %016x] dropped an invalid datagram from %s (%s%s); %d dropped so far, "
             "logged at most once a minute per reason",
             core.job,
             core.node_id,
             addr,
             reason,
+            f": {DROP_MEANINGS[reason]}" if reason in DROP_MEANINGS else "",
             core.stats.dropped_total(),
         )
 

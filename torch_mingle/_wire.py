@@ -181,6 +181,9 @@ class Invalid:
     #: Signed with the job's secret, but sent outside the replay window (a clock that differs,
     #: or a replay): not to be acted on, but what it says of the job is authentic.
     stale: Datagram | None = field(default=None, compare=False)
+    #: The job the datagram names, where its header could be read (unauthenticated: it only
+    #: tells a node that datagrams naming its job arrive, signed with another secret, say).
+    job: str | None = field(default=None, compare=False)
 
 
 class _Stale(Exception):
@@ -191,12 +194,20 @@ class _Stale(Exception):
         self.dgram = dgram
 
 
-class _Bad(Exception):
-    """Internal: carries the drop reason out of the parsing helpers."""
+def _job_named(raw: bytes) -> str | None:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
-    def __init__(self, reason: str) -> None:
+
+class _Bad(Exception):
+    """Internal: carries the drop reason (and the job named, if read) out of the parsing helpers."""
+
+    def __init__(self, reason: str, job: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.job = job
 
 
 @functools.lru_cache(maxsize=4096)
@@ -418,7 +429,7 @@ class Codec:
         except _Stale as stale:
             return Invalid("outside_replay_window", stale=stale.dgram)
         except _Bad as bad:
-            return Invalid(bad.reason)
+            return Invalid(bad.reason, job=bad.job)
         except Exception:
             return Invalid("decoder_error")
 
@@ -430,36 +441,35 @@ class Codec:
         magic, version, kind, flags, job_len = _HEAD.unpack_from(data)
         if magic != MAGIC:
             raise _Bad("bad_magic")
-        if version != VERSION:
-            raise _Bad("bad_version")
-        if kind not in MsgType.__members__.values():
-            raise _Bad("bad_type")
-        if flags & ~FLAG_TAG:
-            raise _Bad("bad_flags")
         pos = _HEAD.size
+        job = _job_named(data[pos : pos + job_len]) if job_len else None
+        if version != VERSION:
+            raise _Bad("bad_version", job)  # the job as this version's header would place it
+        if kind not in MsgType.__members__.values():
+            raise _Bad("bad_type", job)
+        if flags & ~FLAG_TAG:
+            raise _Bad("bad_flags", job)
         if job_len == 0 or pos + job_len + _IDS.size > len(data):
             raise _Bad("truncated_header")
-        job_bytes = data[pos : pos + job_len]
         pos += job_len
         sender, sent_ms, nonce, body_len = _IDS.unpack_from(data, pos)
         pos += _IDS.size
         tag_len = TAG_BYTES if flags & FLAG_TAG else 0
         if pos + body_len + tag_len != len(data):
-            raise _Bad("length_mismatch")
+            raise _Bad("length_mismatch", job)
         if self.key is not None:
             if not tag_len:
-                raise _Bad("missing_tag")
+                # ``torch-mingle ls`` or ``doctor`` without --secret-file: not a fault of the job's.
+                raise _Bad("unsigned_probe" if kind == MsgType.PROBE else "missing_tag", job)
             expected = hmac.new(self.key, data[: pos + body_len], hashlib.sha256).digest()
             if not hmac.compare_digest(expected, data[pos + body_len :]):
-                raise _Bad("bad_tag")
+                raise _Bad("bad_tag", job)
         elif tag_len:
-            raise _Bad("unexpected_tag")
+            raise _Bad("unexpected_tag", job)
         if sender == 0:
-            raise _Bad("bad_sender")
-        try:
-            job = job_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _Bad("bad_job") from None
+            raise _Bad("bad_sender", job)
+        if job is None:
+            raise _Bad("bad_job")
         body = _decode_body(kind, data[pos : pos + body_len])
         dgram = Datagram(job=job, sender=sender, body=body, sent_ms=sent_ms, nonce=nonce)
         if self.key is not None and wall_ms is not None:

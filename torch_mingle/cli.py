@@ -22,17 +22,32 @@ from collections.abc import Sequence
 
 from torch_mingle import __version__
 
+#: What ``torch-mingle --help`` says: plain text (the docstring is for developers).
+DESCRIPTION = "See and check mingle rendezvous jobs on this node's networks."
+EPILOG = "Run `torch-mingle COMMAND --help` for a command's options."
+
+COMMANDS = {
+    "doctor": (
+        "check that multicast works here, and (with --job) which nodes it reaches",
+        "List the interfaces, join the multicast group on each and send to it; with --job, exchange "
+        "datagrams for --seconds with every other node running `doctor --job` with the same name, by "
+        "multicast and by broadcast, and say who each interface reaches. Exits 1 with advice when "
+        "multicast reaches nobody.",
+    ),
+    "ls": (
+        "list the rendezvous jobs whose leaders answer on this network",
+        "Ask every leader on the group which job it leads, and list them: leader, nodes, "
+        "min:max, round, epoch and state. Jobs that use a secret answer only with --secret-file.",
+    ),
+}
+
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torch-mingle", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(prog="torch-mingle", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("--version", action="version", version=f"torch-mingle {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, help_text in (
-        ("doctor", "check discovery on this node's networks"),
-        ("ls", "list visible jobs"),
-    ):
-        c = sub.add_parser(name, help=help_text)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    for name, (help_text, description) in COMMANDS.items():
+        c = sub.add_parser(name, help=help_text, description=description)
         c.add_argument(
             "--interface", default=os.environ.get("TORCH_MINGLE_INTERFACE"), help="name or address"
         )
@@ -55,7 +70,12 @@ def parser() -> argparse.ArgumentParser:
             )
         else:
             c.add_argument("--json", action="store_true")
-    sub.add_parser("check-gpu", help="an example health check: every GPU computes, NCCL loads")
+    sub.add_parser(
+        "check-gpu",
+        help="an example health check: every GPU computes and NCCL loads",
+        description="An example health check (health_check=torch-mingle check-gpu): every GPU computes "
+        "and NCCL loads. Exit status 0 (skipped) on a machine without a GPU.",
+    )
     return p
 
 

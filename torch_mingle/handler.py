@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -33,6 +33,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from torch_mingle import BACKEND_NAME
+from torch_mingle._advice import what_drops_mean
 from torch_mingle._agent import (
     STORE_CONNECT_ATTEMPTS,
     Answered,
@@ -79,11 +80,10 @@ from torch_mingle._record import assert_never
 from torch_mingle._records import History, Round
 from torch_mingle._store import AgentStore, open_client
 from torch_mingle._view import Diagnostics, Joined
-from torch_mingle._wire import REPLAY_WINDOW_MS, parse_ip
+from torch_mingle._wire import parse_ip
 from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
     README_NETWORKS,
-    README_SECURITY,
     MingleClosedError,
     MingleError,
     MingleStateError,
@@ -705,7 +705,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             heard += f"; datagrams of other jobs: {others}"
         if stats.dropped_total():
             heard += f"; {stats.dropped_total()} invalid datagram(s) dropped {dict(stats.invalid)}"
-        auth = _auth_advice(stats.invalid)
+        auth = what_drops_mean(stats.invalid)
         if auth:
             advice = auth
         elif diag.peers_heard == 0 and others:
@@ -743,33 +743,3 @@ def _failure_on_the_way_out() -> str:
         return "its workers failed"
     first = str(exc).strip().splitlines()
     return f"its agent failed: {type(exc).__name__}" + (f": {first[0][:300]}" if first else "")
-
-
-def _auth_advice(invalid: Mapping[str, int]) -> str:
-    """What dropped datagrams say about secrets, versions and clocks, if anything."""
-    tips = []
-    if invalid.get("bad_tag"):
-        tips.append(
-            "datagrams signed with a different secret arrived: every node of the job needs the same "
-            "secret (secret_file)"
-        )
-    if invalid.get("missing_tag"):
-        tips.append(
-            "unsigned datagrams arrived: some nodes run without a secret; give them the same secret_file"
-        )
-    if invalid.get("unexpected_tag"):
-        tips.append(
-            "signed datagrams arrived: the other nodes use a secret and this node has none; give it "
-            f"the same secret_file (see {README_SECURITY})"
-        )
-    if invalid.get("bad_version"):
-        tips.append(
-            "datagrams of another torch_mingle version arrived: nodes of different versions cannot "
-            "read each other's rounds; install the same version on every node"
-        )
-    if invalid.get("outside_replay_window"):
-        tips.append(
-            f"signed datagrams older or newer than {REPLAY_WINDOW_MS // 1000} s arrived: if they are not "
-            "replays, the nodes' clocks differ; sync them (NTP)"
-        )
-    return "; ".join(tips)

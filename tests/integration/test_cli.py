@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT, finish_all, random_port, start_agent, torchrun_cmd, unique_job, wait_until
+from tests.helpers import (
+    ROOT,
+    finish_all,
+    random_port,
+    rendezvous_all,
+    start_agent,
+    torchrun_cmd,
+    unique_job,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +82,36 @@ def test_check_gpu_skips_a_machine_without_a_gpu_and_says_so():
     else:
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "check-gpu: no CUDA device on this machine; nothing to check (skipped)"
+
+
+def test_help_is_plain_text_with_a_line_per_command():
+    out = mingle("--help").stdout
+    assert "``" not in out and "This module" not in out, out
+    for name in ("doctor", "ls", "check-gpu"):
+        assert len([ln for ln in out.splitlines() if ln.strip().startswith(name)]) == 1, out
+        sub = mingle(name, "--help").stdout
+        assert sub.count("\n\n") >= 2, sub  # usage, a description, the options
+
+
+def test_ls_and_doctor_on_a_job_with_a_secret_say_to_pass_it_and_the_job_logs_nothing(
+    make_handler, port, tmp_path, caplog
+):
+    secret = tmp_path / "secret"
+    secret.write_text("a-secret-for-the-cli-test-0123456789")
+    secret.chmod(0o600)
+    job = unique_job("secret-ls")
+    handlers = [make_handler(job, 2, secret_file=str(secret)) for _ in range(2)]
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        rendezvous_all(handlers)
+        where = ["--interface", "127.0.0.1", "--port", str(port)]
+        blind = mingle("ls", *where)
+        assert "none answered" in blind.stdout, blind.stdout
+        assert (
+            "hint: signed datagrams arrived: a job here uses a secret; pass its --secret-file" in blind.stdout
+        )
+        seeing = mingle("ls", *where, "--secret-file", str(secret), "--json")
+        assert [j["job"] for j in json.loads(seeing.stdout)] == [job], seeing.stdout
+        doctor = mingle("doctor", *where, "--seconds", "1", "--job", "probe")
+        assert "hint: signed datagrams arrived" in doctor.stdout, doctor.stdout
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert not [w for w in warned if "dropped an invalid datagram" in w], warned

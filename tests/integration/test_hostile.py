@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import resource
 import selectors
 import socket
@@ -412,3 +413,76 @@ def test_with_a_secret_a_storm_of_connections_without_it_never_keeps_a_node_out(
         assert storm.closed > 1500, (storm.opened, storm.closed)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _rendezvous_in_background(handlers) -> list[threading.Thread]:
+    def attempt(h):
+        with contextlib.suppress(Exception):  # each times out: the test reads the log meanwhile
+            h.next_rendezvous()
+
+    threads = [threading.Thread(target=attempt, args=(h,), daemon=True) for h in handlers]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_another_secret_is_named_at_the_early_warning_without_multicast_advice(
+    make_handler, tmp_path, caplog
+):
+    """Two nodes of one job with different secrets: within discovery_warning each says that it
+    hears its job only in datagrams signed with another secret, not that multicast is blocked."""
+    job = unique_job("other-secret")
+    conf = {"join_timeout": "4", "discovery_warning": "1"}
+    a = make_handler(job, 2, secret_file=write_secret(tmp_path, "a", "first-secret-0123456789"), **conf)
+    b = make_handler(job, 2, secret_file=write_secret(tmp_path, "b", "second-secret-0123456789"), **conf)
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        threads = _rendezvous_in_background([a, b])
+        said = "naming the job arrived that this node must drop (bad_tag"
+        wait_until(lambda: sum(said in m for m in _warnings(caplog)) >= 2, 3.5, "both nodes' early warning")
+        for t in threads:
+            t.join(timeout=20)
+    early = [m for m in _warnings(caplog) if said in m]
+    assert all("a different secret" in m for m in early), early
+    assert not any("multicast does not reach" in m for m in _warnings(caplog)), _warnings(caplog)
+
+
+def test_another_version_is_named_at_the_early_warning(make_handler, port, caplog):
+    job = unique_job("other-version")
+    h = make_handler(job, 2, join_timeout="4", discovery_warning="1")
+    old = bytearray(Codec().encode(Datagram(job=job, sender=0xA1D, body=Query(epoch_seen=0))))
+    old[4] = VERSION - 1
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        (thread,) = _rendezvous_in_background([h])
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton("127.0.0.1"))
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+            deadline = time.monotonic() + 3.5
+            while not any("naming the job arrived" in m for m in _warnings(caplog)):
+                assert time.monotonic() < deadline, _warnings(caplog)
+                sock.sendto(bytes(old), (DEFAULT_GROUP_V4, port))  # an old node asking, every 0.1 s
+                thread.join(timeout=0.1)
+        thread.join(timeout=20)
+    (early,) = [m for m in _warnings(caplog) if "naming the job arrived" in m]
+    assert "bad_version" in early and "another torch_mingle version" in early, early
+
+
+def test_a_job_of_one_node_says_nothing_of_other_nodes_where_a_job_of_two_does(make_handler, caplog):
+    """--nnodes=1 has nobody to hear: no 'multicast blocked' warning. A lonely node of a job of
+    two, started after it with the same discovery_warning, is the clock: once it has warned,
+    the job of one would have."""
+    one = make_handler(unique_job("alone-by-design"), 1, discovery_warning="0.5")
+    lonely = make_handler(unique_job("lonely"), 2, join_timeout="3", discovery_warning="0.5")
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        assert one.next_rendezvous().rank == 0
+        (thread,) = _rendezvous_in_background([lonely])
+        wait_until(
+            lambda: any("lonely" in m and "no other node" in m for m in _warnings(caplog)), 3, "the warning"
+        )
+        thread.join(timeout=20)
+    assert not any("alone-by-design" in m and "no other node" in m for m in _warnings(caplog)), _warnings(
+        caplog
+    )

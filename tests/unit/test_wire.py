@@ -101,6 +101,18 @@ def test_tag_is_required_and_checked():
     assert Codec().decode(signed) == Invalid("unexpected_tag")
 
 
+def test_a_drop_names_the_job_its_header_names_and_an_unsigned_probe_is_its_own_reason():
+    """A node tells 'my job, another secret' from noise; ``ls`` without a secret is no fault."""
+    signed = Codec(KEY).encode(dgram(BODIES[2]))
+    assert Codec(b"other-key").decode(signed, wall_ms=NOW_MS).job == dgram(BODIES[2]).job
+    old = bytearray(Codec().encode(dgram(BODIES[2])))
+    old[4] = VERSION - 1
+    assert Codec().decode(bytes(old)) == Invalid("bad_version")
+    assert Codec().decode(bytes(old)).job == dgram(BODIES[2]).job
+    probe = Codec().encode(Datagram(job="*", sender=7, body=Probe()))
+    assert Codec(KEY).decode(probe, wall_ms=NOW_MS) == Invalid("unsigned_probe")
+
+
 def test_replay_is_rejected_with_a_key_and_a_second_copy_at_once_is_a_duplicate():
     codec = Codec(KEY)
     data = Codec(KEY).encode(dgram(BODIES[2], nonce=77))
