@@ -160,6 +160,27 @@ def _usable(iface: Interface) -> bool:
     return iface.up and iface.multicast and bool(iface.addresses)
 
 
+def _refuse_other_family(spec: str, family: int) -> None:
+    """``interface=`` is an address of the other family than the group's: say that, not 'no such
+    interface' (``interface=127.0.0.1`` with an IPv6 group is on ``lo``, which has ``::1``)."""
+    try:
+        version = ipaddress.ip_address(spec.split("%", 1)[0]).version
+    except ValueError:
+        return
+    ours = 6 if family == socket.AF_INET6 else 4
+    if version == ours:
+        return
+    other = socket.AF_INET6 if ours == 4 else socket.AF_INET
+    holders = [i.name for i in list_interfaces(other) if _matches(i, spec)]
+    on = f" (it is on {holders[0]})" if holders else ""
+    name = f"interface={holders[0]}" if holders else "the interface's name"
+    raise MingleConfigError(
+        f"rdzv_conf interface={spec!r} is an IPv{version} address{on}, but the group is IPv{ours}: "
+        f"fix: --rdzv_conf {name} (a name fits both families), an IPv{ours} address of it, or an "
+        f"IPv{version} group"
+    )
+
+
 def _default_route_interface(family: int) -> str | None:
     try:
         import netifaces  # noqa: PLC0415
@@ -182,6 +203,7 @@ def choose_interface(
     if spec is not None:
         found = [i for i in ifaces if _matches(i, spec)]
         if not found:
+            _refuse_other_family(spec, family)
             raise MingleConfigError(
                 f"rdzv_conf interface={spec!r} matches no interface on this node; interfaces here: "
                 f"{_listing(ifaces)}; fix: --rdzv_conf interface=<one of these names or addresses>"

@@ -138,14 +138,18 @@ class MingleConfig:
         Every key may also come from ``$TORCH_MINGLE_<KEY>`` (for launchers that cannot pass
         ``--rdzv_conf``); ``--rdzv_conf`` wins.
         """
-        return cls.from_mapping(
-            run_id=slurm_run_id(params.run_id, os.environ),
-            min_nodes=params.min_nodes,
-            max_nodes=params.max_nodes,
-            local_addr=params.local_addr,
-            endpoint=params.endpoint,
-            conf={**conf_from_env(os.environ, params.config), **params.config},
-        )
+        warn_unknown_env(os.environ)
+        try:
+            return cls.from_mapping(
+                run_id=slurm_run_id(params.run_id, os.environ),
+                min_nodes=params.min_nodes,
+                max_nodes=params.max_nodes,
+                local_addr=params.local_addr,
+                endpoint=params.endpoint,
+                conf={**conf_from_env(os.environ, params.config), **params.config},
+            )
+        except MingleConfigError as exc:
+            raise _keeping_other_keys(exc, params.config) from None
 
     @classmethod
     def from_mapping(
@@ -267,17 +271,36 @@ def _fix(key: str, example: str) -> str:
     return f"fix: --rdzv_conf {key}={example}"
 
 
+#: Keys torch's launcher puts into ``--rdzv_conf`` itself (``timeout``: ``--rdzv_timeout``).
+_INJECTED = frozenset({"timeout"})
+
+
+def _keeping_other_keys(exc: MingleConfigError, given: Mapping[str, Any]) -> MingleConfigError:
+    """``exc`` with its fix written as the whole ``--rdzv_conf``: the user's other keys kept."""
+    if exc.fix is None or exc.fix[0] not in given:
+        return exc
+    key, example = exc.fix
+    kept = [f"{k}={example if k == key else v}" for k, v in given.items() if k == key or k not in _INJECTED]
+    if len(kept) < 2:
+        return exc
+    text = str(exc)
+    fix = _fix(key, example)
+    head = text[: -len(fix)] if text.endswith(fix) else f"{text}; "
+    return MingleConfigError(f"{head}fix: --rdzv_conf {','.join(kept)}", fix=exc.fix)
+
+
 def _parse_float(key: str, raw: Any, *, minimum: float, maximum: float, example: str) -> float:
     try:
         value = float(raw)
     except (TypeError, ValueError, OverflowError):
         raise MingleConfigError(
-            f"rdzv_conf {key}={raw!r} is not a number of seconds; {_fix(key, example)}"
+            f"rdzv_conf {key}={raw!r} is not a number of seconds; {_fix(key, example)}", fix=(key, example)
         ) from None
     if math.isnan(value) or not minimum <= value <= maximum:
         raise MingleConfigError(
             f"rdzv_conf {key}={raw!r} is out of range: it must be between {_num(minimum)} and "
-            f"{_num(maximum)} seconds; {_fix(key, example)}"
+            f"{_num(maximum)} seconds; {_fix(key, example)}",
+            fix=(key, example),
         )
     return value
 
@@ -296,14 +319,18 @@ def _num(value: float) -> str:
 
 def _parse_int(key: str, raw: Any, *, low: int, high: int, example: str) -> int:
     if isinstance(raw, bool):
-        raise MingleConfigError(f"rdzv_conf {key}={raw!r} is not an integer; {_fix(key, example)}")
+        raise MingleConfigError(
+            f"rdzv_conf {key}={raw!r} is not an integer; {_fix(key, example)}", fix=(key, example)
+        )
     try:
         value = int(str(raw).strip(), 10) if not isinstance(raw, int) else raw
     except ValueError:
-        raise MingleConfigError(f"rdzv_conf {key}={raw!r} is not an integer; {_fix(key, example)}") from None
+        raise MingleConfigError(
+            f"rdzv_conf {key}={raw!r} is not an integer; {_fix(key, example)}", fix=(key, example)
+        ) from None
     if not low <= value <= high:
         raise MingleConfigError(
-            f"rdzv_conf {key}={raw!r} is out of range {low}..{high}; {_fix(key, example)}"
+            f"rdzv_conf {key}={raw!r} is out of range {low}..{high}; {_fix(key, example)}", fix=(key, example)
         )
     return value
 
@@ -375,8 +402,8 @@ _PARSERS: dict[str, Any] = {
     "join_timeout": lambda k, v: _parse_float(k, v, minimum=0.001, maximum=YEAR_S, example="600"),
     "last_call_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="30"),
     "close_timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=DAY_S, example="30"),
-    "keep_alive_interval": lambda k, v: _parse_float(k, v, minimum=0.01, maximum=3600.0, example="5"),
-    "keep_alive_max_attempt": lambda k, v: _parse_int(k, v, low=1, high=1000, example="3"),
+    "keep_alive_interval": lambda k, v: _parse_float(k, v, minimum=0.01, maximum=3600.0, example="0.2"),
+    "keep_alive_max_attempt": lambda k, v: _parse_int(k, v, low=1, high=1000, example="7"),
     "election_window": lambda k, v: _parse_float(k, v, minimum=0.001, maximum=60.0, example="0.02"),
     "timeout": lambda k, v: _parse_float(k, v, minimum=0.0, maximum=YEAR_S, example="900"),
     "secret_file": _parse_str,
@@ -420,6 +447,26 @@ def conf_from_env(environ: Mapping[str, str], given: Mapping[str, Any]) -> dict[
             raise MingleConfigError(f"${var}={raw!r}: {exc}") from None
         out[key] = raw
     return out
+
+
+#: Variables read elsewhere than ``conf_from_env`` (logging, failpoints, rank order, the CLI).
+OTHER_ENV = frozenset({"LOG", "FAILPOINTS", "TOPOLOGY", "SECRET", "SECRET_FILE", "PEERS"})
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """``$TORCH_MINGLE_*`` variables that nothing reads (a misspelt key), each with its advice."""
+    known = {ENV_PREFIX + k.upper() for k in KNOWN_KEYS} | {ENV_PREFIX + k for k in OTHER_ENV}
+    out = []
+    for var in sorted(v for v in environ if v.startswith(ENV_PREFIX) and v not in known):
+        close = difflib.get_close_matches(var, sorted(known), n=1)
+        hint = f"; did you mean ${close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
+        out.append(f"${var} is set but no torch_mingle setting has that name, so it is ignored{hint}")
+    return out
+
+
+def warn_unknown_env(environ: Mapping[str, str]) -> None:
+    for said in unknown_env(environ):
+        log.warning("%s", said)
 
 
 def _check_unknown_keys(conf: Mapping[str, Any]) -> None:

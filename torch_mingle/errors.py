@@ -31,7 +31,14 @@ class MingleError(RendezvousError):
 
 
 class MingleConfigError(MingleError, ValueError):
-    """A ``--rdzv_conf`` value (or handler argument) is invalid; the message shows the value."""
+    """A ``--rdzv_conf`` value (or handler argument) is invalid; the message shows the value.
+
+    ``fix``: the key and a value that would do, where the message ends with that fix (the
+    handler then rewrites it as the whole ``--rdzv_conf``, the user's other keys kept)."""
+
+    def __init__(self, message: str, *, fix: tuple[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class MingleTimeoutError(MingleError, RendezvousTimeoutError):

@@ -85,6 +85,7 @@ from torch_mingle.config import MingleConfig
 from torch_mingle.errors import (
     README_NETWORKS,
     MingleClosedError,
+    MingleConfigError,
     MingleError,
     MingleStateError,
     MingleTimeoutError,
@@ -193,7 +194,12 @@ class MingleRendezvousHandler(RendezvousHandler):
 
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> MingleRendezvousHandler:
-        return cls(MingleConfig.from_params(params))
+        try:
+            return cls(MingleConfig.from_params(params))
+        except MingleConfigError as exc:
+            # torch's launcher prints a long traceback before the message: say it first.
+            log.error("mingle rendezvous refused its settings: %s", exc)  # noqa: TRY400 - no traceback: torch prints one
+            raise
 
     # ------------------------------------------------------ RendezvousHandler API
 

@@ -73,6 +73,9 @@ def test_a_bad_rdzv_conf_key_is_named_with_its_fix(tmp_path):
     assert codes != [0], out
     assert "unknown --rdzv_conf key 'prot'" in out
     assert "Did you mean 'port'?" in out
+    # Said at ERROR before torch's traceback, not only as its last line.
+    said = out.index("mingle rendezvous refused its settings: unknown --rdzv_conf key 'prot'")
+    assert "Traceback" in out[said:] and "Traceback" not in out[:said], out
 
 
 def test_a_follower_of_a_job_that_never_formed_fails_with_the_leaders_reason(tmp_path):

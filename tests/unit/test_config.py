@@ -185,3 +185,37 @@ def test_peers_and_the_secret_file_keep_their_own_variables(monkeypatch):
     monkeypatch.setenv("TORCH_MINGLE_PEERS", "hostA,hostB")  # commas: as documented before
     cfg = MingleConfig.from_params(RendezvousParameters("mingle", "", "job42", 2, 4))
     assert cfg.peers is None and cfg.peer_hosts() == ("hostA", "hostB")
+
+
+def test_a_fix_keeps_the_users_other_keys_and_suggests_the_default():
+    """The fix is the whole --rdzv_conf to pass: the user's keys kept, torch's own ``timeout`` not."""
+    params = RendezvousParameters(
+        "mingle", "", "job42", 2, 4, interface="127.0.0.1", keep_alive_max_attempt="0", timeout=900
+    )
+    with pytest.raises(MingleConfigError) as err:
+        MingleConfig.from_params(params)
+    assert str(err.value).endswith(
+        "out of range 1..1000; fix: --rdzv_conf interface=127.0.0.1,keep_alive_max_attempt=7"
+    ), str(err.value)
+    with pytest.raises(MingleConfigError, match=r"fix: --rdzv_conf keep_alive_interval=0.2$"):
+        make(keep_alive_interval="0")
+
+
+def test_a_misspelt_variable_is_named_with_the_one_meant(monkeypatch, caplog):
+    monkeypatch.setenv("TORCH_MINGLE_JOIN_TIMOUT", "5")
+    monkeypatch.setenv("TORCH_MINGLE_LOG", "info")  # read elsewhere: known
+    with caplog.at_level("WARNING", logger="torch_mingle"):
+        MingleConfig.from_params(RendezvousParameters("mingle", "", "job42", 2, 4))
+    (said,) = [r.getMessage() for r in caplog.records if "TORCH_MINGLE_" in r.getMessage()]
+    assert said.startswith("$TORCH_MINGLE_JOIN_TIMOUT is set but no torch_mingle setting has that name")
+    assert said.endswith("did you mean $TORCH_MINGLE_JOIN_TIMEOUT?"), said
+
+
+def test_a_refused_setting_is_logged_at_error_before_torch_prints_its_traceback(caplog):
+    from torch_mingle.handler import MingleRendezvousHandler
+
+    params = RendezvousParameters("mingle", "", "job42", 2, 4, join_timeout="soon")
+    with caplog.at_level("ERROR", logger="torch_mingle"), pytest.raises(MingleConfigError):
+        MingleRendezvousHandler.from_params(params)
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "join_timeout='soon' is not a number of seconds" in record.getMessage()

@@ -40,3 +40,11 @@ def test_automatic_choice_prefers_a_real_interface_and_says_why():
     if any(i.up and not i.loopback and i.addresses and i.multicast for i in ifaces):
         assert not iface.loopback
     assert why
+
+
+def test_an_address_of_the_other_family_is_named_as_such_not_as_missing():
+    with pytest.raises(MingleConfigError) as err:
+        choose_interface("127.0.0.1", socket.AF_INET6)
+    said = str(err.value)
+    assert "is an IPv4 address" in said and "but the group is IPv6" in said, said
+    assert "matches no interface" not in said
