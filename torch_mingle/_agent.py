@@ -26,7 +26,7 @@ from torch_mingle._errors import StateError
 from torch_mingle._keys import RoundKey
 from torch_mingle._record import assert_never, record
 from torch_mingle._records import History
-from torch_mingle._view import Diagnostics, JobOver, Joined, TimedOut
+from torch_mingle._view import Diagnostics, JobOver, Joined, Misconfigured, TimedOut
 
 #: Tries at the round's store while the leader still answers: a connect that fails then is
 #: load (a store busy with a burst of joins), not a lost leader. Each try waits longer.
@@ -47,6 +47,7 @@ class Failure(enum.Enum):
     HEALTH = "health"  # the health check kept failing
     DATA_PATH = "data_path"  # this node cannot reach a peer of its round
     STATE = "state"  # the node answered something it must not (a bug), or failed the join
+    CONFIG = "config"  # the job's leader refused this node's settings
 
 
 # ------------------------------------------------------------------ what to do next
@@ -292,6 +293,8 @@ class JoinFlow:
     def _answered(self, outcome: object, now: float) -> Action:
         if isinstance(outcome, TimedOut):
             return Fail(Failure.TIMEOUT, outcome.why)
+        if isinstance(outcome, Misconfigured):
+            return Fail(Failure.CONFIG, outcome.why)
         if isinstance(outcome, JobOver):
             return job_over(outcome, self.had_round, self.job)
         if not isinstance(outcome, Joined):

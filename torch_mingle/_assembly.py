@@ -133,6 +133,7 @@ def assemble(config: MingleConfig, *, node_id: int | None = None) -> Assembly:
         probe_port=probe.port if probe is not None else 0,
         incarnation=identity.incarnation,
         place=place_of(config.rank_order, os.environ),
+        terms=config.terms(),
     )
     broadcast = config.fallback == "broadcast"
     transports = [

@@ -9,15 +9,40 @@ ever pushes out its own, and never keeps out a node connecting from elsewhere.
 
 from __future__ import annotations
 
+import logging
+from collections import OrderedDict
+
 from torch_mingle._member import ConnId, Member
+from torch_mingle._settings import Difference, describe_differences
+
+log = logging.getLogger(__name__)
 
 MAX_UNIDENTIFIED = 1024
+#: A node refused for its settings is named in the leader's log at most this often ...
+MISFIT_LOG_INTERVAL_S = 60.0
+#: ... and so many such nodes are remembered for that.
+MAX_MISFITS = 64
 
 
 class Door:
     def __init__(self) -> None:
         self._waiting: dict[str, dict[ConnId, Member]] = {}
         self.count = 0
+        #: Nodes refused for their settings, and when the log last named each.
+        self._misfits: OrderedDict[int, float] = OrderedDict()
+
+    def misfit(self, label: str, node: int, ip: str, diffs: tuple[Difference, ...], now: float) -> None:
+        """``node`` said hello with settings that differ from the job's: it was refused; say so."""
+        last = self._misfits.get(node)
+        if last is not None and now - last < MISFIT_LOG_INTERVAL_S:
+            return
+        self._misfits[node] = now
+        self._misfits.move_to_end(node)
+        while len(self._misfits) > MAX_MISFITS:
+            self._misfits.popitem(last=False)
+        log.warning(
+            "%s refused node %016x at %s: %s", label, node, ip, describe_differences(diffs, "that node")
+        )
 
     def full(self) -> bool:
         return self.count >= MAX_UNIDENTIFIED

@@ -62,6 +62,7 @@ from torch_mingle._frames import (
     LeaderFrame,
     Leave,
     Members,
+    Mismatch,
     Next,
     Propose,
     Reject,
@@ -77,7 +78,7 @@ from torch_mingle._keys import RoundKey
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._record import field, record, replace
 from torch_mingle._records import NOTHING_HEARD, Gone, Heard, History, Round, Status, keep_delivered
-from torch_mingle._settings import Beats
+from torch_mingle._settings import Beats, Terms, describe_differences
 from torch_mingle._wire import Invalid, Seal
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,8 @@ class SessionOver:
 
     reason: str
     evicted: bool = False
+    #: The leader refused this node's settings (``Mismatch``): its joins fail, it does not retry.
+    misfit: bool = False
 
 
 #: The leader's answers come as its frames read them (``_frames``: ``RoundFormed`` with its
@@ -148,6 +151,8 @@ class FollowerSession:
     seal: Seal | None = None
     #: Where the session's rendezvous events go (``_events``).
     on_event: Sink = ignore
+    #: What must agree across the job (``_settings.Terms``), said in the hello.
+    terms: Terms = ()
     phase: SessionPhase = SessionPhase.CONNECTING
     status: Status | None = None
     last_heard: float = 0.0
@@ -206,6 +211,7 @@ class FollowerSession:
             inc=self.incarnation,
             seen=self.seen,
             ahead=True,  # send ``next``: this node connects to the next round's store ahead
+            terms=self.terms,
         )
 
     def _say_hello(self, hello: bytes) -> None:
@@ -390,6 +396,8 @@ class FollowerSession:
                 self._events.append(Welcomed(self.status or Status(), seen=frame.seen))
             case Reject():
                 self._end(f"the leader rejected us: {frame.why}")
+            case Mismatch():
+                self._end(describe_differences(frame.diffs), misfit=True)
             case Bye():  # it stepped down or shuts down with our hello in flight
                 self._said_bye(frame)
             case _:
@@ -454,8 +462,8 @@ class FollowerSession:
         self.leader_left = bye.leaving
         self.leader_reported_gone = bye.gone
 
-    def _end(self, reason: str, *, evicted: bool = False) -> None:
+    def _end(self, reason: str, *, evicted: bool = False, misfit: bool = False) -> None:
         self.phase = SessionPhase.OVER
         self._queued.clear()
         self._queued_join = None
-        self._events.append(SessionOver(reason, evicted=evicted))
+        self._events.append(SessionOver(reason, evicted=evicted, misfit=misfit))

@@ -93,6 +93,7 @@ def connect(node: Follower, view: LeaderView, now: float) -> None:
         started=now,
         conn=conn,
         incarnation=s.incarnation,
+        terms=s.terms,
         seen=node.heard(),
         seal=Seal(node.core.codec.key, leader=False) if node.core.codec.key is not None else None,
         on_event=node.on_event,
@@ -127,7 +128,11 @@ def session_event(node: Follower, session: FollowerSession, ev: SessionEvent, no
     elif isinstance(ev, SessionOver):
         if session is node.session:
             end_session(node)
-        if ev.evicted:
+        if ev.misfit:
+            # No leader lost, and nothing to retry: the settings differ until someone fixes them.
+            log.error("%s refused by the leader of job %r: %s", node.label, node.settings.job, ev.reason)
+            node.joining.refuse(ev.reason)
+        elif ev.evicted:
             log.warning("%s %s; connecting again", node.label, ev.reason)
             if node.in_round_claim == session.claim:
                 node.trouble = ev.reason

@@ -44,6 +44,7 @@ from torch_mingle._records import (
     round_key_of,
     round_key_to_json,
 )
+from torch_mingle._settings import Difference, Terms
 from torch_mingle._wire import Invalid, Seal, encode_frame
 
 #: A join's wait, as its node says it, is at least this long (a shorter one is a busy loop).
@@ -82,6 +83,8 @@ class Hello:
     seen: Heard = NOTHING_HEARD
     #: The node connects to the next round's store ahead: the leader names it (``Next``).
     ahead: bool = False
+    #: What must agree across the job (``_settings.Terms``); the leader refuses a node whose differ.
+    terms: Terms = ()
 
     def fields(self) -> dict[str, Any]:
         last = self.last
@@ -94,6 +97,7 @@ class Hello:
             "inc": self.inc,
             "seen": self.seen.to_json(),
             "ahead": self.ahead,
+            "terms": dict(self.terms) or None,
         }
 
     def encode(self) -> bytes:
@@ -258,6 +262,16 @@ class Reject:
 
 
 @record
+class Mismatch:
+    """The node's settings differ from the job's (its leader's): it is refused for good."""
+
+    diffs: tuple[Difference, ...]
+
+    def encode(self) -> bytes:
+        return encode_frame("mismatch", diffs=[list(d) for d in self.diffs])
+
+
+@record
 class Propose:
     """A round the leader proposes; ``base``: the round it builds on, ``covers``: the proposals
     of other terms it accounts for, as (epoch, leader, round)."""
@@ -418,7 +432,7 @@ UNSEALED = Unsealed()
 
 NodeFrame = Hello | Join | Accept | Arrive | Leave | Close | Beat | Bye
 LeaderFrame = (
-    Welcome | Reject | Propose | Members | RoundFormed | Wait | Retry | JoinTimedOut | JobClosed
+    Welcome | Reject | Mismatch | Propose | Members | RoundFormed | Wait | Retry | JoinTimedOut | JobClosed
     | StatusPush | Ack | Evicted | Next | Beat | Bye
 )  # fmt: skip
 
@@ -500,7 +514,38 @@ def _hello(m: dict[str, Any]) -> Hello:
         inc=inc if isinstance(inc, int) and not isinstance(inc, bool) and inc > 0 else 1,
         seen=Heard.of(m.get("seen")),
         ahead=m.get("ahead") is True,
+        terms=_terms(m.get("terms")),
     )
+
+
+#: Bounds on what a peer's terms may hold (a hello is read before anything is trusted).
+MAX_TERMS, MAX_TERM_CHARS = 16, 64
+
+
+def _terms(raw: Any) -> Terms:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or len(raw) > MAX_TERMS:
+        raise ValueError("bad terms")
+    return tuple((_term_text(k), _term_text(v)) for k, v in raw.items())
+
+
+def _term_text(raw: Any) -> str:
+    if not isinstance(raw, str) or len(raw) > MAX_TERM_CHARS:
+        raise ValueError("bad term")
+    return raw
+
+
+def _differences(raw: Any) -> tuple[Difference, ...]:
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_TERMS:
+        raise ValueError("bad differences")
+    out = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) != 3:
+            raise ValueError("bad difference")
+        key, job, node = (_term_text(x) for x in item)
+        out.append((key, job, node))
+    return tuple(out)
 
 
 def _join(m: dict[str, Any]) -> Join:
@@ -593,6 +638,7 @@ _FROM_NODE: dict[str, Callable[[dict[str, Any]], Any]] = {
 _FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "welcome": _welcome,
     "reject": lambda m: Reject(_text(m["why"])),
+    "mismatch": lambda m: Mismatch(_differences(m["diffs"])),
     "propose": _propose,
     "members": lambda m: Members(Round.from_json(m["round"])),
     "round": _formed,

@@ -27,7 +27,7 @@ from torch_mingle._ready import Routes, Ticket
 from torch_mingle._record import assert_never
 from torch_mingle._records import Heard, Round, Status, WaitKind
 from torch_mingle._settings import NodeSettings
-from torch_mingle._view import JobOver, TimedOut
+from torch_mingle._view import JobOver, Misconfigured, TimedOut
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ class Joining:
         #: The last reason the leader gave for this node's wait (its "wait" answer).
         self.wait_reason = ""
         self.wait_kind = WaitKind.FIRST_JOIN
+        #: Why the job's leader refused this node's settings ("": it did not): every join fails.
+        self.refused = ""
 
     def open(self) -> Ticket | None:
         """The agent's join, while it waits for an answer the node has not decided yet."""
@@ -105,10 +107,18 @@ class Joining:
         self.ticket, self.answered = ticket, None
         self.parked = False
         self.set_due(node, ticket, now + ticket.timeout_s)
-        if node.job_closed:
+        if self.refused:
+            self.decided(Misconfigured(self.refused))
+        elif node.job_closed:
             self.closed(node, "the job was already closed", now)
         else:
             self.send(node, now)
+
+    def refuse(self, why: str) -> None:
+        """The job's leader refused this node's settings: the join that waits fails, and every
+        later one at once."""
+        self.refused = why
+        self.decided(Misconfigured(why))
 
     def give_up(self, node: Joiner, why: str) -> None:
         """The node leaves or shuts down: the join that waits fails with ``why``."""

@@ -62,6 +62,7 @@ from torch_mingle._frames import (
     JoinAnswer,
     LeaderFrame,
     Leave,
+    Mismatch,
     NodeFrame,
     OutOfContext,
     Propose,
@@ -81,7 +82,7 @@ from torch_mingle._push import Pusher
 from torch_mingle._record import assert_never, field, record
 from torch_mingle._records import History, Round, Status, node_hex
 from torch_mingle._rounds import Form, RoundBook
-from torch_mingle._settings import Beats
+from torch_mingle._settings import Beats, Terms, differences
 from torch_mingle._wire import Invalid, Seal, frame_digest
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ class LeaderTerm:
     beats: Beats
     label: str
     own_history: History | None = None
+    #: What must agree across the job (``_settings.Terms``): a hello whose terms differ is refused.
+    terms: Terms = ()
     hello_timeout_s: float = HELLO_TIMEOUT_S
     conns: dict[ConnId, Member] = field(default_factory=dict)
     established: bool = False
@@ -492,6 +495,11 @@ class LeaderTerm:
                 m, Reject(f"this node leads {self.claim}, not epoch {hello.epoch} leader {leader:016x}")
             )
             self._close(m, "wrong claim")
+            return
+        if diffs := differences(self.terms, hello.terms):
+            self._send_record(m, Mismatch(diffs))
+            self._close(m, "its settings differ from the job's")
+            self.door.misfit(self.label, hello.node, hello.ip, diffs, now)
             return
         inc = hello.inc
         old = self._by_node.get(node)

@@ -146,6 +146,7 @@ def start_term(node: Leader, port: int, now: float) -> None:
         beats=s.beats,
         label=s.label,
         own_history=node.history,
+        terms=s.terms,
         seal_key=node.core.codec.key,
         on_event=node.on_event,
     )

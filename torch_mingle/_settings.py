@@ -5,6 +5,30 @@ from __future__ import annotations
 
 from torch_mingle._record import record
 
+#: What must agree across a job, as (key, value as text) pairs: a node whose terms differ from
+#: its leader's is refused (``Mismatch``) and fails at once, naming each difference.
+Terms = tuple[tuple[str, str], ...]
+#: One difference: (key, the job's value, the node's value).
+Difference = tuple[str, str, str]
+#: How to fix each key of ``Terms`` (the rest are ``--rdzv_conf`` keys).
+_FIX = {"nnodes": "--nnodes", "keep_alive": "--rdzv_conf keep_alive_interval and keep_alive_max_attempt"}
+
+
+def differences(job: Terms, node: Terms) -> tuple[Difference, ...]:
+    """Where ``node``'s terms differ from ``job``'s (a key only one of them says is not compared)."""
+    ours = dict(node)
+    return tuple((key, value, ours[key]) for key, value in job if key in ours and ours[key] != value)
+
+
+def describe_differences(diffs: tuple[Difference, ...], node: str = "this node") -> str:
+    """The differences as a sentence, each with its fix (the job's settings are its leader's)."""
+    said = "; ".join(f"{key} is {mine} on {node} and {theirs} in the job" for key, theirs, mine in diffs)
+    fixes = ", ".join(dict.fromkeys(_FIX.get(key, f"--rdzv_conf {key}") for key, _, _ in diffs))
+    return (
+        f"{node}'s settings differ from the job's (its leader's): {said}. Start every node of the job "
+        f"with the same {fixes} (docs/usage.md#settings-every-node-must-share)"
+    )
+
 
 @record
 class RoundRules:
@@ -52,3 +76,5 @@ class NodeSettings:
     incarnation: int = 1
     #: Where this node sorts in rank order (``rank_order``, ``_order``); "": arrival order.
     place: str = ""
+    #: What must agree across the job (``Terms``); said in its hello, checked by its leader.
+    terms: Terms = ()

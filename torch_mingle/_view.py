@@ -27,6 +27,13 @@ class TimedOut:
 
 
 @record
+class Misconfigured:
+    """The job's leader refused this node's settings (``_settings.describe_differences``)."""
+
+    why: str
+
+
+@record
 class JobOver:
     """The job is over; ``was_waiting``: this node saw it run and waited for a place (a spare)."""
 

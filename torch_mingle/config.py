@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch_mingle._order import DEFAULT_POLICY, parse_policy
 from torch_mingle._record import field, record
+from torch_mingle._settings import Terms
 from torch_mingle._slurm import TORCHRUN_DEFAULT_ID, standby_hosts
 from torch_mingle._slurm import run_id as slurm_run_id
 from torch_mingle.errors import README_SECURITY, MingleConfigError
@@ -255,6 +256,17 @@ class MingleConfig:
                 "e.g. `openssl rand -hex 32 > secret`"
             )
         return secret
+
+    def terms(self) -> Terms:
+        """What every node of the job must share (docs/usage.md#settings-every-node-must-share):
+        a node whose terms differ from its leader's is refused at its hello and fails at once."""
+        return (
+            ("nnodes", f"{self.min_nodes}:{self.max_nodes}"),
+            ("quorum", self.quorum),
+            ("first_round", self.first_round),
+            ("rank_order", self.rank_order),
+            ("keep_alive", f"{self.keep_alive_interval:g}s x{self.keep_alive_max_attempt}"),
+        )
 
     def describe(self) -> str:
         """One line with the settings that matter when reading a log."""

@@ -355,6 +355,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             raise MingleDataPathError(f"{self._label} {why}")
         if kind is Failure.STATE:
             raise MingleStateError(f"{self._label} {why}")
+        if kind is Failure.CONFIG:
+            self._failure = why
+            raise MingleConfigError(f"{self._label} {why}")
         self._closed = True
         raise MingleClosedError(f"{self._label} {why}")
 

@@ -261,3 +261,38 @@ def test_a_node_whose_health_check_fails_stays_out_and_the_others_go_on(make_han
     sick.shutdown()
     again = rendezvous_all(healthy)
     assert sorted(i.rank for i in again) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "conf", "said"),
+    [
+        ((3, 3), {}, "nnodes is 3:3 on this node and 2:2 in the job"),
+        ((2, 2), {"quorum": "none"}, "quorum is none on this node and majority in the job"),
+        ((2, 2), {"rank_order": "arrival"}, "rank_order is arrival on this node and host in the job"),
+    ],
+)
+def test_a_node_with_other_settings_is_refused_in_seconds_naming_them(
+    make_handler, caplog, nodes, conf, said
+):
+    """The leader's settings are the job's: a node started with others fails at once with both
+    values and the fix (not as a spare that waits as long as the job runs), and the leader says
+    whom it refused."""
+    job = unique_job("misfit")
+    leader = make_handler(job, 2, 2, join_timeout="5")
+
+    def wait_for_a_round() -> None:
+        with contextlib.suppress(Exception):  # it times out: the test is about the other node
+            leader.next_rendezvous()
+
+    waiting = threading.Thread(target=wait_for_a_round, daemon=True)
+    waiting.start()
+    wait_until(lambda: leader.diagnostics().is_leader, 10, "the first node leads")
+    odd = make_handler(job, *nodes, join_timeout="30", **conf)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"), pytest.raises(MingleConfigError) as err:
+        odd.next_rendezvous()
+    assert time.monotonic() - started < 5
+    assert said in str(err.value) and "Start every node of the job with the same" in str(err.value), err.value
+    refused = [r.getMessage() for r in caplog.records if "refused node" in r.getMessage()]
+    assert refused and said.replace("this node", "that node") in refused[0], refused
+    waiting.join(timeout=20)
