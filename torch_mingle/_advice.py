@@ -8,6 +8,8 @@
   votes: a relaunch of a job that is over, on fewer of its hosts, finds the votes its nodes
   kept (``_identity``); it says at once what that means and how to go on, not only when
   ``join_timeout`` ends.
+* A node without a secret that hears its job's datagrams signed (``SIGNED_TO_REFUSE``) and no
+  other node refuses its joins at once (``heard``): the job uses a secret it lacks.
 * A health check that runs longer than the heartbeat timeout, on a node of a job that has
   other nodes, makes the node unfit meanwhile: the members' next round waits for its
   leader's join, so it gives up its term and another node leads (``due`` says so).
@@ -28,12 +30,18 @@ from torch_mingle._wire import REPLAY_WINDOW_MS
 
 log = logging.getLogger(__name__)
 
+#: Signed datagrams of its job that a node without a secret hears before it refuses itself.
+SIGNED_TO_REFUSE = 3
+
 
 class Waiting(Protocol):
     """What the leader last answered the node's join (``_joining.Joining``)."""
 
     wait_reason: str
     wait_kind: WaitKind
+    refused: str
+
+    def refuse(self, why: str) -> None: ...
 
 
 class Advised(Protocol):
@@ -64,6 +72,23 @@ class Advice:
         self._quorum_warned = False
         #: Since when its health check runs; None while none runs.
         self._checking_since: float | None = None
+
+    def heard(self, node: Advised) -> None:
+        """A datagram came: a node without a secret that hears its job only signed refuses
+        itself at once (it trusts any sender anyway; one with a secret only warns, since a
+        forged datagram must not stop it)."""
+        stats = node.core.stats
+        if (
+            node.joining.refused
+            or node.core.codec.authenticated
+            or stats.invalid_of_job["unexpected_tag"] < SIGNED_TO_REFUSE
+            or node.core.peers
+        ):
+            return
+        node.joining.refuse(
+            f"datagrams of job {node.settings.job!r} signed with a secret arrive, and this node has "
+            f"none: every node of the job needs the same secret_file ({README_SECURITY})"
+        )
 
     def started(self, now: float) -> None:
         if self._warning_s > 0:

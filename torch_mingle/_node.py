@@ -265,6 +265,7 @@ class Node:
         if self._unflushed:
             self.flush(now)
         self.core.receive_datagram(data, addr, now)
+        self.advice.heard(self)
         if self.core.has_events():
             self.flush(now)
         else:

@@ -44,7 +44,7 @@ from torch_mingle._wire import (
     encode_frame,
 )
 from torch_mingle.config import DEFAULT_GROUP_V4
-from torch_mingle.errors import MingleNetworkError, MingleTimeoutError
+from torch_mingle.errors import MingleConfigError, MingleNetworkError, MingleTimeoutError
 
 pytestmark = pytest.mark.integration
 
@@ -195,22 +195,28 @@ def test_mismatched_secrets_fail_within_join_timeout_and_say_why(make_handler, t
     ]
     a = make_handler(job, 2, join_timeout="2", **conf[0])
     b = make_handler(job, 2, join_timeout="2", **conf[1])
-    errors: list[BaseException] = []
+    failed: dict[int, BaseException] = {}
 
-    def attempt(h):
+    def attempt(i, h):
         try:
             h.next_rendezvous()
         except BaseException as exc:  # collected and checked below
-            errors.append(exc)
+            failed[i] = exc
 
-    threads = [threading.Thread(target=attempt, args=(h,)) for h in (a, b)]
+    threads = [threading.Thread(target=attempt, args=(i, h)) for i, h in enumerate((a, b))]
     started = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
     assert time.monotonic() - started < 2 + 5
-    assert len(errors) == 2 and all(isinstance(e, MingleTimeoutError) for e in errors), errors
+    assert sorted(failed) == [0, 1], failed
+    errors = [failed[0], failed[1]]
+    # A node without a secret that hears its job signed refuses itself at once (it trusts any
+    # sender anyway); a node with a secret never fails for what it hears: it times out.
+    expected = [MingleConfigError if s is None and other else MingleTimeoutError for s, other in
+                ((first, second), (second, first))]  # fmt: skip
+    assert [type(e) for e in errors] == expected, errors
     assert any(says in str(e) for e in errors), [str(e) for e in errors]
 
 
