@@ -105,10 +105,11 @@ def rank_order(
 
     Who is admitted (at most ``limit``) does not depend on places: the leader, then the previous
     round's members, then arrival order, so a spare never takes a running member's place.
-    Invariant: the result starts with the leader, holds each admitted node once and, with
-    places, is the ascending order of ``(place, previous rank, arrival)`` read as a ring from
-    the leader: members adjacent in place order stay adjacent (rank n-1 and rank 0 count as
-    adjacent, as in a ring). Without places it is the admission order itself.
+
+    A job's first round (no ``previous``) is ordered by the policy: with places, the ascending
+    order of ``(place, arrival)`` read as a ring from the leader (members adjacent in place
+    order stay adjacent, rank n-1 and rank 0 too); without, the admission order. A round that
+    follows another keeps ranks (``keep_ranks``): the policy only places the newcomers.
     """
     prev_rank = {node: i for i, node in enumerate(previous)}
     arrival = {node: i for i, node in enumerate(pending)}
@@ -118,13 +119,45 @@ def rank_order(
         return (n != leader, prev_rank.get(n, late), arrival.get(n, -1))
 
     admitted = sorted({leader, *pending}, key=admission)[:limit]
-    if not any(req.join.place for req in pending.values()):
-        return tuple(admitted)
-    ring = sorted(
-        admitted, key=lambda n: (natural_key(pending[n].join.place) if n in pending else (), admission(n))
-    )
+    placed = any(req.join.place for req in pending.values())
+
+    def by_policy(nodes: list[int]) -> list[int]:
+        if not placed:
+            return nodes
+        return sorted(
+            nodes, key=lambda n: (natural_key(pending[n].join.place) if n in pending else (), admission(n))
+        )
+
+    if previous:
+        return keep_ranks(
+            leader, admitted, prev_rank, by_policy([n for n in admitted[1:] if n not in prev_rank])
+        )
+    ring = by_policy(admitted)
     at = ring.index(leader)
     return tuple(ring[at:] + ring[:at])
+
+
+def keep_ranks(
+    leader: int, admitted: list[int], prev_rank: dict[int, int], newcomers: list[int]
+) -> tuple[int, ...]:
+    """A round that follows another: every member of the previous round keeps its rank; the
+    leader is rank 0 (it hosts the store); the ranks left free (by the nodes lost, by a new
+    leader that held another rank, beyond the previous world size) go, lowest first, to the
+    members whose rank is no longer theirs to keep (the previous rank 0, and, when the job
+    shrank, those whose rank is now past the end, in their previous order), then to the
+    newcomers in the policy's order. So a spare takes the rank of the node it replaces, and a
+    shrinking job moves only the members whose ranks no longer exist."""
+    slots: list[int | None] = [None] * len(admitted)
+    slots[0] = leader
+    displaced = []
+    for node in sorted((n for n in admitted[1:] if n in prev_rank), key=prev_rank.__getitem__):
+        rank = prev_rank[node]
+        if 0 < rank < len(slots):
+            slots[rank] = node
+        else:
+            displaced.append(node)
+    fill = iter(displaced + newcomers)
+    return tuple(slot if slot is not None else next(fill) for slot in slots)
 
 
 @record

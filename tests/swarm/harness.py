@@ -37,8 +37,10 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   while its round held (every cut here cuts the control plane too, so the round breaks
   first), or a store call of the rank exchange that failed before the node said its round
   broke.
-* ``rank-order``: where hosts have places, a round's ranks read as a ring from rank 0 visit
-  the members' places in ascending order exactly once around (``_rounds.rank_order``).
+* ``rank-order``: where hosts have places, a job's first round's ranks read as a ring from
+  rank 0 visit the members' places in ascending order exactly once around; a round formed from
+  another keeps its members' ranks (``_rounds.keep_ranks``: but rank 0, the leader's, and ranks
+  past the new end) and gives the free ones to newcomers in place order.
 * ``token``: the fencing token (epoch, round) handed to workers only grows: per agent, and
   from one training round to the next (the round number too: it grows across terms). No two
   rounds that train share a token, but rounds of causally isolated lineages (as ``one-round``
@@ -562,7 +564,7 @@ class World(Agents[_Agent]):
         leader_hosts = {a.node.addr[0] for a in self.agents if a.node_id == members[0]}
         if rnd.store_ip not in leader_hosts:
             raise Violation("ranks", f"{where}: store at {rnd.store_ip}, rank 0 on {leader_hosts}", now)
-        self._check_rank_order(where, members, now)
+        self._check_rank_order(where, rnd, now)
         token = (rnd.epoch, rnd.number)
         self.checks += 1
         if agent.tokens and token <= agent.tokens[-1]:
@@ -715,16 +717,48 @@ class World(Agents[_Agent]):
         """A host's place in rank order: a rack of three hosts, then the host (natural order)."""
         return f"rack{host % 3}/h{host}" if self.sc.places else ""
 
-    def _check_rank_order(self, where: str, members: tuple[int, ...], now: float) -> None:
-        if not self.sc.places:
-            return
-        self.checks += 1
+    def _check_rank_order(self, where: str, rnd: Round, now: float) -> None:
+        """A job's first round: a ring of places; a round formed from another: its members keep
+        their ranks (``_rounds.keep_ranks``): each member of the base whose rank the round still
+        has (but rank 0, the leader's) holds it, and newcomers take the free ranks in place order."""
+        members = rnd.members
         host_of = {a.node_id: a.host for a in self.agents}
-        ring = [natural_key(self._place(host_of[m])) for m in members]
-        descents = sum(ring[i] > ring[(i + 1) % len(ring)] for i in range(len(ring)))
-        if descents > 1:
-            hosts = [host_of[m] for m in members]
-            raise Violation("rank-order", f"{where}: hosts {hosts} in rank order, not a ring of places", now)
+        if rnd.base is None:
+            if not self.sc.places:
+                return
+            self.checks += 1
+            ring = [natural_key(self._place(host_of[m])) for m in members]
+            descents = sum(ring[i] > ring[(i + 1) % len(ring)] for i in range(len(ring)))
+            if descents > 1:
+                hosts = [host_of[m] for m in members]
+                raise Violation(
+                    "rank-order", f"{where}: hosts {hosts} in rank order, not a ring of places", now
+                )
+            return
+        held = self._members_of(rnd.base)
+        if held is None:
+            raise Violation(
+                "rank-order", f"{where}: formed from {rnd.base}, a round nobody formed or accepted", now
+            )
+        self.checks += 1
+        before = {node: rank for rank, node in enumerate(held)}
+        for rank, node in enumerate(members[1:], 1):
+            kept = before.get(node)
+            if kept is not None and 0 < kept < len(members) and kept != rank:
+                raise Violation(
+                    "rank-order", f"{where}: {node_hex(node)} was rank {kept} of {rnd.base}, now {rank}", now
+                )
+        if self.sc.places:
+            new = [natural_key(self._place(host_of[m])) for m in members[1:] if m not in before]
+            if new != sorted(new):
+                raise Violation("rank-order", f"{where}: newcomers out of place order", now)
+
+    def _members_of(self, key: tuple[int, int, int]) -> tuple[int, ...] | None:
+        """The members of a round the harness saw formed or accepted (None: neither)."""
+        log, proposed = self.rounds.get(key), self.accepted.get(key)
+        if log is not None:
+            return log.members
+        return proposed[1] if proposed is not None else None  # type: ignore[no-any-return]
 
     def _lineage_of(self, base: tuple[int, int, int] | None) -> int:
         """A round continues the lineage of the round it was formed from (``Round.base``); a

@@ -32,7 +32,7 @@ from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _agent, _ballot, _evidence, _proposals, _quorum, _world
+from torch_mingle import _agent, _ballot, _evidence, _proposals, _quorum, _rounds, _world
 from torch_mingle._agent import BreakSeen, ExitClean, Fail, JoinFlow
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
@@ -202,6 +202,9 @@ MUTANTS: dict[str, Mutant] = {
                (_attr(RoundBook, "_voting", staticmethod(_voting_without_rivals)),)),
         Mutant("a term that learns of a newer term's round gives way", "OtherTerms.outdated_by",
                "it goes on", (_attr(OtherTerms, "outdated_by", lambda self, *a: None),)),
+        Mutant("a member keeps its rank across rounds", "_rounds.keep_ranks",
+               "a round after the first renumbers its members in admission order",
+               (_attr(_rounds, "keep_ranks", lambda leader, admitted, *_: tuple(admitted)),)),
         Mutant("stand-ins carry the round's world", "_world.stand_in",
                "a broken round's stand-ins carry one node's world (the code before f833318)",
                (_attr(_world, "stand_in", _stand_in_of_one_node),)),

@@ -132,5 +132,40 @@ def test_a_shuffled_arrival_gives_the_same_ring_whoever_leads():
 
 def test_a_spare_never_takes_a_running_members_place_whatever_its_place():
     pending = joins({9: "n5", 1: "n1", 4: "n4", 2: "n2"})  # 2 arrived last: a spare
-    assert rank_order(9, pending, previous=(9, 4, 1), limit=3) == (9, 1, 4)
+    assert rank_order(9, pending, previous=(9, 4, 1), limit=3) == (9, 4, 1)  # ranks kept
     assert rank_order(9, pending, limit=3) == (9, 1, 4)  # first round: arrival decides who
+
+
+@pytest.mark.parametrize("places", [False, True])
+def test_ranks_are_kept_a_replacement_takes_the_lost_rank_and_only_a_shrink_renumbers(places):
+    """The contract (docs/usage.md#ranks-across-rounds): whatever the policy, a member keeps its
+    rank; a spare takes the rank of the node it replaces; a new leader takes rank 0 and its
+    old rank goes to the replacement (or, without one, to the member whose rank fell off the end)."""
+
+    def order(leader, nodes, previous, limit=None):
+        return rank_order(leader, joins({n: f"z{99 - n}" if places else "" for n in nodes}), previous, limit)
+
+    prev = (10, 11, 12, 13)
+    assert order(10, [10, 11, 13, 20], prev) == (10, 11, 20, 13)  # 12 died: the spare takes rank 2
+    assert order(10, [10, 11, 13], prev) == (10, 11, 13)  # 12 died, no spare: 13 moves down, alone
+    assert order(10, [10, 12, 13], prev) == (10, 13, 12)  # 11 died: 13 (rank 3 is gone) takes 1
+    assert order(11, [11, 12, 13, 20], prev) == (11, 20, 12, 13)  # the leader died: 11 leads, spare takes 1
+    assert order(11, [11, 12, 13], prev) == (11, 13, 12)  # ... without a spare: the last takes 1
+    assert order(11, [10, 11, 12, 13], prev) == (11, 10, 12, 13)  # leaders swapped ranks
+    grown = order(10, [10, 11, 12, 13, 20, 21], prev)  # newcomers after the kept: by place, else arrival
+    assert grown == (10, 11, 12, 13, *((21, 20) if places else (20, 21)))
+
+
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=10, unique=True), st.data())
+def test_a_member_of_the_previous_round_keeps_its_rank_where_the_round_still_has_it(previous, data):
+    pool = sorted(set(range(1, 31)) - set(previous))
+    stay = data.draw(st.lists(st.sampled_from(previous), unique=True))
+    new = data.draw(st.lists(st.sampled_from(pool), unique=True, max_size=5))
+    leader = data.draw(st.sampled_from(stay + new)) if stay + new else previous[0]
+    nodes = list(dict.fromkeys([leader, *stay, *new]))
+    order = rank_order(leader, joins({n: f"p{n % 4}" for n in nodes}), tuple(previous))
+    assert order[0] == leader and sorted(order) == sorted(nodes)
+    for node in stay:
+        rank = previous.index(node)
+        if node != leader and 0 < rank < len(order):
+            assert order[rank] == node

@@ -160,7 +160,7 @@ def test_spares_wait_beyond_max_nodes_and_replace_a_dead_node():
     join(b, 0x40)  # with the leader, 2 of the 3 voters of the round (the dead one keeps its vote)
     d = b.decide(1.0)
     assert isinstance(d, Form)
-    assert d.members == (LEADER, 0x40, 0x30)
+    assert d.members == (LEADER, 0x30, 0x40)  # the spare takes the dead node's rank; 0x40 keeps its
 
 
 def test_newcomers_count_as_waiting_while_there_is_room():
@@ -231,7 +231,7 @@ def test_a_returning_node_joins_at_once_when_the_round_restarts_anyway():
     join(b, LEADER)
     join(b, 0x40)
     d = b.decide(4.0)
-    assert isinstance(d, Form) and d.members == (LEADER, 0x40, 0x30)
+    assert isinstance(d, Form) and d.members == (LEADER, 0x30, 0x40)  # 0x40 keeps rank 2; 0x30 takes 1
 
 
 def _restarted_join(b: RoundBook, node: int, history: History, now: float, incarnation: int) -> None:
