@@ -667,7 +667,9 @@ class LeaderTerm:
             self.book.said_it_left(node, self.vote.voted_for(node))
         in_round = self.book.current is not None and node in self.book.current.member_set
         if in_round or node in self.book.pending:
-            log.warning("%s node %s is lost: %s", self.label, node_hex(node), why)
+            # Once the job is closed its members go, and a close can cross their last frames.
+            level = logging.INFO if self.closed_why else logging.WARNING
+            log.log(level, "%s node %s is lost: %s", self.label, node_hex(node), why)
             self.on_event(Note("node_lost", f"removed node {node_hex(node)} from the rendezvous: {why}"))
         self.book.died(node, why)
         self._after_departure(now)

@@ -495,7 +495,9 @@ class Node:
         if isinstance(ev, BecomeLeader):
             self._lead(ev.epoch, now)
         elif isinstance(ev, SteppedDown):
-            log.warning("%s stepping down: %s beats our %s", self.label, ev.winner, ev.own)
+            # Routine when nodes start together (two claims, one wins); news once the term led a job.
+            level = logging.WARNING if self.term is not None and self.term.established else logging.INFO
+            log.log(level, "%s stepping down: %s beats our %s", self.label, ev.winner, ev.own)
             self.on_event(Note("stepped_down", f"stepped down as leader: {ev.winner} beats {ev.own}"))
             self.unlead(f"this node stepped down as leader ({ev.winner} beats {ev.own})", now)
         elif isinstance(ev, LeaderFound):
