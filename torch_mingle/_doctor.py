@@ -33,6 +33,9 @@ class JobSeen:
     max_nodes: int = 0
     closed: bool = False
     nodes_asking: set[int] = field(default_factory=set)
+    #: The leader's node id and control port (``torch-mingle status`` connects to it).
+    leader: int = 0
+    control_port: int = 0
 
 
 @record(frozen=False)
@@ -140,6 +143,7 @@ def _note(
         leader_ip = announced_store_ip(body, addr)
         seen.leader_ip, seen.epoch, seen.round, seen.members = leader_ip, body.epoch, body.round, body.members
         seen.min_nodes, seen.max_nodes, seen.closed = body.min_nodes, body.max_nodes, body.closed
+        seen.leader, seen.control_port = dgram.sender, body.store_port
     elif isinstance(body, Query):
         seen.nodes_asking.add(dgram.sender)
 
@@ -276,6 +280,10 @@ def run(args: argparse.Namespace) -> int:
     args.group = args.group or DEFAULT_GROUP_V4
     args.port = args.port or DEFAULT_PORT
     try:
+        if args.command == "status":
+            from torch_mingle._status import cmd_status  # noqa: PLC0415 - it imports this module
+
+            return cmd_status(args)
         return cmd_doctor(args) if args.command == "doctor" else cmd_ls(args)
     except (MingleConfigError, MingleNetworkError) as exc:
         print(f"error: {exc}", file=sys.stderr)

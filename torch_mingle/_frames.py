@@ -85,6 +85,8 @@ class Hello:
     ahead: bool = False
     #: What must agree across the job (``_settings.Terms``); the leader refuses a node whose differ.
     terms: Terms = ()
+    #: Not a node: ``torch-mingle status``, which the leader answers with a ``View`` and closes.
+    observe: bool = False
 
     def fields(self) -> dict[str, Any]:
         last = self.last
@@ -98,6 +100,7 @@ class Hello:
             "seen": self.seen.to_json(),
             "ahead": self.ahead,
             "terms": dict(self.terms) or None,
+            "observe": self.observe or None,
         }
 
     def encode(self) -> bytes:
@@ -259,6 +262,16 @@ class Reject:
 
     def encode(self) -> bytes:
         return encode_frame("reject", why=self.why)
+
+
+@record
+class View:
+    """The leader's answer to an observer (``_jobview.job_view``)."""
+
+    view: dict[str, Any]
+
+    def encode(self) -> bytes:
+        return encode_frame("view", view=self.view)
 
 
 @record
@@ -433,7 +446,7 @@ UNSEALED = Unsealed()
 NodeFrame = Hello | Join | Accept | Arrive | Leave | Close | Beat | Bye
 LeaderFrame = (
     Welcome | Reject | Mismatch | Propose | Members | RoundFormed | Wait | Retry | JoinTimedOut | JobClosed
-    | StatusPush | Ack | Evicted | Next | Beat | Bye
+    | StatusPush | Ack | Evicted | Next | Beat | Bye | View
 )  # fmt: skip
 
 
@@ -515,6 +528,7 @@ def _hello(m: dict[str, Any]) -> Hello:
         seen=Heard.of(m.get("seen")),
         ahead=m.get("ahead") is True,
         terms=_terms(m.get("terms")),
+        observe=m.get("observe") is True,
     )
 
 
@@ -533,6 +547,12 @@ def _terms(raw: Any) -> Terms:
 def _term_text(raw: Any) -> str:
     if not isinstance(raw, str) or len(raw) > MAX_TERM_CHARS:
         raise ValueError("bad term")
+    return raw
+
+
+def _view(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise TypeError("bad view")
     return raw
 
 
@@ -639,6 +659,7 @@ _FROM_LEADER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "welcome": _welcome,
     "reject": lambda m: Reject(_text(m["why"])),
     "mismatch": lambda m: Mismatch(_differences(m["diffs"])),
+    "view": lambda m: View(_view(m["view"])),
     "propose": _propose,
     "members": lambda m: Members(Round.from_json(m["round"])),
     "round": _formed,

@@ -69,10 +69,12 @@ from torch_mingle._frames import (
     Reject,
     Retry,
     Unsealed,
+    View,
     Welcome,
     node_frames,
 )
 from torch_mingle._jobs import Job, OpenExitBarrier, OpenStore
+from torch_mingle._jobview import job_view
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._member import ConnId, Member
 from torch_mingle._notes import Note, Sink, ignore
@@ -476,6 +478,7 @@ class LeaderTerm:
                     self.desk.set_deadline(self, m, None)
                     self.book.withdraw(m.node)
             case Leave():
+                self.book.chronicle.left(self.book.current, m.node, now)
                 self._left(m.node, frame.left)  # (None: it counts for no round: it keeps its vote)
                 self._after_departure(now)
             case Close():
@@ -487,6 +490,10 @@ class LeaderTerm:
 
     def _hello(self, m: Member, hello: Hello, now: float) -> None:
         node, leader = hello.node, hello.leader
+        if hello.observe:  # ``torch-mingle status``: the job as this leader sees it, then goodbye
+            self._send_record(m, View(job_view(self.book, self.claim.leader, self.advertised_ip, now)))
+            self._close(m, "an observer")
+            return
         if node == self.claim.leader:
             self._drop(m, "protocol error: a hello with the leader's own node id", now)
             return
@@ -666,6 +673,7 @@ class LeaderTerm:
         if not votes:
             self.book.said_it_left(node, self.vote.voted_for(node))
         in_round = self.book.current is not None and node in self.book.current.member_set
+        self.book.chronicle.lost(self.book.current, node, why, now)
         if in_round or node in self.book.pending:
             # Once the job is closed its members go, and a close can cross their last frames.
             level = logging.INFO if self.closed_why else logging.WARNING

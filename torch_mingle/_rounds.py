@@ -61,6 +61,7 @@ import math
 from collections.abc import Collection
 
 from torch_mingle._frames import Join
+from torch_mingle._jobview import Chronicle
 from torch_mingle._keys import RoundKey, newest_key
 from torch_mingle._ledger import Ledger
 from torch_mingle._others import OtherTerms, join_lines
@@ -215,6 +216,8 @@ class RoundBook:
     failed: str = ""
     #: Who is lost, left or gone, and the rules that read it (``_ledger``).
     ledger: Ledger = field(default_factory=Ledger)
+    #: What ended and began its last rounds, for ``torch-mingle status`` (``_jobview``).
+    chronicle: Chronicle = field(default_factory=Chronicle)
     #: Members of the current round known to be in torch's exit barrier.
     arrived: set[int] = field(default_factory=set)
     last_round_number: int = 0
@@ -366,6 +369,7 @@ class RoundBook:
     def formed(self, rnd: Round, now: float) -> None:
         """``rnd`` formed (a majority of its base's voters accepted it): it is the current round."""
         base = self.base()
+        self.chronicle.formed(rnd, self.current, now)
         self.current = rnd
         self.abstained.clear()
         self._forget_strangers(base.members if base is not None else ())
@@ -728,6 +732,10 @@ class RoundBook:
     def _hold_end(self, node: int) -> float:
         doublings = min(MAX_HOLD_DOUBLINGS, max(0, self.ledger.drops.get(node, 1) - 1))
         return self.formed_at + self.rules.rejoin_delay_s * float(2**doublings)
+
+    def held_until(self, now: float) -> dict[int, float]:
+        """The nodes held back now, each with when it may restart the round (inf: never)."""
+        return {n: self._hold_end(n) for n in self._held(now)}
 
     def _held(self, now: float) -> set[int]:
         """Returning nodes that may not yet restart the healthy current round."""

@@ -1,4 +1,4 @@
-"""``torch-mingle doctor|ls|--version`` (or ``python -m torch_mingle``): what discovery sees.
+"""``torch-mingle doctor|ls|status|--version`` (or ``python -m torch_mingle``): what discovery sees.
 
 * ``doctor`` lists the interfaces, checks that each can join the group and send to it, and
   (with ``--job``) exchanges datagrams for a few seconds with every other node running
@@ -6,6 +6,7 @@
   each interface hears, the jobs and the dropped datagrams seen on the group, and exits
   non-zero with advice when multicast reaches nobody.
 * ``ls`` lists the rendezvous jobs visible on the segment: every leader answers a probe.
+* ``status JOB`` shows one job as its leader sees it (``_status``, ``_jobview``).
 * ``check-gpu`` is an example of a health check (``health_check=torch-mingle check-gpu``):
   every GPU computes and NCCL loads; skipped, with exit status 0, on a machine without a GPU.
 
@@ -33,6 +34,13 @@ COMMANDS = {
         "datagrams for --seconds with every other node running `doctor --job` with the same name, by "
         "multicast and by broadcast, and say who each interface reaches. Exits 1 with advice when "
         "multicast reaches nobody.",
+    ),
+    "status": (
+        "show a job as its leader sees it: members and ranks, spares, held-back nodes, recent rounds",
+        "Find the leader of JOB (as ls does) and ask it over its control port: its epoch, the round, every "
+        "member with its node rank and address, the spares, the nodes held back by rejoin_delay and until "
+        "when, the members the next round waits for and why, and what ended and began the last rounds. A "
+        "job with a secret answers only with --secret-file.",
     ),
     "ls": (
         "list the rendezvous jobs whose leaders answer on this network",
@@ -70,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
             )
         else:
             c.add_argument("--json", action="store_true")
+        if name == "status":
+            c.add_argument("job", help="the job's --rdzv_id")
+            c.add_argument("--watch", type=float, default=0.0, metavar="SECONDS", help="again every SECONDS")
     sub.add_parser(
         "check-gpu",
         help="an example health check: every GPU computes and NCCL loads",

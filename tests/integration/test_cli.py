@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -115,3 +117,44 @@ def test_ls_and_doctor_on_a_job_with_a_secret_say_to_pass_it_and_the_job_logs_no
         assert "hint: signed datagrams arrived" in doctor.stdout, doctor.stdout
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert not [w for w in warned if "dropped an invalid datagram" in w], warned
+
+
+@pytest.mark.parametrize("with_secret", [False, True])
+def test_status_shows_the_members_ranks_and_a_spare(make_handler, port, tmp_path, with_secret):
+    conf = {}
+    if with_secret:
+        secret = tmp_path / "secret"
+        secret.write_text("a-secret-for-the-status-test-0123456789")
+        secret.chmod(0o600)
+        conf["secret_file"] = str(secret)
+    job = unique_job("status")
+    members = [make_handler(job, 2, 2, **conf) for _ in range(2)]
+    infos = rendezvous_all(members)
+    spare = make_handler(job, 2, 2, join_timeout="30", **conf)
+
+    def wait_as_a_spare() -> None:
+        with contextlib.suppress(Exception):  # it waits until the job ends
+            spare.next_rendezvous()
+
+    threading.Thread(target=wait_as_a_spare, daemon=True).start()
+    where = ["--interface", "127.0.0.1", "--port", str(port)]
+    if with_secret:
+        blind = mingle("status", job, *where)
+        assert blind.returncode == 1 and "pass its --secret-file" in blind.stderr, blind.stderr
+        where += ["--secret-file", conf["secret_file"]]
+    views: list[dict] = []
+
+    def spare_shown() -> bool:
+        shown = mingle("status", job, *where, "--json")
+        assert shown.returncode == 0, shown.stderr
+        views.append(json.loads(shown.stdout))
+        return bool(views[-1]["spares"])
+
+    wait_until(spare_shown, 20, "the spare in the leader's view", interval=0.1)
+    view = views[-1]
+    ids = {h.diagnostics().node_id: i.rank for h, i in zip(members, infos, strict=True)}
+    assert {m["node"]: m["rank"] for m in view["members"]} == ids
+    assert view["state"] == "running" and view["round"] == 1 and view["world_size"] == 2
+    assert [s["node"] for s in view["spares"]] == [spare.diagnostics().node_id], view
+    text = mingle("status", job, *where).stdout
+    assert f"job {job}: running" in text and "waits for a place" in text, text
