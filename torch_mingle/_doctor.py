@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from torch_mingle._claims import Dest, announced_store_ip
 from torch_mingle._interfaces import Interface, discovery_interfaces, family_of, list_interfaces
@@ -275,16 +276,14 @@ def _secret_hints(invalid: Counter[str], *, signing: bool) -> list[str]:
     return hints
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, command: Callable[[argparse.Namespace], int] | None = None) -> int:
     """Run the command ``cli`` parsed; a bad setting or network ends with its message, exit code 2."""
     args.group = args.group or DEFAULT_GROUP_V4
     args.port = args.port or DEFAULT_PORT
     try:
-        if args.command == "status":
-            from torch_mingle._status import cmd_status  # noqa: PLC0415 - it imports this module
-
-            return cmd_status(args)
-        return cmd_doctor(args) if args.command == "doctor" else cmd_ls(args)
+        if command is None:
+            command = cmd_doctor if args.command == "doctor" else cmd_ls
+        return command(args)
     except (MingleConfigError, MingleNetworkError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from torch_mingle._records import Round, node_hex
-
-if TYPE_CHECKING:
-    from torch_mingle._rounds import RoundBook
+from torch_mingle._ledger import Ledger
+from torch_mingle._records import Round, Status, node_hex
+from torch_mingle._settings import RoundRules
 
 #: Lines of the chronicle a leader keeps (the last rounds' endings and beginnings).
 MAX_STORY = 32
@@ -47,7 +47,28 @@ class Chronicle:
         self.lines.append((now, said))
 
 
-def job_view(book: RoundBook, leader: int, leader_ip: str, now: float) -> dict[str, Any]:
+class Book(Protocol):
+    """What the view reads of a leader's round book (``_rounds.RoundBook``)."""
+
+    current: Round | None
+    closed: bool
+    epoch: int
+    rules: RoundRules
+    ledger: Ledger
+    ips: dict[int, str]
+    formed_at: float
+    chronicle: Chronicle
+
+    @property
+    def pending(self) -> Mapping[int, object]: ...
+    @property
+    def stale(self) -> bool: ...
+    def status(self, now: float) -> Status: ...
+    def held_until(self, now: float) -> dict[int, float]: ...
+    def missing(self) -> list[int]: ...
+
+
+def job_view(book: Book, leader: int, leader_ip: str, now: float) -> dict[str, Any]:
     """The job as ``book``'s leader sees it at ``now`` (JSON-ready)."""
     rnd = book.current
     lost = book.ledger.lost_why
@@ -84,7 +105,7 @@ def job_view(book: RoundBook, leader: int, leader_ip: str, now: float) -> dict[s
     }
 
 
-def _state(book: RoundBook) -> str:
+def _state(book: Book) -> str:
     if book.closed:
         return "closed"
     if book.current is None:

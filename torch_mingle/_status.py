@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from torch_mingle import _doctor
 from torch_mingle._doctor import _codec, _listen, _transports
 from torch_mingle._frames import Challenge, Hello, Mismatch, Reject, View, leader_frames
 from torch_mingle._jobview import render
@@ -73,6 +74,11 @@ def ask(
                             f"the leader at {ip}:{port} answered with {type(frame).__name__.lower()}, not a "
                             "view: is --secret-file the job's?"
                         )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``torch-mingle status``, with the settings and errors of the other commands (``_doctor.run``)."""
+    return _doctor.run(args, cmd_status)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -98,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, said = check_gpu()
         print(said)
         return code
-    from torch_mingle._doctor import run  # noqa: PLC0415 - imports torch: only once there is work
+    if args.command == "status":
+        from torch_mingle._status import run  # noqa: PLC0415 - imports torch: only once there is work
+    else:
+        from torch_mingle._doctor import run  # noqa: PLC0415
 
     return run(args)
 

@@ -39,7 +39,7 @@ CORE = (
     "_snapshot", "_advice", "_settings", "_view", "_protocol", "_claims", "_leader", "_member",
     "_door", "_desk", "_proposals", "_ports", "_push", "_jobs", "_rounds", "_ledger", "_others",
     "_quorum", "_records", "_keys", "_follower", "_evidence", "_ballot", "_frames", "_wire",
-    "_places", "_record", "_notes", "_errors", "_failpoints", "_ahead", "_world", "_agent",
+    "_places", "_record", "_notes", "_errors", "_failpoints", "_ahead", "_world", "_agent", "_jobview",
 )  # fmt: skip
 #: What the core may not reach, directly or through another module of the package.
 BANNED = ("threading", "_thread", "time", "datetime", "selectors", "socket", "select", "torch", "asyncio")
