@@ -153,6 +153,8 @@ class FollowerSession:
     on_event: Sink = ignore
     #: What must agree across the job (``_settings.Terms``), said in the hello.
     terms: Terms = ()
+    #: The round whose breaking this node logged (each survivor says once what broke it).
+    said_broken: int = 0
     phase: SessionPhase = SessionPhase.CONNECTING
     status: Status | None = None
     last_heard: float = 0.0

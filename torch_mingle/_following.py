@@ -21,7 +21,7 @@ from torch_mingle._frames import Ack, JoinAnswer, JoinTimedOut, Propose, Retry, 
 from torch_mingle._frames import JobClosed as ClosedAnswer
 from torch_mingle._joining import Joiner
 from torch_mingle._keys import RoundKey, newest_key
-from torch_mingle._notes import Sink
+from torch_mingle._notes import Note, Sink
 from torch_mingle._ready import (
     Connected,
     ConnectionAccepted,
@@ -118,6 +118,11 @@ def session_event(node: Follower, session: FollowerSession, ev: SessionEvent, no
     elif isinstance(ev, StatusChanged):
         if ev.status.closed:
             node.job_closed = True
+        elif ev.status.stale and ev.status.broken and session.said_broken != ev.status.round:
+            session.said_broken = ev.status.round  # said once per round, by every survivor
+            said = f"round {ev.status.round} broke: {ev.status.broken}"
+            log.warning("%s %s", node.label, said)
+            node.on_event(Note("round_broken", said))
     elif isinstance(ev, RoundFormed | Wait | Retry | JoinTimedOut | ClosedAnswer | Ack):
         node.answer(ev, session, now)
     elif isinstance(ev, Propose):

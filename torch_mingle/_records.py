@@ -444,6 +444,8 @@ class Status:
     #: Why the job failed, when it was closed because a round cannot start (a data path check):
     #: the members running that round stop their workers instead of waiting in a collective.
     failed: str = ""
+    #: What broke the round (``stale``): who was lost and how it was noticed, or who left.
+    broken: str = ""
 
     @property
     def failure(self) -> str:
@@ -465,4 +467,5 @@ class Status:
             closed=bool(data["closed"]),
             reason=str(data.get("reason", ""))[:4000],
             failed=str(data.get("failed", ""))[:4000],
+            broken=str(data.get("broken", ""))[:4000],
         )

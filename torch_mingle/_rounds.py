@@ -56,6 +56,7 @@ itself gives way (``outdated_by``): the fencing token (epoch, round) never goes 
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Collection
@@ -567,7 +568,18 @@ class RoundBook:
             closed=self.closed,
             reason=self._reason,
             failed=self.failed,
+            broken=self._why_broken() if self._broken_by else "",
         )
+
+    def _why_broken(self) -> str:
+        """Who broke the current round, and how (the first few, by node id)."""
+        why = self.ledger.lost_why
+        said = [
+            f"node {node_hex(n)} " + (f"lost ({why[n]})" if n in why else "left")
+            for n in heapq.nsmallest(4, self._broken_by)
+        ]
+        more = len(self._broken_by) - 4
+        return "; ".join(said) + (f"; {more} more" if more > 0 else "")
 
     def parked(self, node: int) -> bool:
         """True while a healthy round runs without ``node``: it waits for the job, not for a timeout."""

@@ -60,6 +60,10 @@ def test_a_spare_takes_the_rank_of_the_member_that_died_and_the_others_keep_thei
     wait_until(lambda: bool(_ranks(spare)), 60, "the spare in a round", agents=agents)
     _finish(agents, victim, tmp_path)
     assert {rank for _, rank in _ranks(spare)} == {first[victim]}, dump(agents)
+    # Every surviving follower says what broke its round (the leader says whom it lost).
+    followers = [a for a, rank in first.items() if rank > 0 and a is not victim]
+    said = f"round 1 broke: node {victim.node_id()} lost"
+    assert all(said in a.output() for a in followers), dump(agents)
     for agent, rank in first.items():
         if agent is not victim:
             assert {r for _, r in _ranks(agent)} == {rank}, dump(agents)
