@@ -23,8 +23,8 @@ from tests.helpers import (
 pytestmark = pytest.mark.netns
 
 NODES = 4
-STEPS, STEP_S = 60, 0.15
-JOINED = re.compile(r"joined round (\d+) of the rendezvous as rank (\d+) in a world of size (\d+)")
+STEPS, STEP_S = 100, 0.15
+JOINED = re.compile(r"joined round (\d+) as rank (\d+) of (\d+)")
 
 
 def _ranks(agent: Agent) -> list[tuple[int, int]]:
@@ -32,14 +32,15 @@ def _ranks(agent: Agent) -> list[tuple[int, int]]:
     return [(int(r), int(rank)) for r, rank, _ in JOINED.findall(agent.output())]
 
 
-def _job_with_a_spare(segment, tmp_path) -> tuple[list[Agent], Agent, dict[Agent, int]]:
+def _job_with_a_spare(segment, tmp_path) -> tuple[list[Agent], Agent, dict[str, int]]:
+    """The job's agents, its spare, and each member's node rank in round 1, by agent name."""
     hosts = [segment.add_host(f"198.18.0.{20 + i}") for i in range(NODES + 1)]
     agents = start_training(
         hosts, tmp_path, {}, nnodes=str(NODES), steps=STEPS, step_time=STEP_S, prefix="ranks"
     )
     wait_until(lambda: sum(bool(_ranks(a)) for a in agents) == NODES, 60, "round 1's members", agents=agents)
     (spare,) = [a for a in agents if not _ranks(a)]
-    first = {a: _ranks(a)[0][1] for a in agents if a is not spare}
+    first = {a.name: _ranks(a)[0][1] for a in agents if a is not spare}
     assert sorted(first.values()) == list(range(NODES)), dump(agents)
     return agents, spare, first
 
@@ -52,34 +53,31 @@ def _finish(agents: list[Agent], victim: Agent, tmp_path) -> None:
 
 def test_a_spare_takes_the_rank_of_the_member_that_died_and_the_others_keep_theirs(segment, tmp_path):
     agents, spare, first = _job_with_a_spare(segment, tmp_path)
-    leader = leader_of(agents)
-    victim = next(
-        a for a, rank in sorted(first.items(), key=lambda kv: kv[1]) if a is not leader and rank > 1
-    )
+    victim = next(a for a in agents if first.get(a.name) == 2)  # a member, not the leader (rank 0)
     victim.kill()
     wait_until(lambda: bool(_ranks(spare)), 60, "the spare in a round", agents=agents)
     _finish(agents, victim, tmp_path)
-    assert {rank for _, rank in _ranks(spare)} == {first[victim]}, dump(agents)
+    assert {rank for _, rank in _ranks(spare)} == {first[victim.name]}, dump(agents)
     # Every surviving follower says what broke its round (the leader says whom it lost).
-    followers = [a for a, rank in first.items() if rank > 0 and a is not victim]
+    followers = [a for a in agents if first.get(a.name, 0) > 0 and a is not victim]
     said = f"round 1 broke: node {victim.node_id()} lost"
     assert all(said in a.output() for a in followers), dump(agents)
-    for agent, rank in first.items():
-        if agent is not victim:
-            assert {r for _, r in _ranks(agent)} == {rank}, dump(agents)
+    for agent in agents:
+        if agent is not victim and agent is not spare:
+            assert {r for _, r in _ranks(agent)} == {first[agent.name]}, dump(agents)
 
 
 def test_the_leaders_successor_takes_rank_0_and_the_spare_takes_the_successors_rank(segment, tmp_path):
     agents, spare, first = _job_with_a_spare(segment, tmp_path)
     victim = leader_of(agents)
-    assert first[victim] == 0
+    assert first[victim.name] == 0
     victim.kill()
     wait_until(lambda: bool(_ranks(spare)), 60, "the spare in a round", agents=agents)
     _finish(agents, victim, tmp_path)
-    successor = next(a for a, rank in first.items() if rank == 1)
+    successor = next(a for a in agents if first.get(a.name) == 1)
     assert leader_of([a for a in agents if a is not victim]) is successor, dump(agents)
     assert _ranks(successor)[-1][1] == 0, dump(agents)
     assert {rank for _, rank in _ranks(spare)} == {1}, dump(agents)
-    for agent, rank in first.items():
-        if rank >= 2:
-            assert {r for _, r in _ranks(agent)} == {rank}, dump(agents)
+    for agent in agents:
+        if first.get(agent.name, 0) >= 2:
+            assert {r for _, r in _ranks(agent)} == {first[agent.name]}, dump(agents)
