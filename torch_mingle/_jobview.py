@@ -76,8 +76,10 @@ def job_view(book: Book, leader: int, leader_ip: str, now: float) -> dict[str, A
     if rnd is not None:
         for rank, node in enumerate(rnd.members):
             ip = rnd.ips[rank] if rank < len(rnd.ips) else book.ips.get(node, "")
-            members.append({"rank": rank, "node": node_hex(node), "ip": ip, "lost": lost.get(node, "")})
+            gone = lost.get(node, "lost") if node in book.ledger.lost else ""  # (why: kept from before)
+            members.append({"rank": rank, "node": node_hex(node), "ip": ip, "lost": gone})
     held = book.held_until(now)
+    state = _state(book)
     in_round = rnd.member_set if rnd is not None else frozenset()
 
     def who(node: int, **more: Any) -> dict[str, Any]:
@@ -89,8 +91,8 @@ def job_view(book: Book, leader: int, leader_ip: str, now: float) -> dict[str, A
         "epoch": book.epoch,
         "round": rnd.number if rnd is not None else 0,
         "world_size": rnd.world_size if rnd is not None else 0,
-        "state": _state(book),
-        "reason": book.status(now).reason,
+        "state": state,
+        "reason": book.status(now).reason if state != "running" else "",
         "min_nodes": book.rules.min_nodes,
         "max_nodes": book.rules.max_nodes,
         "round_age_s": round(now - book.formed_at, 3) if rnd is not None else None,
@@ -100,7 +102,10 @@ def job_view(book: Book, leader: int, leader_ip: str, now: float) -> dict[str, A
             who(n, until_s=round(end - now, 3) if math.isfinite(end) else None)
             for n, end in sorted(held.items())
         ],
-        "missing": [who(n, why=lost.get(n, "not re-joined")) for n in book.missing()],
+        # A running round's members re-join only when it restarts: none is missing then.
+        "missing": [who(n, why=lost.get(n, "not re-joined")) for n in book.missing()]
+        if state != "running"
+        else [],
         "story": [{"ago_s": round(now - at, 3), "what": what} for at, what in book.chronicle.lines],
     }
 
