@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from torch_mingle import _world
 from torch_mingle._errors import StateError
 from torch_mingle._notes import MAX_PENDING_NOTES, Note
 from torch_mingle._ready import Ticket
@@ -58,6 +59,19 @@ class Board:
                 if left <= 0 or self.fatal is not None:
                     return None
                 self._snapshots.wait(left)
+            return self._diag
+
+    def wait_running(self, predicate: Callable[[Diagnostics], bool], run_s: float) -> Diagnostics | None:
+        """As ``wait_for``, but ``run_s`` counts only time this process ran (``_world.ran_s``):
+        a process stopped meanwhile gives its node the time to catch up after the thaw."""
+        ran, last = 0.0, time.monotonic()
+        with self._snapshots:
+            while not predicate(self._diag):
+                if ran >= run_s or self.fatal is not None:
+                    return None
+                self._snapshots.wait(min(run_s - ran, _world.RUN_SLICE_S))
+                now = time.monotonic()
+                ran, last = ran + _world.ran_s(now - last), now
             return self._diag
 
     def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:

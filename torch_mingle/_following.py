@@ -108,7 +108,7 @@ def session_event(node: Follower, session: FollowerSession, ev: SessionEvent, no
     if isinstance(ev, Welcomed):
         node.core.hear(ev.seen)
         if ev.status.closed:
-            node.job_closed_seen("the job was closed")
+            node.job_closed_seen("the job was closed", failed=ev.status.job_failed)
             return
         node.saw_open = True
         node.deliver_close(now)

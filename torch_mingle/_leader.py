@@ -390,7 +390,7 @@ class LeaderTerm:
             return
         self.closed_why = f"node {node_hex(by)} closed the job" + (f" ({why})" if why else "")
         self.closed_failed = failed or job_failed
-        for node in self.book.close(failed=self.closed_why if failed else ""):
+        for node in self.book.close(failed=self.closed_why if failed else "", job_failed=self.closed_failed):
             m = self._by_node.get(node) if node != self.claim.leader else self._self
             if m is not None:
                 self.desk.answer(self, m, JobClosed, why=self.closed_why, failed=self.closed_failed)

@@ -446,6 +446,9 @@ class Status:
     failed: str = ""
     #: What broke the round (``stale``): who was lost and how it was noticed, or who left.
     broken: str = ""
+    #: The job was closed as failed (``LeaderTerm.close_job``): a spare welcomed after the close
+    #: fails too; it does not exit 0 as the spare of a job that finished.
+    job_failed: bool = False
 
     @property
     def failure(self) -> str:
@@ -468,4 +471,5 @@ class Status:
             reason=str(data.get("reason", ""))[:4000],
             failed=str(data.get("failed", ""))[:4000],
             broken=str(data.get("broken", ""))[:4000],
+            job_failed=data.get("job_failed") is True,
         )

@@ -215,6 +215,8 @@ class RoundBook:
     closed: bool = False
     #: Why the job failed (closed because a round cannot start), "" if it did not.
     failed: str = ""
+    #: The job was closed as failed (``close``), whatever the reason.
+    job_failed: bool = False
     #: Who is lost, left or gone, and the rules that read it (``_ledger``).
     ledger: Ledger = field(default_factory=Ledger)
     #: What ended and began its last rounds, for ``torch-mingle status`` (``_jobview``).
@@ -311,11 +313,12 @@ class RoundBook:
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self._broken_by.add(node)  # it left a running round (preempted): the others go on without it
 
-    def close(self, failed: str = "") -> list[int]:
-        """Close the job (``failed``: why it cannot go on); returns the nodes whose pending
-        joins must be answered "closed"."""
+    def close(self, failed: str = "", *, job_failed: bool = False) -> list[int]:
+        """Close the job (``failed``: why it cannot go on; ``job_failed``: it failed, for that
+        reason or another); returns the nodes whose pending joins must be answered "closed"."""
         self.closed = True
         self.failed = failed
+        self.job_failed = job_failed or bool(failed)
         nodes = list(self.pending)
         for node in nodes:
             self._unpend(node)
@@ -569,6 +572,7 @@ class RoundBook:
             reason=self._reason,
             failed=self.failed,
             broken=self._why_broken() if self._broken_by else "",
+            job_failed=self.job_failed,
         )
 
     def _why_broken(self) -> str:

@@ -54,6 +54,18 @@ def store_error_wait_s(heartbeat_timeout_s: float) -> float:
     return heartbeat_timeout_s + STORE_ERROR_SLACK_S
 
 
+#: A wait for the node's word looks at the node this often; a longer gap between two looks is
+#: a process that was stopped (SIGSTOP, a stall), and counts as one look (``ran_s``).
+RUN_SLICE_S = 0.1
+
+
+def ran_s(elapsed_s: float) -> float:
+    """How much of ``elapsed_s`` since a wait's last look counts toward ``store_error_wait_s``:
+    all of it, but for a gap that only a stopped process has (then one slice): the node,
+    stopped with it, could not say anything meanwhile, and gets its time after the thaw."""
+    return elapsed_s if elapsed_s <= 2 * RUN_SLICE_S else RUN_SLICE_S
+
+
 def checked(key: str, value: bytes, own_role: bytes | None, world_size: int) -> bytes:
     """``value`` of a rank key, unless the ranks it assigns put this agent's workers in a world
     smaller than the round's (each of its ``world_size`` nodes runs one worker at least), or

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -129,3 +130,34 @@ def test_a_recorder_slower_than_the_events_never_keeps_the_answer_waiting():
         noisy.join(5.0)
     assert result == "round"
     assert time.monotonic() - started < 5.0
+
+
+_STOPPED_CHILD = """
+import sys, threading, time
+from torch_mingle._board import Board
+from torch_mingle._record import replace
+from torch_mingle._view import Diagnostics
+board = Board(Diagnostics(node_id="1", job="job", role="idle"))
+# The node's word comes 0.3 s after the thaw (the parent stops this process at 0.2 s for 2 s).
+threading.Timer(2.5, lambda: board.publish(replace(board.diagnostics(), closed=True))).start()
+print("ready", flush=True)
+got = board.wait_running(lambda d: d.closed, 1.0)
+print("word" if got is not None else "no word", flush=True)
+"""
+
+
+def test_a_wait_for_the_nodes_word_counts_only_time_the_process_ran():
+    """A process stopped (SIGSTOP) while it waits for its node's word: after the thaw the node
+    gets the rest of its time, so a wait of 1 s that a 2 s stop spans does not end at the thaw."""
+    child = subprocess.Popen([sys.executable, "-c", _STOPPED_CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        time.sleep(0.2)  # into the wait, then stopped for longer than the wait
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)
+        child.send_signal(signal.SIGCONT)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        child.send_signal(signal.SIGCONT)
+        child.kill()
+    assert out.strip() == "word"

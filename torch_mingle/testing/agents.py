@@ -112,8 +112,12 @@ class Exchange:
     roles: list[bytes] = field(default_factory=list)
     #: It read stand-ins: the round broke before every member took its rank.
     stood_in: bool = False
-    #: When a call on the store failed while the node did not say the round broke.
+    #: When a call on the store failed while the node did not say the round broke ...
     error_at: float | None = None
+    #: ... how long the agent ran since, waiting for the node's word (``_world.ran_s``), and when
+    #: it last looked.
+    ran_s: float = 0.0
+    looked_at: float = 0.0
 
 
 @dataclass
@@ -527,9 +531,10 @@ class Agents(Generic[A]):
         fails (``AgentStore._broke_after_error``)."""
         now = self.sim.now
         if ex.error_at is None:
-            ex.error_at = now
-        if now < ex.error_at + _world.store_error_wait_s(self.sim.timing.leader_timeout_s):
-            return  # it waits for the node's word
+            ex.error_at, ex.looked_at = now, now
+        ex.ran_s, ex.looked_at = ex.ran_s + _world.ran_s(now - ex.looked_at), now
+        if ex.ran_s < _world.store_error_wait_s(self.sim.timing.leader_timeout_s):
+            return  # it waits for the node's word (a freeze meanwhile does not count)
         why = f"the round's store failed in torch's rank exchange ({ex.stage.value})"
         self.noted(agent, f"fails: {why}")
         self.exchange_failed(agent, why)
