@@ -72,7 +72,10 @@ class Snapshots:
             # finished, or that a newer round replaced, cannot: its workers would wait for the
             # missing ones until their own timeout. It broke: its rank exchange stands in, and
             # its workers stop, their next join failing with why.
-            broke = (
+            # So did a round whose leader is lost (no term, no session, no status left): the
+            # job elects no other, and its store went with it.
+            lost = status is None and node.term is None and node.session is None
+            broke = lost or (
                 status is not None
                 and status.epoch == rnd.epoch
                 and (status.round > rnd.number or (status.round == rnd.number and status.stale))
