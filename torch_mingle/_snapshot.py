@@ -72,9 +72,9 @@ class Snapshots:
             # finished, or that a newer round replaced, cannot: its workers would wait for the
             # missing ones until their own timeout. It broke: its rank exchange stands in, and
             # its workers stop, their next join failing with why.
-            # So did a round whose leader is lost (no term, no session, no status left): the
-            # job elects no other, and its store went with it.
-            lost = status is None and node.term is None and node.session is None
+            # So did a round whose leader this node lost (it follows another term, or none):
+            # the round's store went with its term, and no round of the job will replace it.
+            lost = status is None or _term_of(node) != (rnd.epoch, rnd.key[1])
             broke = lost or (
                 status is not None
                 and status.epoch == rnd.epoch
@@ -175,3 +175,9 @@ class Snapshots:
                 control=replace(node.term.counters) if node.term is not None else ControlCounters(),
             )
         )
+
+
+def _term_of(node: Shown) -> tuple[int, int] | None:
+    """The term (epoch, leader) this node leads or follows now; None: neither."""
+    claim = node.term.claim if node.term is not None else (node.session.claim if node.session else None)
+    return (claim.epoch, claim.leader) if claim is not None else None
