@@ -23,8 +23,9 @@ def main() -> int:
     slowest = 0.0
     rank = -1
     for i in range(int(runs)):
-        conf = {"interface": "127.0.0.1", "port": port, "secret_file": secret, "close_timeout": close_timeout}
-        with torch_mingle.rendezvous(f"{job}-{i}", 2, **conf) as rdzv:
+        with torch_mingle.rendezvous(
+            f"{job}-{i}", 2, interface="127.0.0.1", port=port, secret_file=secret, close_timeout=close_timeout
+        ) as rdzv:
             rank = rdzv.rank
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
             total = torch.ones(1)

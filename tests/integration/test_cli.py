@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -142,7 +143,7 @@ def test_status_shows_the_members_ranks_and_a_spare(make_handler, port, tmp_path
         blind = mingle("status", job, *where)
         assert blind.returncode == 1 and "pass its --secret-file" in blind.stderr, blind.stderr
         where += ["--secret-file", conf["secret_file"]]
-    views: list[dict] = []
+    views: list[dict[str, Any]] = []
 
     def spare_shown() -> bool:
         shown = mingle("status", job, *where, "--json")

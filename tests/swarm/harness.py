@@ -758,7 +758,7 @@ class World(Agents[_Agent]):
         log, proposed = self.rounds.get(key), self.accepted.get(key)
         if log is not None:
             return log.members
-        return proposed[1] if proposed is not None else None  # type: ignore[no-any-return]
+        return proposed[1] if proposed is not None else None
 
     def _lineage_of(self, base: tuple[int, int, int] | None) -> int:
         """A round continues the lineage of the round it was formed from (``Round.base``); a
