@@ -184,31 +184,21 @@ class Advice:
         )  # fmt: skip
 
 
+#: What each kind of dropped datagram says about secrets, versions and clocks.
+_DROP_ADVICE = {
+    "bad_tag": "datagrams signed with a different secret arrived: every node of the job needs the same "
+    "secret (secret_file)",
+    "missing_tag": "unsigned datagrams arrived: some nodes run without a secret; give them the same "
+    "secret_file",
+    "unexpected_tag": "signed datagrams arrived: the other nodes use a secret and this node has none; give "
+    f"it the same secret_file (see {README_SECURITY})",
+    "bad_version": "datagrams of another torch_mingle version arrived: nodes of different versions cannot "
+    "read each other's rounds; install the same version on every node",
+    "outside_replay_window": f"signed datagrams older or newer than {REPLAY_WINDOW_MS // 1000} s arrived: if "
+    "they are not replays, the nodes' clocks differ; sync them (NTP)",
+}
+
+
 def what_drops_mean(invalid: Mapping[str, int]) -> str:
     """What dropped datagrams say about secrets, versions and clocks, if anything."""
-    tips = []
-    if invalid.get("bad_tag"):
-        tips.append(
-            "datagrams signed with a different secret arrived: every node of the job needs the same "
-            "secret (secret_file)"
-        )
-    if invalid.get("missing_tag"):
-        tips.append(
-            "unsigned datagrams arrived: some nodes run without a secret; give them the same secret_file"
-        )
-    if invalid.get("unexpected_tag"):
-        tips.append(
-            "signed datagrams arrived: the other nodes use a secret and this node has none; give it "
-            f"the same secret_file (see {README_SECURITY})"
-        )
-    if invalid.get("bad_version"):
-        tips.append(
-            "datagrams of another torch_mingle version arrived: nodes of different versions cannot "
-            "read each other's rounds; install the same version on every node"
-        )
-    if invalid.get("outside_replay_window"):
-        tips.append(
-            f"signed datagrams older or newer than {REPLAY_WINDOW_MS // 1000} s arrived: if they are not "
-            "replays, the nodes' clocks differ; sync them (NTP)"
-        )
-    return "; ".join(tips)
+    return "; ".join(advice for reason, advice in _DROP_ADVICE.items() if invalid.get(reason))
