@@ -8,6 +8,7 @@ waits here until the node resolves it, or its deadline passes; the node publishe
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -50,28 +51,21 @@ class Board:
         with self._snapshots:
             return self._diag
 
-    def wait_for(self, predicate: Callable[[Diagnostics], bool], timeout_s: float) -> Diagnostics | None:
-        """The first snapshot that satisfies ``predicate``, or None after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
+    def wait_for(
+        self, predicate: Callable[[Diagnostics], bool], timeout_s: float, *, running: bool = False
+    ) -> Diagnostics | None:
+        """The first snapshot that satisfies ``predicate``, or None after ``timeout_s``.
+        ``running``: ``timeout_s`` counts only time this process ran (``_world.ran_s``), so a
+        process stopped meanwhile gives its node the time to catch up after the thaw."""
+        slice_s = _world.RUN_SLICE_S if running else math.inf
+        waited, last = 0.0, time.monotonic()
         with self._snapshots:
             while not predicate(self._diag):
-                left = deadline - time.monotonic()
-                if left <= 0 or self.fatal is not None:
+                if waited >= timeout_s or self.fatal is not None:
                     return None
-                self._snapshots.wait(left)
-            return self._diag
-
-    def wait_running(self, predicate: Callable[[Diagnostics], bool], run_s: float) -> Diagnostics | None:
-        """As ``wait_for``, but ``run_s`` counts only time this process ran (``_world.ran_s``):
-        a process stopped meanwhile gives its node the time to catch up after the thaw."""
-        ran, last = 0.0, time.monotonic()
-        with self._snapshots:
-            while not predicate(self._diag):
-                if ran >= run_s or self.fatal is not None:
-                    return None
-                self._snapshots.wait(min(run_s - ran, _world.RUN_SLICE_S))
+                self._snapshots.wait(min(timeout_s - waited, slice_s))
                 now = time.monotonic()
-                ran, last = ran + _world.ran_s(now - last), now
+                waited, last = waited + (_world.ran_s(now - last) if running else now - last), now
             return self._diag
 
     def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None:

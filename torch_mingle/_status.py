@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from torch_mingle import _doctor
-from torch_mingle._doctor import _codec, _listen, _transports
+from torch_mingle._doctor import _codec, _listen, _secret_hints, _transports
 from torch_mingle._frames import Challenge, Hello, Mismatch, Reject, View, leader_frames
 from torch_mingle._jobview import render
 from torch_mingle._wire import Codec, FrameReader, Invalid, Seal, encode_frame
@@ -108,11 +108,7 @@ def _once(args: argparse.Namespace, codec: Codec) -> dict[str, Any]:
             t.close()
     seen = heard.jobs.get(args.job)
     if seen is None or not seen.control_port:
-        hint = ""
-        if heard.invalid["unexpected_tag"] and codec.key is None:
-            hint = "; signed datagrams arrived: if the job uses a secret, pass its --secret-file"
-        elif heard.invalid["bad_tag"]:
-            hint = "; datagrams signed with another secret arrived: pass the job's --secret-file"
+        hint = "".join(f"; {h}" for h in _secret_hints(heard.invalid, signing=codec.key is not None))
         others = ", ".join(sorted(heard.jobs)) or "none"
         raise StatusError(
             f"no leader of job {args.job!r} answered within {args.seconds:g}s (jobs heard: {others}){hint}"

@@ -598,7 +598,9 @@ class MingleRendezvousHandler(RendezvousHandler):
             round_broke=lambda: self._board.diagnostics().round_broke(key),
             world_size=world_size,
             wait_broken=lambda timeout_s: (
-                self._board.wait_running(functools.partial(Diagnostics.round_broke, key=key), timeout_s)
+                self._board.wait_for(
+                    functools.partial(Diagnostics.round_broke, key=key), timeout_s, running=True
+                )
                 is not None
             ),
             heartbeat_timeout_s=self._config.keep_alive_timeout,

@@ -141,7 +141,7 @@ board = Board(Diagnostics(node_id="1", job="job", role="idle"))
 # The node's word comes 0.3 s after the thaw (the parent stops this process at 0.2 s for 2 s).
 threading.Timer(2.5, lambda: board.publish(replace(board.diagnostics(), closed=True))).start()
 print("ready", flush=True)
-got = board.wait_running(lambda d: d.closed, 1.0)
+got = board.wait_for(lambda d: d.closed, 1.0, running=True)
 print("word" if got is not None else "no word", flush=True)
 """
 
