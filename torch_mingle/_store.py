@@ -60,6 +60,14 @@ log = logging.getLogger(__name__)
 AGENT_PREFIX = "mingle/agent/"
 RANKS_WAIT_SLICE_S = 0.25
 CLIENT_TIMEOUT_S = 300.0
+#: The first try at a round's store (a later one waits longer: ``_agent.JoinFlow``). torch's
+#: client resolves the store's address back to a name before it connects, and as an
+#: IPv4-mapped IPv6 address, which /etc/hosts does not hold: the query goes to the resolver,
+#: and one that drops it adds its timeout (glibc: 5 s a try, 2 tries, resolv.conf(5)) to the
+#: connect. Seen on loopback, about 1 connect in 60 on a host whose resolver drops queries
+#: (docs/networks.md#what-discovery-needs). A lost leader ends a try at once (the
+#: node's cut), so this bound only ever waits on the store of a leader that still answers.
+STORE_CONNECT_TIMEOUT_S = 11.0
 #: The accept queue of the leader's listeners (control port, round stores). Every node, and
 #: then every worker, connects at the same moment; a queue shorter than that drops SYNs and
 #: the clients wait out SYN retries (1 s, 3 s, ...) past their connect timeout. The kernel

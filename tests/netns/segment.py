@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,8 @@ class Segment:
     hosts: list[Host] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     bridges: list[str] = field(default_factory=list)
+    #: Processes the segment runs in its hosts (``silent_resolver``), killed by ``destroy()``.
+    processes: list[subprocess.Popen[str]] = field(default_factory=list)
 
     @property
     def bridge_ns(self) -> str:
@@ -192,11 +195,40 @@ class Segment:
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(lines)
 
+    def silent_resolver(self, host: Host, timeout_s: int) -> None:
+        """Give ``host`` a resolver that drops every query: a socket on 127.0.0.53:53 in its
+        namespace reads them and never answers, and its ``resolv.conf`` (mounted by ``ip netns
+        exec``) waits ``timeout_s`` for one try. As a DNS server that is down or filtered does."""
+        etc = NETNS_ETC / host.name
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text(f"nameserver 127.0.0.53\noptions timeout:{timeout_s} attempts:1\n")
+        code = (
+            "import socket\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "s.bind(('127.0.0.53', 53))\n"
+            "print('bound', flush=True)\n"
+            "while True:\n"
+            "    s.recv(4096)\n"
+        )
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", host.name, sys.executable, "-c", code],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.processes.append(proc)
+        assert proc.stdout is not None  # piped above
+        line = proc.stdout.readline()  # the bind is quick; a failed one ends the process (EOF)
+        if line.strip() != "bound":
+            raise RuntimeError(f"the silent resolver of {host.name} did not start (exit {proc.wait(10)})")
+
     def _netns_add(self, name: str) -> None:
         _ip("netns", "add", name)
         self.namespaces.append(name)
 
     def destroy(self) -> None:
+        for proc in self.processes:
+            proc.kill()
+            proc.wait(30)
+        self.processes.clear()
         for ns in reversed(self.namespaces):
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
