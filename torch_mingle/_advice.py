@@ -2,8 +2,9 @@
 
 * Nothing heard of the job's other nodes ``discovery_warning`` after the start: what was heard
   instead (datagrams naming the job signed with another secret, of another version, from a
-  clock far apart), else that multicast may be blocked (said once, with the interfaces and
-  what to try); nothing in a job of one node.
+  clock far apart), else the other jobs it hears on its group (multicast works: a job id
+  that differs, with the closest one), else that multicast may be blocked (said once, with
+  the interfaces and what to try); nothing in a job of one node.
 * A join still waits after ``discovery_warning``, and for a quorum of an earlier round's
   votes: a relaunch of a job that is over, on fewer of its hosts, finds the votes its nodes
   kept (``_identity``); it says at once what that means and how to go on, not only when
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Mapping
 from typing import Protocol
@@ -137,8 +139,9 @@ class Advice:
 
     def _warn_if_alone(self, node: Advised) -> None:
         """Nothing heard from the job's other nodes yet: say what was heard instead (datagrams
-        naming the job that it must drop: another secret, another version, clocks apart), or
-        that multicast may be blocked; nothing in a job of one node, which has nobody to hear."""
+        naming the job that it must drop: another secret, another version, clocks apart; else
+        other jobs on its group), or that multicast may be blocked; nothing in a job of one
+        node, which has nobody to hear."""
         if node.core.peers or node.settings.rules.max_nodes <= 1:
             return
         job = node.settings.job
@@ -150,6 +153,17 @@ class Advice:
                 "that this node must drop (%s): %s",
                 node.label, job, self._warning_s, sum(mine.values()),
                 ", ".join(f"{reason} x{n}" for reason, n in sorted(mine.items())), meaning,
+            )  # fmt: skip
+            return
+        others = node.core.stats.other_jobs
+        if others:
+            log.warning(
+                "%s no other node of job %r heard in %gs, but nodes of other jobs are heard on %s: "
+                "%s. Multicast works; if one of them is meant to be this job, start every node "
+                "with the same --rdzv_id (compared exactly)%s",
+                node.label, job, self._warning_s, node.describe_network(),
+                _most_heard(others),
+                _did_you_mean(job, others),
             )  # fmt: skip
             return
         log.warning(
@@ -182,6 +196,19 @@ class Advice:
             "(docs/usage.md#relaunching-a-job); otherwise start the missing nodes",
             node.label, self._warning_s, why,
         )  # fmt: skip
+
+
+def _most_heard(others: Mapping[str, int], shown: int = 5) -> str:
+    """The other jobs heard most, with their datagram counts (and how many more there are)."""
+    ranked = sorted(others.items(), key=lambda item: (-item[1], item[0]))
+    said = ", ".join(f"{job!r} ({n} datagrams)" for job, n in ranked[:shown])
+    return said + (f" and {len(ranked) - shown} more" if len(ranked) > shown else "")
+
+
+def _did_you_mean(job: str, others: Mapping[str, int]) -> str:
+    """``": did you mean 'x'?"`` for the other job whose id is closest to ``job``, if one is close."""
+    close = difflib.get_close_matches(job, list(others), n=1, cutoff=0.6)
+    return f": did you mean {close[0]!r}?" if close else ""
 
 
 #: What each kind of dropped datagram says about secrets, versions and clocks.

@@ -489,6 +489,23 @@ def test_a_job_of_one_node_says_nothing_of_other_nodes_where_a_job_of_two_does(m
             lambda: any("lonely" in m and "no other node" in m for m in _warnings(caplog)), 3, "the warning"
         )
         thread.join(timeout=20)
-    assert not any("alone-by-design" in m and "no other node" in m for m in _warnings(caplog)), _warnings(
-        caplog
-    )
+    # The lonely node may name the job of one among the other jobs it heard; the job of one says nothing.
+    assert not any("no other node of job 'alone-by-design" in m for m in _warnings(caplog)), _warnings(caplog)
+
+
+def test_a_job_id_that_differs_is_named_at_the_early_warning_with_the_closest_one(make_handler, caplog):
+    """Two nodes started with job ids that differ by a typo: within discovery_warning each says
+    that multicast works and names the other's job id, instead of blaming the network."""
+    job = unique_job("typo")
+    conf = {"join_timeout": "3", "discovery_warning": "1"}
+    a, b = make_handler(job, 2, **conf), make_handler(job + "x", 2, **conf)
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        threads = _rendezvous_in_background([a, b])
+        said = "but nodes of other jobs are heard"
+        wait_until(lambda: sum(said in m for m in _warnings(caplog)) >= 2, 2.5, "both nodes' early warning")
+        for t in threads:
+            t.join(timeout=20)
+    early = {m for m in _warnings(caplog) if "but nodes of other jobs are heard" in m}
+    assert any(f"did you mean {job + 'x'!r}?" in m for m in early), early
+    assert any(f"did you mean {job!r}?" in m for m in early), early
+    assert not any("multicast does not reach" in m for m in _warnings(caplog)), _warnings(caplog)
