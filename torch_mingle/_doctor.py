@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import selectors
 import socket
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +23,8 @@ from torch_mingle.config import DEFAULT_GROUP_V4, DEFAULT_PORT, MingleConfig
 from torch_mingle.errors import README_NETWORKS, MingleConfigError, MingleNetworkError
 
 ASK_EVERY_S = 0.5
+#: A reverse lookup slower than this is a resolver that every store connect waits for.
+RESOLVER_SLOW_S = 1.0
 
 
 @record(frozen=False)
@@ -152,6 +156,51 @@ def _note(
 # ----------------------------------------------------------------------------------- ls
 
 
+class ReverseLookups:
+    """The lookup torch's TCPStore client makes before every connect, ``LOOKUPS`` at once, each
+    in a thread of its own: the name of the store's address, as the IPv4-mapped IPv6 address it
+    connects to (``::ffff:10.0.0.1``), which /etc/hosts does not hold. A resolver that drops
+    queries makes store connects wait its timeout (mingle's, c10d's and the workers'): every
+    one if it drops them all (a problem), some if it drops some (a note; one query alone could
+    not tell them apart)."""
+
+    LOOKUPS = 3
+
+    def __init__(self, address: str) -> None:
+        self.address = address if ":" in address else f"::ffff:{address}"
+        self._started = time.monotonic()
+        self._took: list[float] = []
+        self._answered = threading.Condition()
+        for _ in range(self.LOOKUPS):
+            threading.Thread(target=self._run, name="mingle-doctor-resolver", daemon=True).start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError):  # an error is an answer: the connect goes on at once
+            socket.getnameinfo((self.address, 0), 0)
+        with self._answered:
+            self._took.append(time.monotonic() - self._started)
+            self._answered.notify_all()
+
+    def report(self) -> tuple[str | None, str]:
+        """(the problem, or None; what to print), once every lookup answered or had its time."""
+        with self._answered:
+            self._answered.wait_for(
+                lambda: len(self._took) == self.LOOKUPS,
+                max(0.0, self._started + RESOLVER_SLOW_S - time.monotonic()),
+            )
+            quick = [t for t in self._took if t < RESOLVER_SLOW_S]
+        if len(quick) == self.LOOKUPS:
+            return None, f"resolver: a reverse lookup of {self.address} took {max(quick) * 1000:.0f} ms"
+        what = (
+            f"{self.LOOKUPS - len(quick)} of {self.LOOKUPS} reverse lookups of {self.address} had no "
+            f"answer within {RESOLVER_SLOW_S:g}s: torch's store client makes one before every connect "
+            "(mingle's round stores, c10d's, the workers' process groups), and each such connect "
+            "waits for the resolver. Fix the DNS server in /etc/resolv.conf, or shorten its wait there "
+            f"(options timeout:1 attempts:1); see {README_NETWORKS}"
+        )
+        return (what, what) if not quick else (None, f"note: {what}")
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     transports = _transports(args, broadcast=False)
     try:
@@ -203,6 +252,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"FAIL: {exc}")
         return 2
     problems = []
+    lookups = [ReverseLookups(t.iface.address) for t in transports]
     try:
         for t in transports:
             print(
@@ -219,6 +269,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             t.close()
     if send_errors:
         problems.append(f"{send_errors} send(s) failed: a firewall may block multicast output here")
+    for lookup in lookups:
+        problem, said = lookup.report()
+        if problem is not None:
+            problems.append(problem)
+        else:
+            print(said)
     reached = {}
     for t in transports:
         mcast = sorted(heard.doctors.get((t.iface.name, "multicast"), set()))

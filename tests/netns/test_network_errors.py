@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import pytest
 
-from tests.helpers import dump, finish_all, start_agent, torchrun_cmd, unique_job
+from tests.helpers import ROOT, dump, finish_all, start_agent, torchrun_cmd, unique_job
 
 pytestmark = pytest.mark.netns
 
@@ -55,3 +56,26 @@ def test_a_resolver_that_drops_queries_costs_the_join_time_not_a_failed_try(segm
         assert joined[0] >= 2.0, f"the join did not wait for the resolver: {out}"  # it was in the way
         assert "trying again" not in out, out
         assert not re.search(r"^\[E\d+ |Traceback|mingle (WARNING|ERROR)", out, re.MULTILINE), out
+
+
+def test_doctor_names_a_resolver_that_every_store_connect_waits_for(segment):
+    """doctor makes the reverse lookup torch's store client makes before every connect: on a
+    host whose resolver drops queries it says so, with the fix; on one whose resolver fails at
+    once (no route to it, so every query errors out) it says nothing of it."""
+    slow, fast = segment.add_host("198.18.0.41"), segment.add_host("198.18.0.42")
+    segment.silent_resolver(slow, timeout_s=3)
+    cmd = [sys.executable, "-m", "torch_mingle", "doctor", "--seconds", "1", "--interface", "eth0"]
+    outs = {}
+    for host in (slow, fast):
+        done = subprocess.run(
+            ["ip", "netns", "exec", host.name, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        outs[host.name] = (done.returncode, done.stdout + done.stderr)
+    code, out = outs[slow.name]
+    assert code == 1, out
+    assert "PROBLEM: 3 of 3 reverse lookups of ::ffff:198.18.0.41 had no answer within 1s" in out, out
+    assert "options timeout:1 attempts:1" in out, out
+    code, out = outs[fast.name]
+    assert "reverse lookups" not in out, out
+    assert "resolver: a reverse lookup of ::ffff:198.18.0.42 took" in out, out
