@@ -436,6 +436,18 @@ def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
+def _both_warn_early(handlers, said: str, within_s: float, caplog) -> list[str]:
+    """Run both handlers' joins (each times out) until both have warned with ``said`` within
+    ``within_s``; their warnings with it. Neither may blame multicast."""
+    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
+        threads = _rendezvous_in_background(handlers)
+        wait_until(lambda: sum(said in m for m in _warnings(caplog)) >= 2, within_s, "both early warnings")
+        for t in threads:
+            t.join(timeout=20)
+    assert not any("multicast does not reach" in m for m in _warnings(caplog)), _warnings(caplog)
+    return [m for m in _warnings(caplog) if said in m]
+
+
 def test_another_secret_is_named_at_the_early_warning_without_multicast_advice(
     make_handler, tmp_path, caplog
 ):
@@ -445,15 +457,8 @@ def test_another_secret_is_named_at_the_early_warning_without_multicast_advice(
     conf = {"join_timeout": "4", "discovery_warning": "1"}
     a = make_handler(job, 2, secret_file=write_secret(tmp_path, "a", "first-secret-0123456789"), **conf)
     b = make_handler(job, 2, secret_file=write_secret(tmp_path, "b", "second-secret-0123456789"), **conf)
-    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
-        threads = _rendezvous_in_background([a, b])
-        said = "naming the job arrived that this node must drop (bad_tag"
-        wait_until(lambda: sum(said in m for m in _warnings(caplog)) >= 2, 3.5, "both nodes' early warning")
-        for t in threads:
-            t.join(timeout=20)
-    early = [m for m in _warnings(caplog) if said in m]
+    early = _both_warn_early([a, b], "naming the job arrived that this node must drop (bad_tag", 3.5, caplog)
     assert all("a different secret" in m for m in early), early
-    assert not any("multicast does not reach" in m for m in _warnings(caplog)), _warnings(caplog)
 
 
 def test_another_version_is_named_at_the_early_warning(make_handler, port, caplog):
@@ -499,13 +504,6 @@ def test_a_job_id_that_differs_is_named_at_the_early_warning_with_the_closest_on
     job = unique_job("typo")
     conf = {"join_timeout": "3", "discovery_warning": "1"}
     a, b = make_handler(job, 2, **conf), make_handler(job + "x", 2, **conf)
-    with caplog.at_level(logging.WARNING, logger="torch_mingle"):
-        threads = _rendezvous_in_background([a, b])
-        said = "but nodes of other jobs are heard"
-        wait_until(lambda: sum(said in m for m in _warnings(caplog)) >= 2, 2.5, "both nodes' early warning")
-        for t in threads:
-            t.join(timeout=20)
-    early = {m for m in _warnings(caplog) if "but nodes of other jobs are heard" in m}
+    early = _both_warn_early([a, b], "but nodes of other jobs are heard", 2.5, caplog)
     assert any(f"did you mean {job + 'x'!r}?" in m for m in early), early
     assert any(f"did you mean {job!r}?" in m for m in early), early
-    assert not any("multicast does not reach" in m for m in _warnings(caplog)), _warnings(caplog)
