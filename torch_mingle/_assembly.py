@@ -145,6 +145,7 @@ def assemble(config: MingleConfig, *, node_id: int | None = None) -> Assembly:
         peers=config.peer_hosts(),
         standby_peers=config.standby_hosts(),
         write_timeout_s=config.keep_alive_timeout,
+        connect_timeout_s=settings.beats.connect_timeout_s,
         label=label,
         membership_refresh_s=config.membership_refresh,
         identity=identity,

@@ -68,7 +68,6 @@ from torch_mingle._record import field, record
 from torch_mingle._slurm import STANDBY_AFTER_S, STANDBY_CHECKS
 from torch_mingle._store import (
     LISTEN_BACKLOG,
-    STORE_CONNECT_TIMEOUT_S,
     EndedStores,
     StoreKeeper,
     cut,
@@ -203,7 +202,7 @@ class Loop:
         peers: tuple[str, ...] = (),
         standby_peers: tuple[str, ...] = (),
         write_timeout_s: float = 15.0,
-        store_connect_timeout_s: float = STORE_CONNECT_TIMEOUT_S,
+        connect_timeout_s: float = 5.0,
         label: str = "",
         clock: Callable[[], float] = time.monotonic,
         membership_refresh_s: float = 60.0,
@@ -221,7 +220,7 @@ class Loop:
         self._standby_at: float | None = None
         self._alone_checks = 0
         self.write_timeout_s = write_timeout_s
-        self.store_connect_timeout_s = store_connect_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.label = label
         self.clock = clock
         self.node: Node | None = None
@@ -402,7 +401,7 @@ class Loop:
 
     def _open_client(self, job: OpenClient) -> TCPStore:
         ip = job.ip or self.keeper.connect_ip
-        return open_client(ip, job.port, self.store_connect_timeout_s, ahead=True, ended=self.ended_stores)
+        return open_client(ip, job.port, self.connect_timeout_s, ahead=True, ended=self.ended_stores)
 
     def abort_connections_to(self, ip: str, ports: Sequence[int], *, ended: bool = False) -> None:
         count = cut(ip, ports, ended=self.ended_stores if ended else None)

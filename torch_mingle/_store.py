@@ -32,6 +32,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -60,14 +61,15 @@ log = logging.getLogger(__name__)
 AGENT_PREFIX = "mingle/agent/"
 RANKS_WAIT_SLICE_S = 0.25
 CLIENT_TIMEOUT_S = 300.0
-#: The first try at a round's store (a later one waits longer: ``_agent.JoinFlow``). torch's
-#: client resolves the store's address back to a name before it connects, and as an
-#: IPv4-mapped IPv6 address, which /etc/hosts does not hold: the query goes to the resolver,
-#: and one that drops it adds its timeout (glibc: 5 s a try, 2 tries, resolv.conf(5)) to the
-#: connect. Seen on loopback, about 1 connect in 60 on a host whose resolver drops queries
-#: (docs/networks.md#what-discovery-needs). A lost leader ends a try at once (the
-#: node's cut), so this bound only ever waits on the store of a leader that still answers.
-STORE_CONNECT_TIMEOUT_S = 11.0
+#: What a store connect allows, past its own bound, for torch's reverse lookup of the store's
+#: address. torch's client resolves the address back to a name before it connects, and as an
+#: IPv4-mapped IPv6 address, which /etc/hosts does not hold: the query goes to the resolver, and
+#: one that drops it adds its timeout (glibc: 5 s a try, 2 tries with one nameserver,
+#: resolv.conf(5)). Seen on loopback, about 1 connect in 60 on a host whose resolver drops
+#: queries now and then (docs/networks.md#what-discovery-needs). Only a port that accepted a
+#: connection of ours within the bound gets it (``_accepts``): a refused or unanswered port
+#: fails within the bound, as before.
+RESOLVER_ALLOWANCE_S = 10.0
 #: The accept queue of the leader's listeners (control port, round stores). Every node, and
 #: then every worker, connects at the same moment; a queue shorter than that drops SYNs and
 #: the clients wait out SYN retries (1 s, 3 s, ...) past their connect timeout. The kernel
@@ -136,7 +138,8 @@ def open_client(
 ) -> TCPStore:
     """A client of the round store at ``ip:port``; raises torch's ``DistError`` if it cannot connect.
 
-    The connect is bounded by ``connect_timeout_s`` for a port that refuses, and by the node
+    The connect is bounded by ``connect_timeout_s`` for a port that refuses or does not answer
+    (and by ``RESOLVER_ALLOWANCE_S`` more for torch's name lookup once it has), and by the node
     for a server that accepted and froze: its cut (``cut``) shuts down the socket, also one
     this very connect opens after the cut began (the connect is registered first, see
     ``_Flights``). ``ahead``: opened while the join waits (its own failpoint). ``ended``: the
@@ -146,14 +149,50 @@ def open_client(
         _faults.hit("store.connect_ahead" if ahead else "store.connect")
     except _faults.FailpointError as exc:
         raise DistNetworkError(f"{exc}: the client socket has timed out") from None
-    with _flights.connecting(ip, port, ended) as refused:
-        if refused:
-            # Its leader was lost (frozen, maybe): a connect would complete in its kernel and
-            # then block in torch for as long as it stays frozen.
-            raise DistNetworkError(f"the store at {ip}:{port} belongs to a lost leader")
-        store = TCPStore(ip, port, None, False, timeout=timedelta(seconds=connect_timeout_s))
-    store.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
-    return store
+    flight = _flights.begin(ip, port, ended)
+    if flight.refused:
+        # Its leader was lost (frozen, maybe): a connect would complete in its kernel and
+        # then block in torch for as long as it stays frozen.
+        raise DistNetworkError(f"the store at {ip}:{port} belongs to a lost leader")
+    allowed = connect_timeout_s + RESOLVER_ALLOWANCE_S
+    outcome: list[TCPStore | BaseException] = []
+
+    def connect() -> None:
+        try:
+            _accepts(ip, port, connect_timeout_s)
+            outcome.append(TCPStore(ip, port, None, False, timeout=timedelta(seconds=allowed)))
+        except BaseException as exc:  # handed to the caller, raised there
+            outcome.append(exc)
+        finally:
+            _flights.end(flight)
+
+    # On a thread of its own: torch's client tries again, until its bound, a connection that a
+    # cut shut down, and its caller must not wait for that (``_Flight.over``).
+    threading.Thread(target=connect, name="mingle-store-connect", daemon=True).start()
+    if not flight.over.wait(2 * connect_timeout_s + RESOLVER_ALLOWANCE_S + STRAGGLER_S):
+        raise DistNetworkError(f"the connect to the store at {ip}:{port} did not return")
+    if flight.was_cut:
+        raise DistNetworkError(f"the store at {ip}:{port} belongs to a lost leader (cut while connecting)")
+    (result,) = outcome
+    if isinstance(result, BaseException):
+        raise result
+    result.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
+    return result
+
+
+def _accepts(ip: str, port: int, timeout_s: float) -> None:
+    """A TCP connect of our own to ``ip:port`` within ``timeout_s``, closed at once: it makes no
+    name lookup (torch's client does, ``RESOLVER_ALLOWANCE_S``), so a port that refuses or does
+    not answer fails within the bound. Raises ``DistNetworkError`` saying which."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout_s):
+            pass
+    except TimeoutError:
+        raise DistNetworkError(
+            f"the store at {ip}:{port} did not accept a connection within {timeout_s:g}s"
+        ) from None
+    except OSError as exc:
+        raise DistNetworkError(f"the store at {ip}:{port} cannot be reached: {exc.strerror or exc}") from None
 
 
 class StoreKeeper:
@@ -408,6 +447,20 @@ class EndedStores:
 #: How often a cut looks again for sockets that connects under way opened, and for how long.
 CUT_AGAIN_S = 0.02
 CUT_FOR_AT_MOST_S = 60.0
+#: How long past its own bounds a caller waits for a store connect that never returns.
+STRAGGLER_S = 5.0
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One connect to a TCPStore under way (``_Flights``)."""
+
+    token: int
+    refused: bool
+    #: A cut found it under way: the store belongs to a lost leader.
+    was_cut: bool = False
+    #: Set when it returned, or when a cut found it under way.
+    over: threading.Event = field(default_factory=threading.Event)
 
 
 class _Flights:
@@ -425,23 +478,36 @@ class _Flights:
         self._lock = threading.Lock()
         #: Each connect under way (a token of its own) and the store it goes to.
         self._under_way: dict[int, tuple[str, int]] = {}
+        self._flights: dict[int, _Flight] = {}
         self._tokens = itertools.count(1)
 
-    @contextlib.contextmanager
-    def connecting(self, ip: str, port: int, ended: EndedStores | None) -> Iterator[bool]:
-        """Register a connect to ``ip:port`` while it runs; yields True if it must not start."""
+    def begin(self, ip: str, port: int, ended: EndedStores | None) -> _Flight:
+        """Register a connect to ``ip:port`` (until ``end``); refused if it must not start."""
         key = _key(ip, port)
         with self._lock:
-            refused = ended is not None and ended.holds(ip, port)
-            token = 0 if refused else next(self._tokens)
-            if not refused:
-                self._under_way[token] = key
+            if ended is not None and ended.holds(ip, port):
+                return _Flight(0, refused=True)
+            flight = _Flight(next(self._tokens), refused=False)
+            self._under_way[flight.token] = key
+            self._flights[flight.token] = flight
+        return flight
+
+    def end(self, flight: _Flight) -> None:
+        """The connect returned: no cut looks for what it opens any more."""
+        with self._lock:
+            self._under_way.pop(flight.token, None)
+            self._flights.pop(flight.token, None)
+        flight.over.set()
+
+    @contextlib.contextmanager
+    def connecting(self, ip: str, port: int, ended: EndedStores | None) -> Iterator[_Flight]:
+        """``begin`` and ``end`` around a connect made on the caller's thread."""
+        flight = self.begin(ip, port, ended)
         try:
-            yield refused
+            yield flight
         finally:
-            if not refused:
-                with self._lock:
-                    del self._under_way[token]
+            if not flight.refused:
+                self.end(flight)
 
     def cut(self, ip: str, ports: Sequence[int], ended: EndedStores | None) -> int:
         with self._lock:
@@ -450,6 +516,10 @@ class _Flights:
             keys = {_key(ip, p) for p in ports}
             # Those under way now; one that starts later (to a store not ended) is not cut.
             pending = {token for token, key in self._under_way.items() if key in keys}
+            for token in pending:
+                flight = self._flights[token]
+                flight.was_cut = True
+                flight.over.set()  # its caller goes on now; its thread ends at its own bound
         count = abort_connections_to(ip, ports)
         if pending:
             threading.Thread(

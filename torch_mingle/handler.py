@@ -78,7 +78,7 @@ from torch_mingle._ready import (
 )
 from torch_mingle._record import assert_never
 from torch_mingle._records import History, Round
-from torch_mingle._store import STORE_CONNECT_TIMEOUT_S, AgentStore, open_client
+from torch_mingle._store import AgentStore, open_client
 from torch_mingle._view import Diagnostics, Joined
 from torch_mingle._wire import parse_ip
 from torch_mingle.config import MingleConfig
@@ -258,7 +258,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._node_id,
             cfg.run_id,
             join_timeout_s=cfg.join_timeout,
-            store_timeout_s=STORE_CONNECT_TIMEOUT_S,
+            store_timeout_s=min(MAX_CONNECT_TIMEOUT_S, cfg.keep_alive_timeout),
             health_check=cfg.health_check is not None,
             had_round=self._round is not None,
         )
@@ -567,9 +567,10 @@ class MingleRendezvousHandler(RendezvousHandler):
             self._master_addr = self._store_ip = joined.leader_ip  # the leader's address this node reached
 
     def _connect_round_store(self, joined: Joined, timeout_s: float) -> StoreOpened | StoreFailed:
-        """A client of the round's store (``ConnectStore``), bounded by ``timeout_s``: long
-        enough for a resolver that drops torch's reverse lookup (``STORE_CONNECT_TIMEOUT_S``),
-        and the flow gives each later try longer. A frozen leader ends the try at once (the node cuts its
+        """A client of the round's store (``ConnectStore``), bounded by ``timeout_s``. torch's
+        client resolves the store's address back to a name before it connects, and a resolver
+        that is slow or unreachable costs its own timeout (5 s by default) per try: the flow
+        gives each try longer. A frozen leader ends the try at once (the node cuts its
         sockets, see ``abort_connections_to``) and is then no longer the leader."""
         port = joined.round.store_port
         try:

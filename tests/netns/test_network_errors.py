@@ -35,8 +35,9 @@ def test_a_resolver_that_drops_queries_costs_the_join_time_not_a_failed_try(segm
     """torch's store client resolves the store's address back to a name before it connects (an
     IPv4-mapped one, which /etc/hosts does not hold), so every connect waits for the resolver.
     Here each host's resolver drops every query, 2 s a try: longer than keep_alive_timeout
-    (1.4 s), which once bounded the first try at the round's store. The join waits it out: no
-    try fails, no trace of torch's, nothing above INFO, and the job trains."""
+    (1.4 s), which bounds a try at the round's store. The join waits it out (the port accepted,
+    so torch's lookup gets ``RESOLVER_ALLOWANCE_S``): no try fails, no trace of torch's,
+    nothing above INFO, and the job trains."""
     hosts = [segment.add_host(f"198.18.0.{31 + i}") for i in range(2)]
     for host in hosts:
         segment.silent_resolver(host, timeout_s=2)
@@ -49,13 +50,14 @@ def test_a_resolver_that_drops_queries_costs_the_join_time_not_a_failed_try(segm
     )  # fmt: skip
     agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
     assert finish_all(agents, timeout=180) == [0, 0], dump(agents)
+    joined = []
     for agent in agents:
         out = agent.output()
-        joined = [float(s) for s in re.findall(r"joined round 1 as rank \d of 2 .* in (\d+\.\d+)s", out)]
-        assert len(joined) == 1, out
-        assert joined[0] >= 2.0, f"the join did not wait for the resolver: {out}"  # it was in the way
+        joined += [float(s) for s in re.findall(r"joined round 1 as rank \d of 2 .* in (\d+\.\d+)s", out)]
         assert "trying again" not in out, out
         assert not re.search(r"^\[E\d+ |Traceback|mingle (WARNING|ERROR)", out, re.MULTILINE), out
+    assert len(joined) == 2, dump(agents)
+    assert max(joined) >= 2.0, f"no join waited for the resolver: {joined}"  # it was in the way
 
 
 def test_doctor_names_a_resolver_that_every_store_connect_waits_for(segment):

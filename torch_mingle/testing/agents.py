@@ -69,9 +69,8 @@ from torch_mingle.testing.sim import SimNode, Simulation
 
 #: torch's agent looks at its workers (and asks ``num_nodes_waiting``) this often.
 MONITOR_S = 0.1
-#: The first try at the round's store, and the data path probe (``data_path_timeout``). The
-#: handler's first try is longer (``STORE_CONNECT_TIMEOUT_S``): it also waits out a resolver
-#: that drops torch's reverse lookup, and the simulator has no resolver.
+#: The handler's defaults: each try at the round's store (``keep_alive_timeout``, at most
+#: ``MAX_CONNECT_TIMEOUT_S``), and the data path probe (``data_path_timeout``).
 STORE_TIMEOUT_S = 5.0
 DATA_PATH_TIMEOUT_S = 5.0
 
