@@ -2,9 +2,9 @@
 
 * Nothing heard of the job's other nodes ``discovery_warning`` after the start: what was heard
   instead (datagrams naming the job signed with another secret, of another version, from a
-  clock far apart), else the other jobs it hears on its group (multicast works: a job id
-  that differs, with the closest one), else that multicast may be blocked (said once, with
-  the interfaces and what to try); nothing in a job of one node.
+  clock far apart), else the other jobs it hears on its group (a job id that differs, with
+  the closest one, or nodes not started yet), else that multicast may be blocked (said once,
+  with the interfaces and what to try); nothing in a job of one node.
 * A join still waits after ``discovery_warning``, and for a quorum of an earlier round's
   votes: a relaunch of a job that is over, on fewer of its hosts, finds the votes its nodes
   kept (``_identity``); it says at once what that means and how to go on, not only when
@@ -155,15 +155,16 @@ class Advice:
                 ", ".join(f"{reason} x{n}" for reason, n in sorted(mine.items())), meaning,
             )  # fmt: skip
             return
-        others = node.core.stats.other_jobs
-        if others:
+        stats = node.core.stats
+        if stats.other_jobs:
             log.warning(
-                "%s no other node of job %r heard in %gs, but nodes of other jobs are heard on %s: "
-                "%s. Multicast works; if one of them is meant to be this job, start every node "
-                "with the same --rdzv_id (compared exactly)%s",
-                node.label, job, self._warning_s, node.describe_network(),
-                _most_heard(others),
-                _did_you_mean(job, others),
+                "%s no other node of job %r heard on %s in %gs, but nodes of other jobs are heard "
+                "there: %s. If one of them is meant to be this job, start every node with the same "
+                "job id (--rdzv_id; compared exactly)%s; otherwise the job's other nodes have not "
+                "started, or do not reach this one (docs/networks.md#when-multicast-is-blocked)",
+                node.label, job, node.describe_network(), self._warning_s,
+                _most_heard(stats.other_jobs, stats.other_jobs_overflow),
+                _did_you_mean(job, stats.other_jobs),
             )  # fmt: skip
             return
         log.warning(
@@ -198,11 +199,14 @@ class Advice:
         )  # fmt: skip
 
 
-def _most_heard(others: Mapping[str, int], shown: int = 5) -> str:
-    """The other jobs heard most, with their datagram counts (and how many more there are)."""
+def _most_heard(others: Mapping[str, int], overflow: int, shown: int = 5) -> str:
+    """The other jobs heard most, with their datagram counts, and how many more there are
+    (``overflow``: datagrams of jobs beyond those the node counts one by one)."""
     ranked = sorted(others.items(), key=lambda item: (-item[1], item[0]))
     said = ", ".join(f"{job!r} ({n} datagrams)" for job, n in ranked[:shown])
-    return said + (f" and {len(ranked) - shown} more" if len(ranked) > shown else "")
+    if len(ranked) > shown:
+        said += f" and {len(ranked) - shown} more job(s)"
+    return said + (f", and {overflow} datagrams of jobs not counted one by one" if overflow else "")
 
 
 def _did_you_mean(job: str, others: Mapping[str, int]) -> str:

@@ -23,8 +23,9 @@ from torch_mingle.config import DEFAULT_GROUP_V4, DEFAULT_PORT, MingleConfig
 from torch_mingle.errors import README_NETWORKS, MingleConfigError, MingleNetworkError
 
 ASK_EVERY_S = 0.5
-#: A reverse lookup slower than this is a resolver that every store connect waits for.
-RESOLVER_SLOW_S = 1.0
+#: A reverse lookup slower than this is a resolver that store connects wait for (above the
+#: 1 s that ``options timeout:1`` leaves).
+RESOLVER_SLOW_S = 1.5
 
 
 @record(frozen=False)
@@ -161,8 +162,8 @@ class ReverseLookups:
     in a thread of its own: the name of the store's address, as the IPv4-mapped IPv6 address it
     connects to (``::ffff:10.0.0.1``), which /etc/hosts does not hold. A resolver that drops
     queries makes store connects wait its timeout (mingle's, c10d's and the workers'): every
-    one if it drops them all (a problem), some if it drops some (a note; one query alone could
-    not tell them apart)."""
+    one if it drops them all, some if it drops some (one query alone could not tell them
+    apart). Either is a warning, not a problem: the job still forms, more slowly."""
 
     LOOKUPS = 3
 
@@ -181,8 +182,8 @@ class ReverseLookups:
             self._took.append(time.monotonic() - self._started)
             self._answered.notify_all()
 
-    def report(self) -> tuple[str | None, str]:
-        """(the problem, or None; what to print), once every lookup answered or had its time."""
+    def report(self) -> str:
+        """What to print, once every lookup answered or had its time."""
         with self._answered:
             self._answered.wait_for(
                 lambda: len(self._took) == self.LOOKUPS,
@@ -190,15 +191,18 @@ class ReverseLookups:
             )
             quick = [t for t in self._took if t < RESOLVER_SLOW_S]
         if len(quick) == self.LOOKUPS:
-            return None, f"resolver: a reverse lookup of {self.address} took {max(quick) * 1000:.0f} ms"
-        what = (
+            return (
+                f"resolver: the slowest of {self.LOOKUPS} reverse lookups of {self.address} took "
+                f"{max(quick) * 1000:.0f} ms"
+            )
+        return (
+            "WARNING: "
             f"{self.LOOKUPS - len(quick)} of {self.LOOKUPS} reverse lookups of {self.address} had no "
             f"answer within {RESOLVER_SLOW_S:g}s: torch's store client makes one before every connect "
             "(mingle's round stores, c10d's, the workers' process groups), and each such connect "
             "waits for the resolver. Fix the DNS server in /etc/resolv.conf, or shorten its wait there "
             f"(options timeout:1 attempts:1); see {README_NETWORKS}"
         )
-        return (what, what) if not quick else (None, f"note: {what}")
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -270,11 +274,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if send_errors:
         problems.append(f"{send_errors} send(s) failed: a firewall may block multicast output here")
     for lookup in lookups:
-        problem, said = lookup.report()
-        if problem is not None:
-            problems.append(problem)
-        else:
-            print(said)
+        print(lookup.report())
     reached = {}
     for t in transports:
         mcast = sorted(heard.doctors.get((t.iface.name, "multicast"), set()))

@@ -499,11 +499,11 @@ def test_a_job_of_one_node_says_nothing_of_other_nodes_where_a_job_of_two_does(m
 
 
 def test_a_job_id_that_differs_is_named_at_the_early_warning_with_the_closest_one(make_handler, caplog):
-    """Two nodes started with job ids that differ by a typo: within discovery_warning each says
-    that multicast works and names the other's job id, instead of blaming the network."""
+    """Two nodes started with job ids that differ by a typo: within discovery_warning each names
+    the other's job id as the one it may have meant, instead of blaming the network."""
     job = unique_job("typo")
-    conf = {"join_timeout": "3", "discovery_warning": "1"}
+    conf = {"join_timeout": "4", "discovery_warning": "1"}
     a, b = make_handler(job, 2, **conf), make_handler(job + "x", 2, **conf)
-    early = _both_warn_early([a, b], "but nodes of other jobs are heard", 2.5, caplog)
+    early = _both_warn_early([a, b], "but nodes of other jobs are heard", 3.5, caplog)
     assert any(f"did you mean {job + 'x'!r}?" in m for m in early), early
     assert any(f"did you mean {job!r}?" in m for m in early), early

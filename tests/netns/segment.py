@@ -6,7 +6,9 @@ in a namespace of its own: nothing has an uplink, and ``destroy()`` deletes ever
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -216,19 +218,27 @@ class Segment:
         )  # fmt: skip
         self.processes.append(proc)
         assert proc.stdout is not None  # piped above
-        line = proc.stdout.readline()  # the bind is quick; a failed one ends the process (EOF)
-        if line.strip() != "bound":
-            raise RuntimeError(f"the silent resolver of {host.name} did not start (exit {proc.wait(10)})")
+        ready, _, _ = select.select([proc.stdout], [], [], 30.0)  # a failed bind ends it (EOF)
+        if not ready or proc.stdout.readline().strip() != "bound":
+            raise RuntimeError(f"the silent resolver of {host.name} did not start (exit {proc.poll()})")
 
     def _netns_add(self, name: str) -> None:
         _ip("netns", "add", name)
         self.namespaces.append(name)
 
     def destroy(self) -> None:
-        for proc in self.processes:
-            proc.kill()
-            proc.wait(30)
-        self.processes.clear()
+        try:
+            for proc in self.processes:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(30)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+        finally:
+            self.processes.clear()
+            self._delete_namespaces()
+
+    def _delete_namespaces(self) -> None:
         for ns in reversed(self.namespaces):
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)

@@ -62,8 +62,8 @@ def test_a_resolver_that_drops_queries_costs_the_join_time_not_a_failed_try(segm
 
 def test_doctor_names_a_resolver_that_every_store_connect_waits_for(segment):
     """doctor makes the reverse lookup torch's store client makes before every connect: on a
-    host whose resolver drops queries it says so, with the fix; on one whose resolver fails at
-    once (no route to it, so every query errors out) it says nothing of it."""
+    host whose resolver drops queries it warns, with the fix; on one whose resolver fails at
+    once (no route to it, so every query errors out) it only says how long the lookups took."""
     slow, fast = segment.add_host("198.18.0.41"), segment.add_host("198.18.0.42")
     segment.silent_resolver(slow, timeout_s=3)
     cmd = [sys.executable, "-m", "torch_mingle", "doctor", "--seconds", "1", "--interface", "eth0"]
@@ -75,9 +75,9 @@ def test_doctor_names_a_resolver_that_every_store_connect_waits_for(segment):
         )  # fmt: skip
         outs[host.name] = (done.returncode, done.stdout + done.stderr)
     code, out = outs[slow.name]
-    assert code == 1, out
-    assert "PROBLEM: 3 of 3 reverse lookups of ::ffff:198.18.0.41 had no answer within 1s" in out, out
+    assert code == 0, out  # a warning: the job still forms, more slowly
+    assert "WARNING: 3 of 3 reverse lookups of ::ffff:198.18.0.41 had no answer within 1.5s" in out, out
     assert "options timeout:1 attempts:1" in out, out
     code, out = outs[fast.name]
-    assert "reverse lookups" not in out, out
-    assert "resolver: a reverse lookup of ::ffff:198.18.0.42 took" in out, out
+    assert "WARNING" not in out, out
+    assert "resolver: the slowest of 3 reverse lookups of ::ffff:198.18.0.42 took" in out, out

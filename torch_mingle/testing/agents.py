@@ -70,7 +70,9 @@ from torch_mingle.testing.sim import SimNode, Simulation
 #: torch's agent looks at its workers (and asks ``num_nodes_waiting``) this often.
 MONITOR_S = 0.1
 #: The handler's defaults: each try at the round's store (``keep_alive_timeout``, at most
-#: ``MAX_CONNECT_TIMEOUT_S``), and the data path probe (``data_path_timeout``).
+#: ``MAX_CONNECT_TIMEOUT_S``; the handler gives torch's client ``RESOLVER_ALLOWANCE_S`` more
+#: once the port accepted, for its name lookup, and the simulator has no resolver), and the
+#: data path probe (``data_path_timeout``).
 STORE_TIMEOUT_S = 5.0
 DATA_PATH_TIMEOUT_S = 5.0
 
