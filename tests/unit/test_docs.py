@@ -4,7 +4,6 @@ them fails it with each problem named."""
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,9 @@ from tests import docs_check
 from tests.helpers import ROOT
 
 
-def test_the_docs_hold_and_the_check_is_quick():
-    started = time.perf_counter()
+def test_the_docs_hold():
     problems = docs_check.check(ROOT)
     assert not problems, "\n".join(map(str, problems))
-    assert time.perf_counter() - started < 1.0
 
 
 @pytest.mark.parametrize(
