@@ -31,7 +31,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -498,16 +498,6 @@ class _Flights:
             self._under_way.pop(flight.token, None)
             self._flights.pop(flight.token, None)
         flight.over.set()
-
-    @contextlib.contextmanager
-    def connecting(self, ip: str, port: int, ended: EndedStores | None) -> Iterator[_Flight]:
-        """``begin`` and ``end`` around a connect made on the caller's thread."""
-        flight = self.begin(ip, port, ended)
-        try:
-            yield flight
-        finally:
-            if not flight.refused:
-                self.end(flight)
 
     def cut(self, ip: str, ports: Sequence[int], ended: EndedStores | None) -> int:
         with self._lock:

@@ -146,18 +146,19 @@ def test_the_cut_keeps_cutting_only_while_a_connect_under_way_at_its_moment_runs
 
     monkeypatch.setattr(_store, "_abort_now", abort_now)
     monkeypatch.setattr(_store, "abort_connections_to", lambda ip, ports: 0)
-    before, after = flights.connecting("127.0.0.1", 1, None), flights.connecting("127.0.0.1", 1, None)
-    assert before.__enter__().refused is False
+    before = flights.begin("127.0.0.1", 1, None)
+    assert before.refused is False
     flights.cut("127.0.0.1", [1], None)
-    assert after.__enter__().refused is False  # starts after the cut, and runs on
+    after = flights.begin("127.0.0.1", 1, None)
+    assert after.refused is False  # starts after the cut, and runs on
     deadline = time.monotonic() + 10.0
     while not aborts and time.monotonic() < deadline:
         time.sleep(0.005)
     assert aborts, "the cutter never cut the connect under way at the cut"
-    before.__exit__(None, None, None)  # that connect returned
+    flights.end(before)  # that connect returned
     cutter_gone = lambda: not [t for t in threading.enumerate() if t.name == "mingle-cutter"]  # noqa: E731
     while not cutter_gone() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert cutter_gone(), "the cutter went on cutting for a connect that started after the cut"
     assert flights.under_way() == 1
-    after.__exit__(None, None, None)
+    flights.end(after)
