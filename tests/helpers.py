@@ -34,6 +34,14 @@ def random_port() -> int:
     return random.randint(30000, 39999)
 
 
+def write_secret(tmp_path: Path, name: str, text: str) -> str:
+    """A secret file (mode 0600, as mingle requires) named ``name`` in ``tmp_path``; its path."""
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
 def agent_env(**extra: str) -> dict[str, str]:
     env = {
         k: v

@@ -157,6 +157,44 @@ def _note(
 # ----------------------------------------------------------------------------------- ls
 
 
+def cmd_ls(args: argparse.Namespace) -> int:
+    transports = _transports(args, broadcast=False)
+    try:
+        heard = _listen(transports, _codec(args), args.seconds, me=_nonce() or 1, doctor_job=None, probe=True)
+    finally:
+        for t in transports:
+            t.close()
+    jobs = sorted(heard.jobs.values(), key=lambda j: j.job)
+    if args.json:
+        print(json.dumps([{**j.__dict__, "nodes_asking": len(j.nodes_asking)} for j in jobs], indent=2))
+        return 0
+    where = ", ".join(t.iface.name for t in transports)
+    print(f"rendezvous jobs on {where}, group {args.group} port {args.port} ({args.seconds:g}s):")
+    if not jobs:
+        print("  none answered")
+    else:
+        print(f"  {'JOB':<24} {'LEADER':<22} {'NODES':>7} {'MIN:MAX':>9} {'ROUND':>6} {'EPOCH':>6}  STATE")
+        for j in jobs:
+            state = (
+                "closed"
+                if j.closed
+                else ("running" if j.round else ("forming" if j.leader_ip else "electing"))
+            )
+            nodes = str(j.members) if j.leader_ip else f"{len(j.nodes_asking)}?"
+            print(
+                f"  {j.job:<24} {j.leader_ip or '-':<22} {nodes:>7} {f'{j.min_nodes}:{j.max_nodes}':>9} "
+                f"{j.round:>6} {j.epoch:>6}  {state}"
+            )
+    if heard.invalid:
+        print(f"dropped datagrams: {dict(heard.invalid)}")
+    for hint in _secret_hints(heard.invalid, signing=args.secret_file is not None):
+        print(f"hint: {hint}")
+    return 0
+
+
+# ------------------------------------------------------------------------------- doctor
+
+
 class ReverseLookups:
     """The lookup torch's TCPStore client makes before every connect, ``LOOKUPS`` at once, each
     in a thread of its own: the name of the store's address, as the IPv4-mapped IPv6 address it
@@ -203,44 +241,6 @@ class ReverseLookups:
             "waits for the resolver. Fix the DNS server in /etc/resolv.conf, or shorten its wait there "
             f"(options timeout:1 attempts:1); see {README_NETWORKS}"
         )
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    transports = _transports(args, broadcast=False)
-    try:
-        heard = _listen(transports, _codec(args), args.seconds, me=_nonce() or 1, doctor_job=None, probe=True)
-    finally:
-        for t in transports:
-            t.close()
-    jobs = sorted(heard.jobs.values(), key=lambda j: j.job)
-    if args.json:
-        print(json.dumps([{**j.__dict__, "nodes_asking": len(j.nodes_asking)} for j in jobs], indent=2))
-        return 0
-    where = ", ".join(t.iface.name for t in transports)
-    print(f"rendezvous jobs on {where}, group {args.group} port {args.port} ({args.seconds:g}s):")
-    if not jobs:
-        print("  none answered")
-    else:
-        print(f"  {'JOB':<24} {'LEADER':<22} {'NODES':>7} {'MIN:MAX':>9} {'ROUND':>6} {'EPOCH':>6}  STATE")
-        for j in jobs:
-            state = (
-                "closed"
-                if j.closed
-                else ("running" if j.round else ("forming" if j.leader_ip else "electing"))
-            )
-            nodes = str(j.members) if j.leader_ip else f"{len(j.nodes_asking)}?"
-            print(
-                f"  {j.job:<24} {j.leader_ip or '-':<22} {nodes:>7} {f'{j.min_nodes}:{j.max_nodes}':>9} "
-                f"{j.round:>6} {j.epoch:>6}  {state}"
-            )
-    if heard.invalid:
-        print(f"dropped datagrams: {dict(heard.invalid)}")
-    for hint in _secret_hints(heard.invalid, signing=args.secret_file is not None):
-        print(f"hint: {hint}")
-    return 0
-
-
-# ------------------------------------------------------------------------------- doctor
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -29,6 +28,7 @@ from tests.helpers import (
     torchrun_cmd,
     unique_job,
     wait_until,
+    write_secret,
 )
 from torch_mingle._protocol import MAX_OTHER_JOBS, MAX_PEERS
 from torch_mingle._wire import (
@@ -49,13 +49,6 @@ from torch_mingle.errors import MingleConfigError, MingleNetworkError, MingleTim
 pytestmark = pytest.mark.integration
 
 MIN_FLOOD_RATE = 20_000
-
-
-def write_secret(tmp_path: Path, name: str, text: str) -> str:
-    path = tmp_path / name
-    path.write_text(text + "\n")
-    path.chmod(0o600)
-    return str(path)
 
 
 def rss_mib() -> float:

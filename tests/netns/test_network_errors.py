@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, dump, finish_all, start_agent, torchrun_cmd, unique_job
+from tests.helpers import ROOT, dump, finish_all, start_agent, torchrun_cmd, unique_job, write_secret
 
 pytestmark = pytest.mark.netns
 
@@ -41,9 +41,7 @@ def test_a_resolver_that_drops_queries_costs_the_join_time_not_a_failed_try(segm
     hosts = [segment.add_host(f"198.18.0.{31 + i}") for i in range(2)]
     for host in hosts:
         segment.silent_resolver(host, timeout_s=2)
-    secret = tmp_path / "secret"
-    secret.write_text("a-secret-for-the-slow-resolver-0123456789")
-    secret.chmod(0o600)
+    secret = write_secret(tmp_path, "secret", "a-secret-for-the-slow-resolver-0123456789")
     cmd = torchrun_cmd(
         job=unique_job("resolver"), nnodes="2", nproc=1, conf={"interface": "eth0", "secret_file": secret},
         script_args=["--steps", "3", "--report", str(tmp_path / "report")],
