@@ -301,6 +301,29 @@ def leader_of(agents: Sequence[Agent]) -> Agent:
     return leaders[0]
 
 
+JOINED = re.compile(r"joined round (\d+) as rank (\d+) of (\d+)")
+
+
+def joins(agent: Agent) -> list[tuple[int, int, int]]:
+    """(round, node rank, world size) of every round ``agent`` joined, in order, from its log.
+
+    Tests wait for "a later round", never for a round number: a contested first election
+    (two leaders of epoch 1 for a moment) uses some numbers up, so the job's first round may
+    be round 3.
+    """
+    return [(int(r), int(rank), int(size)) for r, rank, size in JOINED.findall(agent.output())]
+
+
+def latest_round(agents: Sequence[Agent]) -> int:
+    """The highest round any of ``agents`` joined (0: none)."""
+    return max((r for a in agents for r, _, _ in joins(a)), default=0)
+
+
+def joined_after(agent: Agent, round_no: int) -> bool:
+    """Whether ``agent`` joined a round numbered above ``round_no``."""
+    return any(r > round_no for r, _, _ in joins(agent))
+
+
 def logged_at(agent: Agent, needle: str, after: float = 0.0) -> float | None:
     """Wall-clock time of the first mingle log line of ``agent`` with ``needle``, logged after ``after``."""
     for line in agent.output().splitlines():

@@ -74,13 +74,35 @@ class Ballot:
         from the base the others form without it (seeds 9001332, 9001558)."""
         return not self.left
 
-    def accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
+    def accept(
+        self, rnd: Round, base: int, covers: frozenset[RoundKey], heard: Heard = NOTHING_HEARD
+    ) -> bool:
         """Record the proposal ``rnd`` as this node's vote (on the disk before the vote goes
-        out), if it may and it still votes; False: no vote."""
+        out), if it may and it still votes; False: no vote. ``heard``: what the node heard of
+        by now (a vote it cast before for a round heard to have formed is its last round first,
+        ``settle``)."""
+        settled = self.settle(heard)
         if not self.votes() or not self.may_accept(rnd, base, covers):
+            if settled:
+                self.persist(self.state())
             return False
         self.accepted = History.of(rnd)
         self.persist(self.state())
+        return True
+
+    def settle(self, heard: Heard) -> bool:
+        """Take the proposal this node accepted as its last round if it heard that it formed
+        (``heard``, or what it remembered); True if it did. A heard key names a round that
+        formed (``Heard``), and a term never gives two proposals one number
+        (``RoundBook.proposed``), so the members are the ones it voted with. Without this, a
+        node cut off before the round's "formed" reached it keeps an older round as its last,
+        and its next vote replaces the only record of the round it was in: a term that heard of
+        that round then finds none of its members, and no quorum forms again (seed 30071042).
+        The caller writes the change (with its own)."""
+        accepted = self.accepted
+        if accepted is None or (accepted.key not in heard.keys and accepted.key not in self.heard.keys):
+            return False
+        self.history, self.accepted = accepted, None
         return True
 
     def formed(self, rnd: Round, heard: Heard | None = None) -> None:
@@ -101,8 +123,10 @@ class Ballot:
         """The rounds this node heard of (``heard``), on the disk before it offers itself to a
         round: a round may count it as a member without its vote, and a new process of it must
         still know of what it knew then (``OtherTerms.unaccounted``). Written only when it
-        changed (at most once per round of each term)."""
-        if heard != self.heard:
+        changed (at most once per round of each term). An accepted proposal heard to have
+        formed becomes its last round with it (``settle``)."""
+        settled = self.settle(heard)
+        if heard != self.heard or settled:
             self.heard = heard
             self.persist(self.state())
 

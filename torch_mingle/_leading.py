@@ -185,11 +185,14 @@ def unlead(node: Leader, why: str, now: float, *, leaving: bool = False) -> None
 def give_way(node: Leader, epoch: int, now: float) -> None:
     """Our term learnt of a round that a term of epoch ``epoch`` (at least as new as ours)
     formed or proposed: a round of ours now would carry a fencing token that goes back.
-    The term ends, and the election runs again above that epoch."""
-    log.warning(
-        "%s a term of epoch %d formed or proposed a round this leader did not know of: its term "
+    The term ends, and the election runs again above that epoch. Another leader of our own
+    epoch is a contested election (agents that start together), not news of trouble."""
+    contested = node.term is not None and node.term.claim.epoch == epoch
+    log.log(
+        logging.INFO if contested else logging.WARNING,
+        "%s a term of epoch %d formed or proposed a round this leader did not know of%s: its term "
         "ends, and the election runs again above epoch %d",
-        node.label, epoch, epoch,
+        node.label, epoch, " (a contested election)" if contested else "", epoch,
     )  # fmt: skip
     unlead(node, f"a newer term (epoch {epoch}) formed or proposed a round", now)
     node.core.give_way(now, epoch)

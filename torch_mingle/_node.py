@@ -606,7 +606,7 @@ class Node:
     def vote(self, rnd: Round, base: int, covers: frozenset[tuple[int, int, int]]) -> bool:
         """Record the proposal ``rnd`` as this node's vote, if it accounts for what the node
         knows (``Ballot.accept``: on the disk before the vote goes out)."""
-        if self.ballot.accept(rnd, base, covers):
+        if self.ballot.accept(rnd, base, covers, self.heard()):
             return True
         log.info(
             "%s not accepting round %d of epoch %d: it does not account for %s / %s, it left, or no disk",

@@ -14,6 +14,9 @@ from tests.helpers import (
     dump,
     final_reports,
     finish_all,
+    joined_after,
+    joins,
+    latest_round,
     leader_of,
     random_port,
     start_agent,
@@ -31,11 +34,9 @@ EXTRA_FDS = 1100
 
 
 def _rank_of(agent) -> int | None:
-    out = agent.output()
-    for rank in range(8):
-        if f"joined round 1 as rank {rank} " in out:
-            return rank
-    return None
+    """The node rank of the first round ``agent`` joined."""
+    joined = joins(agent)
+    return joined[0][1] if joined else None
 
 
 def test_a_member_that_dies_in_the_exit_barrier_does_not_open_it_for_the_others(tmp_path):
@@ -87,9 +88,10 @@ def test_nodes_with_thousands_of_open_descriptors_survive_a_frozen_member(tmp_pa
         assert all(f"with {EXTRA_FDS} extra descriptors" in a.output() for a in agents), dump(agents)
         leader = leader_of(agents)
         frozen = next(a for a in agents if a is not leader)
+        job_round = latest_round(agents)
         frozen.kill(signal.SIGSTOP)
         others = [a for a in agents if a is not frozen]
-        wait_until(lambda: all("joined round 2 as rank" in a.output() for a in others), 60,
+        wait_until(lambda: all(joined_after(a, job_round) for a in others), 60,
                    "the others to go on without the frozen node", 0.1, agents)  # fmt: skip
         frozen.kill(signal.SIGKILL)
         codes = finish_all(others)

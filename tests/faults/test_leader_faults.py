@@ -17,6 +17,8 @@ from tests.helpers import (
     dump,
     final_reports,
     finish_all,
+    joined_after,
+    latest_round,
     leader_of,
     logged_at,
     resume_phases,
@@ -63,6 +65,7 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
     old = leader_of(agents)
     old_host = hosts[agents.index(old)]
     survivors = [a for a in agents if a is not old]
+    before = latest_round(agents)
     lost_at = time.time()
     if fault == "sigstop":
         old.kill(signal.SIGSTOP)  # the whole process tree: agent and workers; no socket closes
@@ -70,15 +73,14 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
         segment.link(old_host, up=False)  # its host vanishes from the network
     try:
         wait_until(
-            lambda: sum("joined round 2 as rank" in a.output() for a in survivors) == 3,
+            lambda: all(joined_after(a, before) for a in survivors),
             60,
             "the survivors and the spare to form a round without it",
             agents=agents,
         )
         new = leader_of(survivors)
-        wait_until(
-            lambda: "step 10/" in new.output().split("joined round 2")[-1], 60, "round 2 to train", 0.1
-        )
+        resumed = f"joined round {latest_round([new])} as rank"
+        wait_until(lambda: "step 10/" in new.output().split(resumed)[-1], 60, "the new round to train", 0.1)
         formed_before = _rounds_formed(new)
     finally:
         if fault == "sigstop":
@@ -96,7 +98,7 @@ def test_a_lost_leader_is_replaced_while_a_spare_waits_and_is_fenced_when_it_ret
     assert {r["env"]["MASTER_ADDR"] for r in reports} == {hosts[agents.index(new)].ip}, dump(agents)
     assert "finished before this node was admitted" in old.output(), dump(agents)
     # The new round, on every survivor and the spare: the heartbeat timeout, then milliseconds.
-    joined = [logged_at(a, "joined round 2 as rank", after=lost_at) for a in survivors]
+    joined = [logged_at(a, "joined round ", after=lost_at) for a in survivors]
     assert None not in joined, dump(agents)
     rendezvous = max(j for j in joined if j is not None) - lost_at
     # Training again: the new round's workers start (Python and torch), join their process
@@ -122,14 +124,13 @@ def test_a_flapping_follower_never_deposes_the_healthy_leader(segment, tmp_path)
     flapper = next(a for a in agents if a is not leader)
     flapper_host = hosts[agents.index(flapper)]
     before = len(flapper.output())
+    job_round = latest_round(agents)
     segment.link(flapper_host, up=False)
     try:
         wait_until(
             lambda: "this node leads job" in flapper.output()[before:], 30, "the cut node to elect itself"
         )
-        wait_until(
-            lambda: "joined round 2 as rank" in leader.output(), 30, "the others to go on", agents=agents
-        )
+        wait_until(lambda: joined_after(leader, job_round), 30, "the others to go on", agents=agents)
     finally:
         segment.link(flapper_host, up=True)
     wait_until(

@@ -73,7 +73,7 @@ def test_a_job_forms_under_random_packet_loss(segment, tmp_path):
     agents = [start_agent(h.name, cmd, tmp_path, netns=h.name) for h in hosts]
     try:
         # The rendezvous (discovery, election, joins, the round) happens under the loss...
-        wait_until(lambda: all("joined round 1 as rank" in a.output() for a in agents), 120,
+        wait_until(lambda: all("joined round " in a.output() for a in agents), 120,
                    "the round to form under loss", 0.1, agents)  # fmt: skip
     finally:
         # ...the training does not: gloo has no heartbeat of its own, and 20 % loss makes TCP

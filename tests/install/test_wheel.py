@@ -75,7 +75,7 @@ def _train(venv: Path, tmp_path: Path, name: str) -> None:
     codes = finish_all(agents)
     assert codes == [0, 0], dump(agents)
     assert_trained_together(final_reports(report), 2, 3, agents)
-    assert all("joined round 1 as rank" in a.output() for a in agents), dump(agents)
+    assert all("joined round " in a.output() for a in agents), dump(agents)
 
 
 def _installed(venv: Path, cwd: Path) -> dict[str, str]:

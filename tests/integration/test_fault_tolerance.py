@@ -17,6 +17,8 @@ from tests.helpers import (
     final_reports,
     finish_all,
     job_processes,
+    joins,
+    latest_round,
     leader_of,
     logged_at,
     random_port,
@@ -54,9 +56,9 @@ def test_a_failed_worker_restarts_the_round_and_training_resumes(tmp_path):
     reports = final_reports(tmp_path / "report")
     assert_trained_together(reports, 3, 12)
     assert {r["start_step"] for r in reports} == {5}, "the new round did not resume from the checkpoint"
-    assert all("joined round 2 as rank" in a.output() for a in agents), dump(agents)
-    # The workers of round 2 know it, and so does the checkpoint they wrote last.
-    assert {r["env"]["MINGLE_ROUND"] for r in reports} == {"2"}
+    assert all(len(joins(a)) >= 2 for a in agents), dump(agents)
+    # The workers of the second round know it, and so does the checkpoint they wrote last.
+    assert {r["env"]["MINGLE_ROUND"] for r in reports} == {str(latest_round(agents))}
     written = json.loads((tmp_path / "ckpt" / "ckpt.json").read_text())
     assert written == {"job": job, "epoch": 1, "round": 2, "step": 12}
 
@@ -174,7 +176,7 @@ def test_a_relaunch_on_fewer_hosts_says_at_once_that_kept_votes_hold_it_and_what
     conf = {"state_dir": str(tmp_path / "state"), "last_call_timeout": 1, "discovery_warning": 2}
     cmd = _cmd(job, "1:3", tmp_path, steps=400, step_time=0.1, conf=conf)
     agents = [start_agent(f"node{i}", cmd, tmp_path) for i in range(3)]
-    wait_until(lambda: all("joined round 1" in a.output() for a in agents), 120, "round 1", 0.2, agents)
+    wait_until(lambda: all("joined round " in a.output() for a in agents), 120, "round 1", 0.2, agents)
     for agent in agents:
         agent.kill()
     again = start_agent("node0-again", cmd, tmp_path)
@@ -265,10 +267,10 @@ def test_a_preempted_node_leaves_at_once_and_the_others_keep_their_restarts(tmp_
     reports = final_reports(tmp_path / "report")
     assert_trained_together(reports, 3, 300)
     assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reports} == {"0"}, dump(agents)
-    joined = [logged_at(a, "joined round 2 as rank", after=signalled) for a in survivors]
+    joined = [logged_at(a, "joined round ", after=signalled) for a in survivors]
     assert all(j is not None for j in joined), dump(agents)
     took = max(j for j in joined if j is not None) - signalled
-    print(f"preempted {who}: the other three joined round 2 {took:.2f}s after SIGTERM")
+    print(f"preempted {who}: the other three joined a new round {took:.2f}s after SIGTERM")
     # Not a heartbeat timeout (15 s): the leave was said, not inferred from silence (a poll
     # interval and a poll held for the others: 1.3 s).
     assert took < conf["keep_alive_interval"] * conf["keep_alive_max_attempt"] / 2, dump(agents)

@@ -5,8 +5,6 @@ leader's successor, takes rank 0)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from tests.helpers import (
@@ -15,6 +13,7 @@ from tests.helpers import (
     dump,
     final_reports,
     finish_all,
+    joins,
     leader_of,
     start_training,
     wait_until,
@@ -24,12 +23,11 @@ pytestmark = pytest.mark.netns
 
 NODES = 4
 STEPS, STEP_S = 100, 0.15
-JOINED = re.compile(r"joined round (\d+) as rank (\d+) of (\d+)")
 
 
 def _ranks(agent: Agent) -> list[tuple[int, int]]:
     """(round, node rank) of every round the agent joined, in order."""
-    return [(int(r), int(rank)) for r, rank, _ in JOINED.findall(agent.output())]
+    return [(r, rank) for r, rank, _ in joins(agent)]
 
 
 def _job_with_a_spare(segment, tmp_path) -> tuple[list[Agent], Agent, dict[str, int]]:

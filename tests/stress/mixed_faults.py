@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import (
+    JOINED,
     Agent,
     assert_trained_together,
     final_reports,
@@ -108,7 +109,6 @@ WORKERS_FAILED = re.compile(r"Worker group (FAILED|UNHEALTHY)")
 PEER_STOPPED = re.compile(r"Connection (closed|reset) by peer")
 #: The lines of an agent's log that say why a worker failed.
 SYMPTOM = re.compile(r"terminate called|exitcode|Signal \d+|Traceback|Error|Worker group (FAILED|UNHEALTHY)")
-JOINED = re.compile(r"joined round (\d+) as rank (\d+) of (\d+)")
 KEEP_ALIVE_S, ATTEMPTS = MingleConfig.keep_alive_interval, MingleConfig.keep_alive_max_attempt
 #: What the rendezvous may take beyond the heartbeat timeout (the election, the round's votes).
 SLACK_S = 2.0

@@ -64,6 +64,12 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   each vote: a node's vote for a proposal of another term than its previous vote, built on a
   base older than that vote, names it (or a later proposal of its term) in ``covers``; its
   previous vote is the truth's, across its processes, not what its state file kept.
+* ``memory``: at each vote, every round the node voted for and heard formed (what a node
+  hears of names only rounds that formed: ``Heard``) is accounted for by its state: its
+  history is that round or a later one, or its vote is for it or names it among its lines. A
+  node that forgot it (its next vote replaced the only record of it) leaves a term that heard
+  of the round with none of its members to account for it, and no quorum forms again (seed
+  30071042).
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound),
   and so does each of the handler's own waits (a store try, the probe, the look for a broken
   round) and torch's rank exchange (``join_timeout`` from the delivery).
@@ -137,7 +143,7 @@ VOTE_OUT_S = 0.0005
 
 INVARIANTS = (
     "one-round", "quorum", "successors", "ranks", "world", "success", "false-failure", "rank-order",
-    "token", "secret", "bounded-wait", "recovery", "resources", "book",
+    "token", "secret", "memory", "bounded-wait", "recovery", "resources", "book",
 )  # fmt: skip
 
 
@@ -408,6 +414,7 @@ class World(Agents[_Agent]):
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
                 self.knew_at_accept.setdefault(key, {})[node.core.node_id] = self.sim.knows(node)
                 self._check_successors(key, rnd.base, covers)
+                self._check_memory(node)
                 self._voted(node)
             return ok
 
@@ -641,6 +648,27 @@ class World(Agents[_Agent]):
                 f"{node_hex(node)[:6]} voted for {_key(key)} (from round {base}) after it voted for "
                 f"{_key(before)}, which that proposal's leader did not account for (covers "
                 f"{sorted(_key(c) for c in covers) or 'nothing'})",
+                self.sim.now,
+            )
+
+    def _check_memory(self, node: SimNode) -> None:
+        """``memory`` (module doc), after a vote: the rounds the node heard formed that it voted
+        for are named by its state (its history or a later one, its vote, or its vote's lines)."""
+        me, ballot = node.core.node_id, node.node.ballot
+        history, vote = ballot.history, ballot.accepted
+        for key in node.node.heard().keys:
+            if me not in self.acceptors.get(key, ()):  # a heard round formed (``Heard``)
+                continue
+            self.checks += 1
+            if history is not None and age(history.key) >= age(key):
+                continue
+            if vote is not None and (vote.key == key or key in vote.lines):
+                continue
+            raise Violation(
+                "memory",
+                f"node {node_hex(me)[:6]} voted for {_key(key)} and heard it formed, "
+                f"but its state names history {_key(history.key) if history else 'none'} and vote "
+                f"{_key(vote.key) if vote else 'none'}",
                 self.sim.now,
             )
 

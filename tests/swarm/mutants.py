@@ -70,7 +70,9 @@ def _attr(target: object, name: str, value: object) -> Patch:
 # ------------------------------------------------------------------ broken versions
 
 
-def _accept_without_persisting(self: Ballot, rnd: Any, base: int, covers: Any) -> bool:
+def _accept_without_persisting(self: Ballot, rnd: Any, base: int, covers: Any, heard: Any = None) -> bool:
+    if heard is not None:
+        self.settle(heard)
     if not self.may_accept(rnd, base, covers):
         return False
     self.accepted = History.of(rnd)  # the vote goes out; the state file never hears of it
@@ -180,6 +182,9 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a leave is on the disk before it goes out", "Ballot.leave (left)",
                "the leave is not recorded (a new process takes the vote back)",
                (_attr(_sim.SimNet, "persist", _persist_dropping("left")),)),
+        Mutant("an accepted round heard to have formed is the last round", "Ballot.settle",
+               "the next vote replaces it (the code before seed 30071042's fix)",
+               (_attr(Ballot, "settle", lambda self, heard: False),)),
         Mutant("a node that said it leaves votes no more", "Ballot.votes",
                "it votes for a proposal that crossed its leave",
                (_attr(Ballot, "votes", lambda self: True),)),

@@ -135,6 +135,12 @@ def _voter_loses_power() -> sc.Scenario:
     return _regression("vote_forgotten_by_a_power_loss")
 
 
+def _formed_unheard_then_replaced() -> sc.Scenario:
+    """Members never got round 4's "formed", heard of it later, and voted for round 5
+    (``accepted_round_heard_formed``)."""
+    return _regression("accepted_round_heard_formed")
+
+
 def _many_worker_failures() -> sc.Scenario:
     return _cluster(3, *(sc.Event(1.0 + 0.7 * i, "workers_fail", node=1) for i in range(16)))
 
@@ -238,6 +244,8 @@ BROKEN_RULES: dict[str, tuple[Any, list[tuple[object, str, object]]]] = {
     # The leader does not check the control connection's MAC.
     "secret": (_rogue, [(Seal, "check_hello", _lenient(Seal.check_hello)),
                         (Seal, "open", _lenient(Seal.open))]),
+    # A vote replaces a vote for a round the node heard formed: its state forgets that round.
+    "memory": (_formed_unheard_then_replaced, [(Ballot, "settle", lambda self, heard: False)]),
     # No join ever times out: a fixed-size job that lost a node waits for ever.
     "bounded-wait": (_fixed_size_loses_a_node, [(Joining, "set_due", lambda self, node, ticket, at: None),
                                                 (JoinDesk, "set_deadline", _no_deadline)]),

@@ -20,7 +20,7 @@ import pytest
 from torch_mingle import _identity
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._identity import Identity
-from torch_mingle._records import NOTHING_HEARD, History
+from torch_mingle._records import NOTHING_HEARD, History, Round
 from torch_mingle.errors import MingleConfigError
 
 HOLDER = """
@@ -282,6 +282,28 @@ def test_what_a_node_heard_of_goes_to_the_disk_when_it_changes():
     assert saved[-1].heard == heard
     ballot.remember(heard)
     assert len(saved) == 1  # unchanged: no write
+
+
+def _round(number: int, members: tuple[int, ...]) -> Round:
+    ips = tuple(f"198.18.0.{m}" for m in members)
+    return Round(number=number, epoch=1, members=members, store_ip=ips[0], store_port=4, ips=ips)
+
+
+def test_an_accepted_round_heard_to_have_formed_is_the_last_round_before_the_next_vote():
+    """A member cut off before its round's "formed" reached it keeps its vote for that round;
+    once it hears that the round formed, the round is its last one, on the disk, and a vote for
+    the next proposal does not replace the only record of it (seed 30071042, ``Ballot.settle``)."""
+    saved: list[NodeState] = []
+    three, four = History.of(_round(3, (1, 2, 3, 4, 5))), History.of(_round(4, (1, 2, 3, 4, 5)))
+    ballot = Ballot(history=three, accepted=four, persist=saved.append)
+    ballot.remember(NOTHING_HEARD.with_keys(three.key))  # not round 4: its vote stays a vote
+    assert (ballot.history, ballot.accepted) == (three, four) and saved[-1].accepted == four
+    assert ballot.accept(_round(5, (1, 2, 3)), 4, frozenset(), NOTHING_HEARD.with_keys(four.key))
+    assert saved[-1].history == four and saved[-1].accepted == History.of(_round(5, (1, 2, 3)))
+    # By ``remember`` too (a welcome said so while the node waited), and without a vote after.
+    ballot = Ballot(history=three, accepted=four, persist=saved.append)
+    ballot.remember(NOTHING_HEARD.with_keys(four.key))
+    assert saved[-1].history == four and saved[-1].accepted is None
 
 
 #: What ``/tmp`` or a Kubernetes emptyDir allows (anyone may write there).
