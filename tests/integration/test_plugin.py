@@ -3,6 +3,7 @@ torch's out-of-tree rendezvous test)."""
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import subprocess
 import sys
@@ -30,6 +31,8 @@ def test_torch_registry_creates_a_working_mingle_handler():
     )  # fmt: skip
     handler = get_rendezvous_handler(params)
     try:
+        # What the agent imported before is out of the collector's sight (``create_handler``).
+        assert gc.get_freeze_count() > 0
         assert isinstance(handler, MingleRendezvousHandler)
         assert handler.get_backend() == "mingle"
         assert handler.use_agent_store is True
