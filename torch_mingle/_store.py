@@ -138,8 +138,9 @@ def open_client(
 ) -> TCPStore:
     """A client of the round store at ``ip:port``; raises torch's ``DistError`` if it cannot connect.
 
-    The connect is bounded by ``connect_timeout_s`` for a port that refuses or does not answer
-    (and by ``RESOLVER_ALLOWANCE_S`` more for torch's name lookup once it has), and by the node
+    The connect is bounded by ``connect_timeout_s`` (and ``PROBE_AFTER_S``) for a port that
+    refuses or does not answer (and by ``RESOLVER_ALLOWANCE_S`` more for torch's name lookup
+    once it has), and by the node
     for a server that accepted and froze: its cut (``cut``) shuts down the socket, also one
     this very connect opens after the cut began (the connect is registered first, see
     ``_Flights``). ``ahead``: opened while the join waits (its own failpoint). ``ended``: the
@@ -159,7 +160,6 @@ def open_client(
 
     def connect() -> None:
         try:
-            _accepts(ip, port, connect_timeout_s)
             outcome.append(TCPStore(ip, port, None, False, timeout=timedelta(seconds=allowed)))
         except BaseException as exc:  # handed to the caller, raised there
             outcome.append(exc)
@@ -169,13 +169,30 @@ def open_client(
     # On a thread of its own: torch's client tries again, until its bound, a connection that a
     # cut shut down, and its caller must not wait for that (``_Flight.over``).
     threading.Thread(target=connect, name="mingle-store-connect", daemon=True).start()
-    if not flight.over.wait(2 * connect_timeout_s + RESOLVER_ALLOWANCE_S + STRAGGLER_S):
-        raise DistNetworkError(f"the connect to the store at {ip}:{port} did not return")
+    refused: list[DistNetworkError] = []
+    if not flight.over.wait(PROBE_AFTER_S):
+        # Not connected at once: torch's client waits on its name lookup (our own connect then
+        # gets through, and it has its allowance), or on a port that refuses or does not answer,
+        # which it would try again until ``allowed``: our connect fails within the bound, and
+        # ends the wait (torch's try ends at its own bound on its thread, its client unused).
+        # On a thread too, so that a cut still ends the wait at once.
+        def probe() -> None:
+            try:
+                _accepts(ip, port, connect_timeout_s)
+            except DistNetworkError as exc:
+                refused.append(exc)
+                flight.over.set()
+
+        threading.Thread(target=probe, name="mingle-store-probe", daemon=True).start()
+        if not flight.over.wait(connect_timeout_s + RESOLVER_ALLOWANCE_S + STRAGGLER_S):
+            raise DistNetworkError(f"the connect to the store at {ip}:{port} did not return")
     if flight.was_cut:
         raise DistNetworkError(f"the store at {ip}:{port} belongs to a lost leader (cut while connecting)")
-    (result,) = outcome
+    if not outcome:
+        raise refused[0]  # the port refused or did not answer (``over`` is set by nothing else)
+    result = outcome[0]
     if isinstance(result, BaseException):
-        raise result
+        raise refused[0] if refused else result
     result.set_timeout(timedelta(seconds=CLIENT_TIMEOUT_S))
     return result
 
@@ -449,6 +466,10 @@ CUT_AGAIN_S = 0.02
 CUT_FOR_AT_MOST_S = 60.0
 #: How long past its own bounds a caller waits for a store connect that never returns.
 STRAGGLER_S = 5.0
+#: How long a store connect may take before the caller checks, by a connect of its own, that
+#: the port accepts (``_accepts``): torch's connect on loopback takes about a millisecond, and
+#: a second connect on every connect cost a 4-node rendezvous 5 ms (docs/benchmarks.md).
+PROBE_AFTER_S = 0.05
 
 
 @dataclass(eq=False)
@@ -459,7 +480,8 @@ class _Flight:
     refused: bool
     #: A cut found it under way: the store belongs to a lost leader.
     was_cut: bool = False
-    #: Set when it returned, or when a cut found it under way.
+    #: Set when it returned, when a cut found it under way, or when the port proved not to
+    #: accept a connection (``open_client``'s own connect).
     over: threading.Event = field(default_factory=threading.Event)
 
 

@@ -162,3 +162,16 @@ def test_the_cut_keeps_cutting_only_while_a_connect_under_way_at_its_moment_runs
     assert cutter_gone(), "the cutter went on cutting for a connect that started after the cut"
     assert flights.under_way() == 1
     flights.end(after)
+
+
+def test_a_port_that_refuses_fails_the_connect_with_its_reason_not_after_torchs_retries():
+    """torch's client tries a refused port again until its bound (the connect bound and the
+    resolver's allowance, 12 s here); the node's own connect, made once torch's has not
+    returned within ``PROBE_AFTER_S``, ends it with the reason."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(DistError, match=r"cannot be reached: Connection refused"):
+        open_client("127.0.0.1", port, 0.5)
+    # torch's try, unused, runs out on its own thread at its bound (0.5 s + the allowance).
+    wait_until(lambda: _store._flights.under_way() == 0, 30.0, "torch's try to end")
