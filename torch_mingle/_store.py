@@ -140,11 +140,10 @@ def open_client(
 
     The connect is bounded by ``connect_timeout_s`` (and ``PROBE_AFTER_S``) for a port that
     refuses or does not answer (and by ``RESOLVER_ALLOWANCE_S`` more for torch's name lookup
-    once it has), and by the node
-    for a server that accepted and froze: its cut (``cut``) shuts down the socket, also one
-    this very connect opens after the cut began (the connect is registered first, see
-    ``_Flights``). ``ahead``: opened while the join waits (its own failpoint). ``ended``: the
-    node's stores of ended rounds, refused.
+    once it has), and by the node for a server that accepted and froze: its cut (``cut``)
+    shuts down the socket, also one this very connect opens after the cut began (the connect
+    is registered first, see ``_Flights``). ``ahead``: opened while the join waits (its own
+    failpoint). ``ended``: the node's stores of ended rounds, refused.
     """
     try:
         _faults.hit("store.connect_ahead" if ahead else "store.connect")
