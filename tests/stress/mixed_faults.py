@@ -66,11 +66,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import (
-    JOINED,
     Agent,
     assert_trained_together,
     final_reports,
     finish_all,
+    joins,
     leader_of,
     logged_at,
     read_reports,
@@ -175,7 +175,7 @@ def cold_start(index: int, workdir: Path, rng: random.Random) -> dict[str, Any]:
         assert overlap is None, f"two rounds trained at once: {overlap}"
         lines = trace.read_text().splitlines() if trace.exists() else []
         result["rounds"] = len({tuple(line.split()[1:3]) for line in lines})
-        result["formed"] = len({rnd for a in agents for rnd, _, _ in JOINED.findall(a.output())})
+        result["formed"] = len({rnd for a in agents for rnd, _, _ in joins(a)})
         joined = [logged_at(a, "joined round") for a in agents]
         result["formed_s"] = min((j - started for j in joined if j is not None), default=None)
         result["trained_s"] = float(lines[0].split()[0]) - started if lines else None
@@ -209,8 +209,8 @@ def worlds_not_their_rounds(report_dir: Path, agents: Sequence[Agent]) -> str | 
     """
     told: dict[int, set[int]] = {}
     for agent in agents:
-        for rnd, _, size in JOINED.findall(agent.output()):
-            told.setdefault(int(rnd), set()).add(int(size))
+        for rnd, _, size in joins(agent):
+            told.setdefault(rnd, set()).add(size)
     split = {rnd: sizes for rnd, sizes in told.items() if len(sizes) > 1}
     if split:
         return f"agents were told different worlds for one round: {split}"
