@@ -530,7 +530,7 @@ class _Flights:
             for token in pending:
                 flight = self._flights[token]
                 flight.was_cut = True
-                flight.over.set()  # its caller goes on now; its thread ends at its own bound
+                flight.over.set()  # its caller goes on now; its thread ends past its bound (back-off)
         count = abort_connections_to(ip, ports)
         if pending:
             threading.Thread(
