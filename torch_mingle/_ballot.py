@@ -8,7 +8,9 @@ accepted beyond it (``accepted``: its vote, see ``_rounds``), the highest epoch 
 round only what it heard before it joined; a new process that forgot it would found a job of
 its own beside the round, seed 8025425), and whether it left the job (``left``: a leave
 takes its vote away, and the others count it gone; a new process of it is a new node, seed
-8038304). Each change goes to ``persist``: into the step's ``Ready.state``, which the shell
+8038304), and the votes of other terms that a later vote replaced before the node knew whether
+they formed (``earlier``: one of them may still form, and the node must still name it once it
+hears so, seed 40003081). Each change goes to ``persist``: into the step's ``Ready.state``, which the shell
 writes (``_identity`` keeps the state file) before anything of that step leaves the node
 (``_ready.apply``): a vote sent before it is on the disk is forgotten by a power loss, and a
 second round could form from the same base without knowing of the first. A disk that refuses
@@ -19,10 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torch_mingle._keys import RoundKey, newest_key
+from torch_mingle._keys import RoundKey, age, newest_key
 from torch_mingle._quorum import may_accept
 from torch_mingle._record import field, record
-from torch_mingle._records import NOTHING_HEARD, Heard, History, Round
+from torch_mingle._records import MAX_HEARD, NOTHING_HEARD, Heard, History, Round
 
 
 @record
@@ -34,6 +36,11 @@ class NodeState:
     led: int = 0
     heard: Heard = NOTHING_HEARD
     left: bool = False
+    earlier: tuple[History, ...] = ()
+
+
+#: Earlier votes a node keeps (``Ballot.earlier``): the newest, one per term, as ``MAX_HEARD``.
+MAX_EARLIER = MAX_HEARD
 
 
 #: Where each change goes: on the disk, where a new process of the node finds it, before
@@ -48,16 +55,19 @@ class Ballot:
     led: int = 0
     heard: Heard = NOTHING_HEARD
     left: bool = False
+    #: Votes of other terms that a later vote replaced, newest first, each newer than
+    #: ``history``: kept until the node hears which of them formed (``settle``).
+    earlier: tuple[History, ...] = ()
     #: Where each change goes before the node acts on it.
     persist: Persist = field(default=lambda state: None, repr=False, compare=False)
 
     @classmethod
     def of(cls, state: NodeState | None, persist: Persist) -> Ballot:
         state = state or NodeState()
-        return cls(state.history, state.accepted, state.led, state.heard, state.left, persist)
+        return cls(state.history, state.accepted, state.led, state.heard, state.left, state.earlier, persist)
 
     def state(self) -> NodeState:
-        return NodeState(self.history, self.accepted, self.led, self.heard, self.left)
+        return NodeState(self.history, self.accepted, self.led, self.heard, self.left, self.earlier)
 
     def own_key(self) -> RoundKey | None:
         """The newest round this node was in or voted for: where its departure counts."""
@@ -86,9 +96,22 @@ class Ballot:
             if settled:
                 self.persist(self.state())
             return False
+        self.earlier = self._keep(self.accepted, rnd)
         self.accepted = History.of(rnd)
         self.persist(self.state())
         return True
+
+    def _keep(self, replaced: History | None, rnd: Round) -> tuple[History, ...]:
+        """``earlier`` once the vote ``replaced`` gives way to one for ``rnd``: a vote of another
+        term may still form (its leader may have counted a majority already), and the node
+        that heard it formed must then name it (``settle``). Its own term's later proposal ends
+        it: a leader forms none of its proposals once it made a later one."""
+        if replaced is None or replaced.term == (rnd.epoch, rnd.members[0] if rnd.members else 0):
+            return self.earlier
+        kept: dict[tuple[int, int], History] = {}
+        for h in (replaced, *self.earlier):
+            kept.setdefault(h.term, h)
+        return tuple(sorted(kept.values(), key=lambda h: age(h.key), reverse=True)[:MAX_EARLIER])
 
     def settle(self, heard: Heard) -> bool:
         """Take the proposal this node accepted as its last round if it heard that it formed
@@ -98,11 +121,21 @@ class Ballot:
         node cut off before the round's "formed" reached it keeps an older round as its last,
         and its next vote replaces the only record of the round it was in: a term that heard of
         that round then finds none of its members, and no quorum forms again (seed 30071042).
-        The caller writes the change (with its own)."""
-        accepted = self.accepted
-        if accepted is None or (accepted.key not in heard.keys and accepted.key not in self.heard.keys):
+        A vote that a later one of another term replaced (``earlier``) counts the same: the
+        proposal that replaced it covered it, and the round may have formed all the same (seed
+        40003081). The caller writes the change (with its own)."""
+        known = (*heard.keys, *self.heard.keys)
+        formed = [
+            h
+            for h in (self.accepted, *self.earlier)
+            if h is not None and h.key in known and h.newer_than(self.history)
+        ]
+        if not formed:
             return False
-        self.history, self.accepted = accepted, None
+        self.history = max(formed, key=lambda h: age(h.key))
+        if self.accepted is not None and not self.accepted.newer_than(self.history):
+            self.accepted = None
+        self.earlier = tuple(h for h in self.earlier if h.newer_than(self.history))
         return True
 
     def formed(self, rnd: Round, heard: Heard | None = None) -> None:
@@ -111,6 +144,7 @@ class Ballot:
         self.history = History.of(rnd)
         if self.accepted is not None and not self.accepted.newer_than(self.history):
             self.accepted = None
+        self.earlier = tuple(h for h in self.earlier if h.newer_than(self.history))
         self.heard = heard if heard is not None else self.heard
         self.persist(self.state())
 

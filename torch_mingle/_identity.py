@@ -195,6 +195,8 @@ class Identity:
                 "seen": state.heard.to_json(),
                 "left": state.left,
             }
+            if state.earlier:
+                data["earlier"] = [h.to_json() for h in state.earlier]
             tmp = _tmp_path(path)
             try:
                 with contextlib.suppress(FileNotFoundError):
@@ -414,9 +416,10 @@ def _read(path: Path) -> tuple[int, int, NodeState, float]:
         led = int(data.get("led", 0))
         heard = Heard.of(data.get("seen"))
         left = data.get("left", False) is not False
+        earlier = tuple(History.from_json(h) for h in data.get("earlier") or ())
     except (OSError, ValueError, KeyError, TypeError):
         return 0, 0, NodeState(), KEEP_S
-    return node_id, incarnation, NodeState(history, accepted, led, heard, left), keep_s
+    return node_id, incarnation, NodeState(history, accepted, led, heard, left, earlier), keep_s
 
 
 def _mtime(path: Path) -> float:

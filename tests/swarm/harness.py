@@ -249,6 +249,8 @@ class World(Agents[_Agent]):
         self.acceptors: dict[tuple[int, int, int], set[int]] = {}
         #: Each node's last vote (by node id, across its processes) (``successors``).
         self.last_vote: dict[int, tuple[int, int, int]] = {}
+        #: The proposals each node id voted for, in order, across its processes (``memory``).
+        self.voted: dict[int, list[tuple[int, int, int]]] = {}
         self.said_left: dict[int, tuple[int, int, int] | None] = {}
         #: Per base round, the proposals formed from it that won a majority of its voters, each
         #: with the proposals its leader accounted for (``successors``).
@@ -367,11 +369,14 @@ class World(Agents[_Agent]):
         self._record_terms(node)
         self._record_leaves(node)
         self._record_heard(node)
-        kept = [h.key for h in (node.node.history, node.node.accepted) if h is not None]
+        ballot = node.node.ballot
+        kept = [h.key for h in (ballot.history, ballot.accepted, *ballot.earlier) if h is not None]
         for key in (*kept, *node.node.ballot.heard.keys):  # its state file's: it knows them
             lineage = self._lineage_known(key)
             if lineage is not None:
                 self.sim.learn(node, ("lineage", lineage))
+        for key in self._to_keep(node.core.node_id):  # what its predecessors kept (``memory``)
+            self._check_named(node, key, heard=False)
         for fact in self.joined_knowing.get(node.core.node_id, frozenset()):
             self.sim.learn(node, fact)  # what its node heard as it joined: the rule puts it on disk
         agent = self.start(host, node, at)
@@ -407,15 +412,17 @@ class World(Agents[_Agent]):
             ok = inner(rnd, base, covers)
             if ok:
                 key = (rnd.epoch, rnd.members[0], rnd.number)
+                before = self.last_vote.get(node.core.node_id)
                 self._check_left(node, rnd)
                 self._check_vote(node.core.node_id, key, base, covers)
                 self.accepted.setdefault(key, (rnd.base, rnd.members))
                 self.proposed_at.setdefault(key, self.sim.now)
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
+                self.voted.setdefault(node.core.node_id, []).append(key)
                 self.knew_at_accept.setdefault(key, {})[node.core.node_id] = self.sim.knows(node)
                 self._check_successors(key, rnd.base, covers)
                 self._check_memory(node)
-                self._voted(node)
+                self._voted(node, switched=before is not None and before[:2] != key[:2])
             return ok
 
         node.node.vote = accept  # type: ignore[method-assign]
@@ -583,6 +590,7 @@ class World(Agents[_Agent]):
             log = self.rounds[key] = _Round(key, members, self._lineage_of(rnd.base))
             self.lineage_members.setdefault(log.lineage, set()).update(members)
             self._check_quorum(key, rnd.base, where)
+            self._check_kept(key)
         elif log.members != members:
             raise Violation("ranks", f"{where}: members differ from the same round's elsewhere", now)
         log.delivered.add(agent.node_id)
@@ -653,24 +661,53 @@ class World(Agents[_Agent]):
 
     def _check_memory(self, node: SimNode) -> None:
         """``memory`` (module doc), after a vote: the rounds the node heard formed that it voted
-        for are named by its state (its history or a later one, its vote, or its vote's lines)."""
-        me, ballot = node.core.node_id, node.node.ballot
+        for are named by its state (its history or a later one, its vote, or its vote's lines);
+        and the ones it must keep (``_to_keep``) are kept (so too among its ``earlier``)."""
+        me = node.core.node_id
+        heard = node.node.heard().keys
+        for key in self.voted.get(me, ()):
+            if key in heard:  # a heard round formed (``Heard``): named, not only kept
+                self._check_named(node, key, heard=True)
+        for key in self._to_keep(me):
+            self._check_named(node, key, heard=False)
+
+    def _to_keep(self, node: int) -> list[tuple[int, int, int]]:
+        """The rounds that formed that ``node`` voted for and must keep (``memory``): each one
+        until it votes for a later proposal of the same term (a leader forms none of its
+        proposals once it made a later one: that one rests on the round or a later one)."""
+        out, later_terms = [], set()
+        for key in reversed(self.voted.get(node, ())):
+            if key[:2] not in later_terms and key in self.rounds:
+                out.append(key)
+            later_terms.add(key[:2])
+        return out
+
+    def _check_kept(self, key: tuple[int, int, int]) -> None:
+        """``memory`` (module doc), as round ``key`` forms: each live process that voted for it
+        and must keep it (``_to_keep``) keeps it."""
+        for agent in self.agents:
+            if agent.node.alive and key in self._to_keep(agent.node_id):
+                self._check_named(agent.node, key, heard=False)
+
+    def _check_named(self, node: SimNode, key: tuple[int, int, int], *, heard: bool) -> None:
+        ballot = node.node.ballot
         history, vote = ballot.history, ballot.accepted
-        for key in node.node.heard().keys:
-            if me not in self.acceptors.get(key, ()):  # a heard round formed (``Heard``)
-                continue
-            self.checks += 1
-            if history is not None and age(history.key) >= age(key):
-                continue
-            if vote is not None and (vote.key == key or key in vote.lines):
-                continue
-            raise Violation(
-                "memory",
-                f"node {node_hex(me)[:6]} voted for {_key(key)} and heard it formed, "
-                f"but its state names history {_key(history.key) if history else 'none'} and vote "
-                f"{_key(vote.key) if vote else 'none'}",
-                self.sim.now,
-            )
+        earlier = () if heard else ballot.earlier
+        self.checks += 1
+        if history is not None and age(history.key) >= age(key):
+            return
+        if vote is not None and (vote.key == key or key in vote.lines):
+            return
+        if any(h.key == key for h in earlier):
+            return
+        raise Violation(
+            "memory",
+            f"node {node_hex(node.core.node_id)[:6]} voted for {_key(key)}, which formed"
+            f"{' and it heard so' if heard else ''}, but its state names history "
+            f"{_key(history.key) if history else 'none'} and vote {_key(vote.key) if vote else 'none'}"
+            + (f" and earlier {', '.join(_key(h.key) for h in earlier)}" if earlier else ""),
+            self.sim.now,
+        )
 
     def _check_successors(
         self,
@@ -1173,18 +1210,24 @@ class World(Agents[_Agent]):
     def _do_power_at_accept(self, e: sc.Event, agent: _Agent | None) -> None:
         self._triggers.append(e)
 
-    _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_accept
+    _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_switch = _do_power_at_accept
     _do_newcomer_at_propose = _do_sigterm_at_propose = _do_power_at_accept
 
-    def _voted(self, node: SimNode) -> None:
-        """``node`` accepted a proposal: an armed fault of that moment fires right after its vote
-        went out (in simulated time, not at the harness's next step: the window is milliseconds)."""
+    def _voted(self, node: SimNode, *, switched: bool) -> None:
+        """``node`` accepted a proposal (``switched``: its previous vote was another term's): an
+        armed fault of that moment fires right after its vote went out (in simulated time, not
+        at the harness's next step: the window is milliseconds)."""
         now = self.sim.now
         host = next(a.host for a in self.agents if a.node is node)
         for trigger in list(self._triggers):
             if now > trigger.at + sc.TRIGGER_S:
                 self._triggers.remove(trigger)
-            elif trigger.at <= now and trigger.node in (-1, host) and trigger.kind in sc.AT_ACCEPT:
+            elif (
+                trigger.at <= now
+                and trigger.node in (-1, host)
+                and trigger.kind in sc.AT_ACCEPT
+                and (switched or trigger.kind != "power_at_switch")
+            ):
                 self._triggers.remove(trigger)
                 fault = self._fault_of(trigger, host)
                 self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))

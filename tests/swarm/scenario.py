@@ -48,6 +48,9 @@ KINDS: dict[str, int] = {
     "power_at_accept": 4,
     "partition_at_accept": 5,
     "sigterm_at_accept": 2,  # the voter leaves right after its vote
+    # The host loses power right after a vote that replaced one of another term (what the
+    # node must keep of the vote it replaced: ``Ballot.earlier``).
+    "power_at_switch": 2,
 }
 #: Partitions that close connections with a FIN, both ways or one way (a proxy, a sidecar or
 #: a NAT that closes what it cannot route): ``judge(CLOSED)`` under a split. Drawn apart from
@@ -106,7 +109,7 @@ FRESH_SHARE = 0.3
 CHURN_KINDS = tuple(k for k in KINDS if k not in ("shutdown", "sigterm", "sigterm_at_accept"))
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
-AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept"))
+AT_ACCEPT = frozenset(k for k in KINDS if k.endswith(("_at_accept", "_at_switch")))
 AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
 TRIGGERS = AT_ACCEPT | AT_PROPOSE
 FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut"}) - {"workers_fail", "sigterm", "shutdown"}
@@ -372,7 +375,7 @@ def _event(rng: random.Random, kind: str, hosts: int) -> Event:
         return Event(at, kind, args=(rng.randint(1, 20),))
     if kind == "unfit":
         return Event(at, kind, node, dur=round(rng.uniform(0.5, 6.0), 3))
-    if kind in ("power_at_accept", "sigterm_at_accept"):
+    if kind in ("power_at_accept", "sigterm_at_accept", "power_at_switch"):
         back = round(rng.uniform(0.5, 4.0), 3)
         return Event(at, kind, rng.choice((-1, node)), dur=TRIGGER_S + back, args=(back,))
     if kind == "partition_at_accept":

@@ -12,7 +12,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -304,6 +304,43 @@ def test_an_accepted_round_heard_to_have_formed_is_the_last_round_before_the_nex
     ballot = Ballot(history=three, accepted=four, persist=saved.append)
     ballot.remember(NOTHING_HEARD.with_keys(four.key))
     assert saved[-1].history == four and saved[-1].accepted is None
+
+
+def _on_disk(ident: Identity) -> Callable[[NodeState], None]:
+    def persist(state: NodeState) -> None:
+        assert ident.save(state)
+
+    return persist
+
+
+def test_a_vote_another_term_replaced_is_kept_until_it_is_heard_formed(tmp_path):
+    """A node that voted for round 2 and then for round 3 of another term (which covered it)
+    keeps round 2, on the disk and across a restart, and takes it as its last round once it
+    hears that it formed, as round 4 of that other term, built on it, asks for its vote (seed
+    40003081, ``Ballot.earlier``)."""
+    members = (1, 2, 3, 4, 5)
+    one, two = History.of(_round(1, members)), _round(2, members)
+    other = (3, 4, 5, 1, 2)  # node 3 leads epoch 2
+    three = Round(number=3, epoch=2, members=other, store_ip="198.18.0.3", store_port=4)
+    four = Round(number=4, epoch=2, members=other, store_ip="198.18.0.3", store_port=4)
+    ident = Identity.claim(tmp_path, "job42")
+    ballot = Ballot(history=one, persist=_on_disk(ident))
+    assert ballot.accept(two, 1, frozenset())
+    assert ballot.accept(three, 1, frozenset({History.of(two).key}))  # round 2's fate unknown
+    assert ident.state.accepted == History.of(three) and ident.state.earlier == (History.of(two),)
+    ident.release(forget=False)  # its process dies
+    after = Identity.claim(tmp_path, "job42")
+    assert after.state.earlier == (History.of(two),)
+    ballot = Ballot.of(after.state, _on_disk(after))
+    assert ballot.accept(four, 2, frozenset(), NOTHING_HEARD.with_keys(History.of(two).key))
+    state = after.state
+    assert state.history == History.of(two) and state.accepted == History.of(four)
+    assert not state.earlier
+    # Its own term's later proposal ends a vote (that leader forms none of the earlier one).
+    ballot = Ballot(history=one, persist=lambda state: None)
+    assert ballot.accept(two, 1, frozenset()) and ballot.accept(_round(3, members), 1, frozenset())
+    assert ballot.earlier == ()
+    after.release(forget=True)
 
 
 #: What ``/tmp`` or a Kubernetes emptyDir allows (anyone may write there).
