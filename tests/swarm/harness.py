@@ -69,7 +69,12 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   history is that round or a later one, or its vote is for it or names it among its lines. A
   node that forgot it (its next vote replaced the only record of it) leaves a term that heard
   of the round with none of its members to account for it, and no quorum forms again (seed
-  30071042).
+  30071042). And from the truth, at each vote, as a round forms and when a new process of a
+  node starts: every round that formed with the node's vote is kept by its state (as above,
+  or among the votes of other terms its later votes replaced, ``Ballot.earlier``) until the
+  node votes for a later proposal of the same term, whose leader forms none of the earlier
+  one once it made it (seed 40003081: a covering vote of another term replaced the record of
+  a round that formed after all).
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound),
   and so does each of the handler's own waits (a store try, the probe, the look for a broken
   round) and torch's rank exchange (``join_timeout`` from the delivery).
@@ -422,7 +427,8 @@ class World(Agents[_Agent]):
                 self.knew_at_accept.setdefault(key, {})[node.core.node_id] = self.sim.knows(node)
                 self._check_successors(key, rnd.base, covers)
                 self._check_memory(node)
-                self._voted(node, switched=before is not None and before[:2] != key[:2])
+                kept = any(h.key == before for h in node.node.ballot.earlier)
+                self._voted(node, switched=kept and self._matters(before))
             return ok
 
         node.node.vote = accept  # type: ignore[method-assign]
@@ -1213,15 +1219,28 @@ class World(Agents[_Agent]):
     _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_switch = _do_power_at_accept
     _do_newcomer_at_propose = _do_sigterm_at_propose = _do_power_at_accept
 
+    def _matters(self, key: tuple[int, int, int] | None) -> bool:
+        """Whether the proposal ``key`` formed or may still form (its term's process lives and
+        leads it)."""
+        if key is None:
+            return False
+        if key in self.rounds:
+            return True
+        process = self.term_process.get(key[:2])
+        term = process.node.term if process is not None and process.alive else None
+        return term is not None and (term.claim.epoch, term.claim.leader) == key[:2]
+
     def _voted(self, node: SimNode, *, switched: bool) -> None:
-        """``node`` accepted a proposal (``switched``: its previous vote was another term's): an
+        """``node`` accepted a proposal (``switched``: it replaced its vote for a proposal of
+        another term that formed or may still form, ``_matters``, and keeps that one until it
+        hears whether it formed, ``Ballot.earlier``): an
         armed fault of that moment fires right after its vote went out (in simulated time, not
         at the harness's next step: the window is milliseconds)."""
         now = self.sim.now
         host = next(a.host for a in self.agents if a.node is node)
         for trigger in list(self._triggers):
-            if now > trigger.at + sc.TRIGGER_S:
-                self._triggers.remove(trigger)
+            if now > trigger.at + sc.TRIGGER_S and trigger.kind != "power_at_switch":
+                self._triggers.remove(trigger)  # (a switch is rare: that one waits for it)
             elif (
                 trigger.at <= now
                 and trigger.node in (-1, host)

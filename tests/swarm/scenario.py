@@ -48,9 +48,6 @@ KINDS: dict[str, int] = {
     "power_at_accept": 4,
     "partition_at_accept": 5,
     "sigterm_at_accept": 2,  # the voter leaves right after its vote
-    # The host loses power right after a vote that replaced one of another term (what the
-    # node must keep of the vote it replaced: ``Ballot.earlier``).
-    "power_at_switch": 2,
 }
 #: Partitions that close connections with a FIN, both ways or one way (a proxy, a sidecar or
 #: a NAT that closes what it cannot route): ``judge(CLOSED)`` under a split. Drawn apart from
@@ -68,6 +65,12 @@ GARBLE_SALT = 0x6A7B1E
 #: its members.
 STARTUP_SHARE = 0.2
 STARTUP_SALT = 0x57A27
+#: A share of the seeds (``SWITCH_SHARE``, drawn apart) power a host off right after its
+#: vote replaced one for a proposal of another term that may still form (``power_at_switch``,
+#: armed from the start, waits for the first such vote: they are rare): what the node must keep
+#: of the vote it replaced (``Ballot.earlier``) is what its next process knows.
+SWITCH_SHARE = 1.0
+SWITCH_SALT = 0x5717C4
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as
 #: the job starts: each side may found a job of its own), and when the split heals a second
 #: one follows at once that moves one host across: a member of one side's round now reaches
@@ -109,10 +112,10 @@ FRESH_SHARE = 0.3
 CHURN_KINDS = tuple(k for k in KINDS if k not in ("shutdown", "sigterm", "sigterm_at_accept"))
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
-AT_ACCEPT = frozenset(k for k in KINDS if k.endswith(("_at_accept", "_at_switch")))
+AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch"}
 AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
 TRIGGERS = AT_ACCEPT | AT_PROPOSE
-FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut"}) - {"workers_fail", "sigterm", "shutdown"}
+FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch"}) - {"workers_fail", "sigterm", "shutdown"}
 #: (``preempt`` is not one: its notice is a leave, and the power loss it brings counts itself.)
 
 
@@ -213,7 +216,7 @@ def generate(seed: int) -> Scenario:
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
     events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
-    events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed)
+    events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed) + _switch(seed, hosts)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -249,6 +252,15 @@ def _startup(seed: int, hosts: int) -> list[Event]:
     if rng.random() >= STARTUP_SHARE:
         return []
     return [replace(_event(rng, "partition_at_accept", hosts), at=0.0)]
+
+
+def _switch(seed: int, hosts: int) -> list[Event]:
+    """A power loss at the first vote that replaces another term's (``SWITCH_SHARE``), from a
+    stream of its own."""
+    rng = random.Random(seed ^ SWITCH_SALT)
+    if rng.random() >= SWITCH_SHARE:
+        return []
+    return [replace(_event(rng, "power_at_switch", hosts), at=0.0, node=-1)]  # (any host: none runs yet)
 
 
 def _regroup(seed: int, hosts: int) -> list[Event]:
