@@ -115,7 +115,11 @@ TRIGGER_S = 6.0
 AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch"}
 AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
 TRIGGERS = AT_ACCEPT | AT_PROPOSE
-FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch"}) - {"workers_fail", "sigterm", "shutdown"}
+FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch"}) - {
+    "workers_fail",
+    "sigterm",
+    "shutdown",
+}
 #: (``preempt`` is not one: its notice is a leave, and the power loss it brings counts itself.)
 
 
