@@ -10,8 +10,8 @@ its own beside the round, seed 8025425), and whether it left the job (``left``: 
 takes its vote away, and the others count it gone; a new process of it is a new node, seed
 8038304), and the votes of other terms that a later vote replaced before the node knew whether
 they formed (``earlier``: one of them may still form, and the node must still name it once it
-hears so, seed 40003081). Each change goes to ``persist``: into the step's ``Ready.state``, which the shell
-writes (``_identity`` keeps the state file) before anything of that step leaves the node
+hears so, seed 40003081). Each change goes to ``persist``: into the step's ``Ready.state``,
+which the shell writes (``_identity`` keeps the state file) before anything of that step leaves the node
 (``_ready.apply``): a vote sent before it is on the disk is forgotten by a power loss, and a
 second round could form from the same base without knowing of the first. A disk that refuses
 the state stops the node before anything goes out.

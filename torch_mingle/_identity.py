@@ -58,8 +58,10 @@ log = logging.getLogger(__name__)
 
 ENV = "TORCH_MINGLE_STATE_DIR"
 MAX_SLOTS = 256
-#: A slot's state file is a few hundred bytes; more is not ours.
-MAX_STATE_BYTES = 1 << 20
+#: What a slot's state file may hold. It names up to six rounds with their members (``NodeState``:
+#: the history, the vote and up to ``MAX_EARLIER`` replaced votes), about 19 bytes per member:
+#: 7.5 MB at 65,536 members. A file cut short would read as garbage and lose the vote.
+MAX_STATE_BYTES = 1 << 25
 #: How long a slot outlives its process by default (torch's ``join_timeout``).
 KEEP_S = 600.0
 #: At most this many slots of other jobs are swept per claim.

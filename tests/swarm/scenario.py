@@ -65,10 +65,12 @@ GARBLE_SALT = 0x6A7B1E
 #: its members.
 STARTUP_SHARE = 0.2
 STARTUP_SALT = 0x57A27
-#: A share of the seeds (``SWITCH_SHARE``, drawn apart) power a host off right after its
-#: vote replaced one for a proposal of another term that may still form (``power_at_switch``,
-#: armed from the start, waits for the first such vote: they are rare): what the node must keep
-#: of the vote it replaced (``Ballot.earlier``) is what its next process knows.
+#: A share of the seeds (``SWITCH_SHARE``, drawn apart: all of them, for the moment is rare,
+#: about one seed in 2,000 meets it) power a host off right after a vote that replaced one for a
+#: proposal of another term that formed or may still form, and that the node keeps until it
+#: hears whether it formed (``power_at_switch``, armed from the start, waits for the first such
+#: vote): what the node kept of the vote it replaced (``Ballot.earlier``) is what its next
+#: process knows.
 SWITCH_SHARE = 1.0
 SWITCH_SALT = 0x5717C4
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as

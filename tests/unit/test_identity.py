@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from torch_mingle import _identity
-from torch_mingle._ballot import Ballot, NodeState
+from torch_mingle._ballot import MAX_EARLIER, Ballot, NodeState
 from torch_mingle._identity import Identity
 from torch_mingle._records import NOTHING_HEARD, History, Round
 from torch_mingle.errors import MingleConfigError
@@ -340,6 +340,24 @@ def test_a_vote_another_term_replaced_is_kept_until_it_is_heard_formed(tmp_path)
     ballot = Ballot(history=one, persist=lambda state: None)
     assert ballot.accept(two, 1, frozenset()) and ballot.accept(_round(3, members), 1, frozenset())
     assert ballot.earlier == ()
+    after.release(forget=True)
+
+
+def test_a_state_file_of_a_large_job_reads_back_whole(tmp_path):
+    """At 65,536 members, with a history, a vote and every replaced vote it may keep, the state
+    file is several MB: read back cut short, it would be garbage and the vote lost."""
+    n = 65_536
+    members = tuple(range(1, n + 1))
+    rounds = [Round(number=k, epoch=k, members=members[k:] + members[:k], store_ip="198.18.0.1",
+                    store_port=4) for k in range(1, 7)]  # fmt: skip
+    history, accepted, *earlier = (History.of(r) for r in rounds)
+    ident = Identity.claim(tmp_path, "job42")
+    assert ident.save(NodeState(history, accepted, earlier=tuple(earlier[:MAX_EARLIER])))
+    ident.release(forget=False)
+    after = Identity.claim(tmp_path, "job42")
+    assert after.node_id == ident.node_id
+    assert after.state.history == history and after.state.accepted == accepted
+    assert after.state.earlier == tuple(earlier[:MAX_EARLIER])
     after.release(forget=True)
 
 
