@@ -296,6 +296,9 @@ class World(Agents[_Agent]):
         self.rogue_ends: set[int] = set()
         self.captured: list[bytes] = []
         self.recovered_at: float | None = None
+        #: When the last fault ends: the scenario's last event, or later where a fault of a
+        #: moment that waits for it (``power_at_switch``) fired late.
+        self.heal = scenario.heal_at
         self.finishing = False
         #: Since when nothing happened to the job (a fault, an agent starting, a member leaving),
         #: and how many faults are under way: recovery is expected after ``recovery_bound_s``.
@@ -316,11 +319,11 @@ class World(Agents[_Agent]):
 
     def run(self) -> Outcome:
         violation = None
-        heal = self.sc.heal_at
         bound = recovery_bound_s(self.sc.hosts)
-        hard_stop = heal + bound + sc.JOIN_TIMEOUT_S + 4 * sc.CLOSE_TIMEOUT_S + 10.0
         try:
             while True:
+                heal = self.heal  # (a fault of a moment that fired late moves it)
+                hard_stop = heal + bound + sc.JOIN_TIMEOUT_S + 4 * sc.CLOSE_TIMEOUT_S + 10.0
                 now = self.sim.now
                 target = now + MONITOR_S
                 if self._actions and self._actions[0][0] < target:
@@ -348,7 +351,7 @@ class World(Agents[_Agent]):
             self.checks,
             len(self.trained),
             self.isolated_overlaps,
-            None if self.recovered_at is None else self.recovered_at - heal,
+            None if self.recovered_at is None else self.recovered_at - self.heal,
         )
 
     def _check_all_ended(self) -> None:
@@ -1239,7 +1242,7 @@ class World(Agents[_Agent]):
         now = self.sim.now
         host = next(a.host for a in self.agents if a.node is node)
         for trigger in list(self._triggers):
-            if now > trigger.at + sc.TRIGGER_S and trigger.kind != "power_at_switch":
+            if now > trigger.at + sc.TRIGGER_S and (trigger.kind != "power_at_switch" or self.finishing):
                 self._triggers.remove(trigger)  # (a switch is rare: that one waits for it)
             elif (
                 trigger.at <= now
@@ -1249,6 +1252,7 @@ class World(Agents[_Agent]):
             ):
                 self._triggers.remove(trigger)
                 fault = self._fault_of(trigger, host)
+                self.heal = max(self.heal, fault.ends)
                 self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))
 
     def _proposing(self, form: Form) -> None:

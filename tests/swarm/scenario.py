@@ -266,7 +266,8 @@ def _switch(seed: int, hosts: int) -> list[Event]:
     rng = random.Random(seed ^ SWITCH_SALT)
     if rng.random() >= SWITCH_SHARE:
         return []
-    return [replace(_event(rng, "power_at_switch", hosts), at=0.0, node=-1)]  # (any host: none runs yet)
+    # Any host (none runs yet); no length of its own: its power loss ends by ``heal_at``.
+    return [replace(_event(rng, "power_at_switch", hosts), at=0.0, node=-1, dur=0.0)]
 
 
 def _regroup(seed: int, hosts: int) -> list[Event]:
