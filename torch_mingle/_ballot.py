@@ -96,17 +96,18 @@ class Ballot:
             if settled:
                 self.persist(self.state())
             return False
-        self.earlier = self._keep(self.accepted, rnd)
-        self.accepted = History.of(rnd)
+        vote = History.of(rnd)
+        self.earlier = self._keep(self.accepted, vote)
+        self.accepted = vote
         self.persist(self.state())
         return True
 
-    def _keep(self, replaced: History | None, rnd: Round) -> tuple[History, ...]:
-        """``earlier`` once the vote ``replaced`` gives way to one for ``rnd``: a vote of another
-        term may still form (its leader may have counted a majority already), and the node
-        that heard it formed must then name it (``settle``). Its own term's later proposal ends
-        it: a leader forms none of its proposals once it made a later one."""
-        if replaced is None or replaced.term == (rnd.epoch, rnd.members[0] if rnd.members else 0):
+    def _keep(self, replaced: History | None, vote: History) -> tuple[History, ...]:
+        """``earlier`` once the vote ``replaced`` gives way to ``vote``: a vote of another term
+        may still form (its leader may have counted a majority already), and the node that
+        heard it formed must then name it (``settle``). Its own term's later proposal ends it:
+        a leader forms none of its proposals once it made a later one."""
+        if replaced is None or replaced.term == vote.term:
             return self.earlier
         kept: dict[tuple[int, int], History] = {}
         for h in (replaced, *self.earlier):
@@ -132,19 +133,20 @@ class Ballot:
         ]
         if not formed:
             return False
-        self.history = max(formed, key=lambda h: age(h.key))
-        if self.accepted is not None and not self.accepted.newer_than(self.history):
-            self.accepted = None
-        self.earlier = tuple(h for h in self.earlier if h.newer_than(self.history))
+        self._last_round(max(formed, key=lambda h: age(h.key)))
         return True
+
+    def _last_round(self, history: History) -> None:
+        """``history`` is the newest round this node knows formed: a vote no newer is over."""
+        self.history = history
+        if self.accepted is not None and not self.accepted.newer_than(history):
+            self.accepted = None
+        self.earlier = tuple(h for h in self.earlier if h.newer_than(history))
 
     def formed(self, rnd: Round, heard: Heard | None = None) -> None:
         """The round ``rnd`` formed with this node in it. ``heard``: what the node heard of by
         now, written with it (``remember``)."""
-        self.history = History.of(rnd)
-        if self.accepted is not None and not self.accepted.newer_than(self.history):
-            self.accepted = None
-        self.earlier = tuple(h for h in self.earlier if h.newer_than(self.history))
+        self._last_round(History.of(rnd))
         self.heard = heard if heard is not None else self.heard
         self.persist(self.state())
 

@@ -379,7 +379,7 @@ class World(Agents[_Agent]):
         self._record_heard(node)
         ballot = node.node.ballot
         kept = [h.key for h in (ballot.history, ballot.accepted, *ballot.earlier) if h is not None]
-        for key in (*kept, *node.node.ballot.heard.keys):  # its state file's: it knows them
+        for key in (*kept, *ballot.heard.keys):  # its state file's: it knows them
             lineage = self._lineage_known(key)
             if lineage is not None:
                 self.sim.learn(node, ("lineage", lineage))
@@ -694,8 +694,9 @@ class World(Agents[_Agent]):
     def _check_kept(self, key: tuple[int, int, int]) -> None:
         """``memory`` (module doc), as round ``key`` forms: each live process that voted for it
         and must keep it (``_to_keep``) keeps it."""
+        voters = self.acceptors.get(key, ())
         for agent in self.agents:
-            if agent.node.alive and key in self._to_keep(agent.node_id):
+            if agent.node_id in voters and agent.node.alive and key in self._to_keep(agent.node_id):
                 self._check_named(agent.node, key, heard=False)
 
     def _check_named(self, node: SimNode, key: tuple[int, int, int], *, heard: bool) -> None:

@@ -187,7 +187,7 @@ MUTANTS: dict[str, Mutant] = {
                (_attr(Ballot, "settle", lambda self, heard: False),)),
         Mutant("a vote another term's replaced is kept until it is heard formed", "Ballot._keep",
                "the later vote replaces it (the code before seed 40003081's fix)",
-               (_attr(Ballot, "_keep", lambda self, replaced, rnd: self.earlier),)),
+               (_attr(Ballot, "_keep", lambda self, replaced, vote: self.earlier),)),
         Mutant("a replaced vote is on the disk", "Ballot._keep (earlier)",
                "earlier is not recorded (a new process forgets the vote it replaced)",
                (_attr(_sim.SimNet, "persist", _persist_dropping("earlier")),)),
