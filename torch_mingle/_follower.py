@@ -46,6 +46,7 @@ from torch_mingle import _failpoints
 from torch_mingle._claims import Claim
 from torch_mingle._frames import (
     BEAT,
+    Beat,
     Accept,
     Ack,
     Arrive,
@@ -311,10 +312,24 @@ class FollowerSession:
 
     # ------------------------------------------------------------ requests
 
+    def tell(self, heard: Heard) -> None:
+        """What the node heard of the job (``heard``): rounds of other terms it did not tell
+        this leader yet (in the hello, a join or a beat) go out now, before anything else it
+        sends, a vote included: the leader may have to account for them (``LeaderTerm.hear``;
+        seed 50005902: a voter heard of another side's first round after its join went out,
+        and the round it voted for formed beside it)."""
+        term = (self.claim.epoch, self.claim.leader)
+        told = set(self.seen.keys)
+        news = any(k not in told for k in heard.beyond(0, term, None).keys)
+        self.seen = self.seen.with_heard(heard)
+        if news and self.phase in (SessionPhase.HELLO, SessionPhase.READY):
+            self._out(Beat(seen=self.seen).encode())  # (before the hello, the hello tells it)
+
     def join(self, join: Join) -> None:
         """Ask for a place in the next round (before the connection is up: sent with the hello,
         replacing an older ask). Its last round goes by number when this leader sent it here
         (``ref``: the leader holds its members)."""
+        self.seen = self.seen.with_heard(join.seen)
         self.history = join.history
         frame = replace(join, ref=self._delivered_number(join.history)).encode()
         if self.phase in (SessionPhase.HELLO, SessionPhase.READY):

@@ -126,6 +126,7 @@ def session_event(node: Follower, session: FollowerSession, ev: SessionEvent, no
     elif isinstance(ev, RoundFormed | Wait | Retry | JoinTimedOut | ClosedAnswer | Ack):
         node.answer(ev, session, now)
     elif isinstance(ev, Propose):
+        session.tell(node.heard())  # what it heard goes before its vote
         if node.vote(ev.round, ev.base, ev.covers):
             session.accept(ev.round.number)
         else:

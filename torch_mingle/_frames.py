@@ -212,10 +212,13 @@ class Close:
 
 @record
 class Beat:
-    """A heartbeat."""
+    """A heartbeat; from a node, ``seen``: rounds of the job it heard of since it last told its
+    leader, sent at once (``FollowerSession.tell``)."""
+
+    seen: Heard = NOTHING_HEARD
 
     def encode(self) -> bytes:
-        return encode_frame("hb")
+        return encode_frame("hb", seen=self.seen.to_json()) if self.seen else encode_frame("hb")
 
 
 @record
@@ -496,7 +499,7 @@ def from_leader(msg: dict[str, Any]) -> LeaderFrame | Invalid:
 def _decode(msg: dict[str, Any], parsers: dict[str, Callable[[dict[str, Any]], Any]], to: str) -> Any:
     kind = msg.get("t")
     if kind == "hb":
-        return BEAT
+        return Beat(seen=Heard.of(msg["seen"])) if "seen" in msg else BEAT
     parse = parsers.get(kind) if isinstance(kind, str) else None
     if parse is None:
         if isinstance(kind, str) and kind in _KINDS:

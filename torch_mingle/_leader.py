@@ -82,7 +82,7 @@ from torch_mingle._ports import StorePorts
 from torch_mingle._proposals import Vote
 from torch_mingle._push import Pusher
 from torch_mingle._record import assert_never, field, record
-from torch_mingle._records import History, Round, Status, node_hex
+from torch_mingle._records import Heard, History, Round, Status, node_hex
 from torch_mingle._rounds import Form, RoundBook
 from torch_mingle._settings import Beats, Terms, differences
 from torch_mingle._wire import Invalid, Seal, frame_digest
@@ -457,6 +457,7 @@ class LeaderTerm:
         match frame:
             case Beat():
                 self.counters.beats_in += 1
+                self.hear(frame.seen, now)
             case Join():
                 self.desk.asked(self, m, frame, now)
             case Accept(ok=True):
@@ -469,7 +470,7 @@ class LeaderTerm:
                 self._send_record(m, Ack(frame.ticket))
             case Bye():
                 m.said_bye = True
-                self.book.hear(frame.seen)
+                self.hear(frame.seen, now)
                 if m.join_id is not None:
                     # Its join goes with the connection (the node joins again where it goes): the
                     # decision at the end of this batch must not put it in a round. A node that
@@ -537,7 +538,7 @@ class LeaderTerm:
             self._forget(old, node)
         self._by_node[node] = m
         self._set_last(m, hello.last)
-        self.book.hear(hello.seen)
+        self.hear(hello.seen, now)
         self.push.hello(node)
         self.book.ips[node] = hello.ip
         self._send_record(m, Welcome(self.claim.epoch, self.book.status(now), self.book.highest_heard()))
@@ -557,6 +558,13 @@ class LeaderTerm:
         self._open_exit_barrier_if_due()
 
     # ------------------------------------------------------------ decisions
+
+    def hear(self, heard: Heard, now: float) -> None:
+        """A node of this term heard of rounds of the job (``RoundBook.hear``). News decides
+        again while a proposal is out: it may have to account for them (a member tells its
+        news before its vote, ``FollowerSession.tell``; seed 50005902)."""
+        if self.book.hear(heard) and self.vote.current is not None:
+            self._decide(now)
 
     def accept_local(self, number: int, now: float) -> None:
         """The leader's own node recorded the proposal ``number`` (its state file is written)."""

@@ -202,7 +202,7 @@ def flush_term(node: Leader, term: LeaderTerm, now: float) -> bool:
     busy = False
     # What the node heard of the job since its term began counts too: a round that ran
     # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
-    term.book.hear(node.heard())
+    term.hear(node.heard(), now)
     for conn, frame in term.frames():
         node.out.send(conn, frame)
     for conn, _why in term.closes():
@@ -221,11 +221,13 @@ def flush_term(node: Leader, term: LeaderTerm, now: float) -> bool:
             continue
         node.answer(answer, None, now)
     if term is node.term and cannot_vote:
-        # Its own first round waits for its vote, which it cannot record (``_accept``): a
-        # node that can vote leads instead; this one joins it, and a later round takes it in.
+        # Its own first round waits for its vote, which it cannot record (``_accept``: the
+        # node knows of a round the term did not account for, or it left): it gives up the
+        # lead and elects again, as any node does (a node that stopped here waited for a
+        # leader it could no longer hear of, seed 723); a later term counts what it knows.
         log.warning("%s cannot record its own vote: it gives up leading", node.label)
         unlead(node, "the leader cannot record its vote", now)
-        node.core.resign(now)
+        node.core.give_way(now, term.claim.epoch)
         return True
     if term is node.term and term.outdated_by is not None:
         epoch, term.outdated_by = term.outdated_by, None

@@ -407,6 +407,7 @@ class Node:
                 busy |= leading.flush_term(self, term, now)
             session = self.session
             if session is not None:
+                session.tell(self.heard())  # news goes to the leader at once
                 for frame in session.frames():
                     self._out.send(session.conn, frame)
                 for sev in session.events():

@@ -74,9 +74,11 @@ class OtherTerms:
     #: whatever its lineage (``outdated_by``).
     reported_epoch: int = 0
 
-    def hear(self, heard: Heard) -> None:
-        """Rounds of the job formed: a node of this term heard of them (``heard``)."""
-        self.heard = self.heard.with_heard(heard)
+    def hear(self, heard: Heard) -> bool:
+        """Rounds of the job formed: a node of this term heard of them (``heard``); True if
+        that is news."""
+        old, self.heard = self.heard, self.heard.with_heard(heard)
+        return self.heard != old
 
     def ran(self, history: History, base: Callable[[], History | None]) -> None:
         """A joiner's last round, of another term: the next round may have to account for it."""
@@ -149,10 +151,8 @@ class OtherTerms:
         known = list(known)
         # A round is accounted for by a round or proposal that continues its line or took it in.
         known_keys = {h.key for h in known}.union(*(h.lines for h in known), base.lines if base else ())
-        for key in self.heard.keys:
-            if key[2] < floor or key[:2] == term:
-                continue
-            if (base is None or key != base.key) and key not in known_keys:
+        for key in self.heard.beyond(floor, term, base.key if base is not None else None).keys:
+            if key not in known_keys:
                 return key
         return None
 

@@ -124,6 +124,14 @@ class Heard:
     def with_heard(self, other: Heard) -> Heard:
         return self.with_keys(*other.keys) if other.keys else self
 
+    def beyond(self, floor: int, term: tuple[int, int], base: RoundKey | None) -> Heard:
+        """The rounds heard of that a round of ``term`` formed from round number ``floor``
+        (``base``: its key) must account for: of another term, numbered ``floor`` or above,
+        not the base (``OtherTerms.unaccounted``; a voter tells its leader of them, seed
+        50005902)."""
+        keys = tuple(k for k in self.keys if k[2] >= floor and k[:2] != term and k != base)
+        return self if len(keys) == len(self.keys) else Heard(keys)
+
     def to_json(self) -> list[list[Any]] | None:
         return [round_key_to_json(k) for k in self.keys] or None
 

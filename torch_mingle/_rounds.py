@@ -504,9 +504,10 @@ class RoundBook:
         """The term proposed round ``number`` (formed or not, no later round reuses it)."""
         self._proposed = max(self._proposed, number)
 
-    def hear(self, heard: Heard) -> None:
-        """Rounds of the job formed: a node of this term heard of them (``OtherTerms.hear``)."""
-        self.others.hear(heard)
+    def hear(self, heard: Heard) -> bool:
+        """Rounds of the job formed: a node of this term heard of them (``OtherTerms.hear``);
+        True if that is news."""
+        return self.others.hear(heard)
 
     def highest_heard(self) -> Heard:
         """The rounds of the job this leader knows formed: its base (its own round, the newest

@@ -36,6 +36,8 @@ from torch_mingle import _agent, _ballot, _evidence, _proposals, _quorum, _round
 from torch_mingle._agent import BreakSeen, ExitClean, Fail, JoinFlow
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
+from torch_mingle._follower import FollowerSession
+from torch_mingle._leader import LeaderTerm
 from torch_mingle._ledger import Ledger
 from torch_mingle._node import Node
 from torch_mingle._others import OtherTerms
@@ -113,6 +115,10 @@ def _leave_keeping_the_vote(self: Ledger, node: int, key: Any) -> None:
 
 def _quorum_met_by_a_majority(constraints: Any, accepted: Any, counts: Any = None, **_: Any) -> bool:
     return _quorum.quorum_met(constraints, accepted, counts)
+
+
+def _tell_nothing(self: FollowerSession, heard: Any) -> None:
+    return None
 
 
 _sound_voting = RoundBook._voting
@@ -208,6 +214,12 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a round heard of that no joiner was in leaves no quorum", "OtherTerms.unaccounted",
                "a term forms beside a round it only heard of (a spare's first round, a side of a split)",
                (_attr(OtherTerms, "unaccounted", lambda self, *a: None),)),
+        Mutant("a member tells its leader what it heard at once", "FollowerSession.tell",
+               "it tells it only in its hello and joins (the code before seed 50005902's fix)",
+               (_attr(FollowerSession, "tell", _tell_nothing),)),
+        Mutant("news decides again while a proposal is out", "LeaderTerm.hear",
+               "the proposal forms on what the term knew when it was made",
+               (_attr(LeaderTerm, "hear", lambda self, heard, now: self.book.hear(heard)),)),
         Mutant("a round of another line needs its majority too", "OtherTerms.rivals",
                "only the base and the proposals it accounts for count",
                (_attr(RoundBook, "_voting", staticmethod(_voting_without_rivals)),)),

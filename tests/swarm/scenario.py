@@ -73,6 +73,16 @@ STARTUP_SALT = 0x57A27
 #: process knows.
 SWITCH_SHARE = 1.0
 SWITCH_SALT = 0x5717C4
+#: A share of the seeds with a secret (``OVERHEARD_SHARE``, drawn apart) cut ``min_nodes``
+#: hosts off from the job's start (an island: it founds a job of its own; the others' first
+#: leader loses power as it proposes if the island has not formed yet, so it does first). Then, as the others
+#: propose their first round, the island's clocks step back past the replay window and its
+#: datagrams reach one of the others' voters (one way), whose leader's frames reach it late:
+#: the voter hears of the island's round by its stale datagrams (it follows no leader of them)
+#: after its join went out and before it votes, and its leader does not (seed 50005902: a
+#: round formed beside the island a member knew of).
+OVERHEARD_SHARE = 0.5
+OVERHEARD_SALT = 0x0BE7E4
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as
 #: the job starts: each side may found a job of its own), and when the split heals a second
 #: one follows at once that moves one host across: a member of one side's round now reaches
@@ -117,7 +127,7 @@ TRIGGER_S = 6.0
 AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch"}
 AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
 TRIGGERS = AT_ACCEPT | AT_PROPOSE
-FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch"}) - {
+FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch", "overheard"}) - {
     "workers_fail",
     "sigterm",
     "shutdown",
@@ -223,6 +233,7 @@ def generate(seed: int) -> Scenario:
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
     events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
     events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed) + _switch(seed, hosts)
+    events += _overheard(seed, hosts, min_nodes, secret)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -268,6 +279,21 @@ def _switch(seed: int, hosts: int) -> list[Event]:
         return []
     # Any host (none runs yet); no length of its own: its power loss ends by ``heal_at``.
     return [replace(_event(rng, "power_at_switch", hosts), at=0.0, node=-1, dur=0.0)]
+
+
+def _overheard(seed: int, hosts: int, min_nodes: int, secret: bool) -> list[Event]:
+    """Hosts cut off from the start, enough to found a job (``min_nodes``) and as many left,
+    overheard by one of the others (``OVERHEARD_SHARE``, with a secret: the island's clocks
+    step), from a stream of its own: ``args`` are the island's hosts, how late the others'
+    leader's frames reach that node (below the heartbeat timeout: it stays), how long their
+    first leader is down, and how far the island's clocks step back."""
+    rng = random.Random(seed ^ OVERHEARD_SALT)
+    if rng.random() >= OVERHEARD_SHARE or 2 * min_nodes > hosts or not secret:
+        return []
+    island = sorted(rng.sample(range(hosts), min_nodes))
+    apart, late = round(rng.uniform(6.0, 10.0), 3), round(rng.uniform(0.6, 0.9), 3)
+    hold, skew = round(rng.uniform(1.6, 3.0), 3), round(rng.uniform(40.0, 100.0), 1)
+    return [Event(0.0, "overheard", dur=apart, args=(island, late, hold, skew))]
 
 
 def _regroup(seed: int, hosts: int) -> list[Event]:

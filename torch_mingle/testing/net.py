@@ -141,6 +141,8 @@ class InMemoryNetwork:
         self.impaired: dict[object, Impairment] = {}
         #: Extra latency of stream bytes to or from a host (a slow reader or writer).
         self.stalled: dict[object, float] = {}
+        #: Extra latency of stream bytes from one host to another (one direction of a slow path).
+        self.slow: dict[tuple[object, object], float] = {}
         #: Hosts whose link corrupts stream bytes: how many more sends to or from each it spoils
         #: (a bad NIC or middlebox; the receiver sees a protocol error, ``Evidence.BROKEN``).
         self.garbled: dict[object, int] = {}
@@ -348,6 +350,8 @@ class InMemoryNetwork:
 
     def _deliver_data(self, end: _End, peer: _End, data: bytes, now: float, knows: object) -> None:
         delay = self._latency() + self.stalled.get(end.owner, 0.0) + self.stalled.get(peer.owner, 0.0)
+        if self.slow:
+            delay += self.slow.get((end.owner, peer.owner), 0.0)
         for host in (end.owner, peer.owner):
             imp = self.impaired.get(host)
             if imp is not None:
