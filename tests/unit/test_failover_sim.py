@@ -492,3 +492,26 @@ def test_a_spare_that_hears_only_the_announcement_of_a_failed_job_fails_and_does
     agents.run_until(sim.now + 10.0)
     assert not exits, f"the spare exited 0 after a failed job: {exits}"
     assert any("the job failed" in why for why in fails), fails
+
+
+def test_a_leader_that_cannot_record_its_own_vote_elects_again_and_the_job_forms(monkeypatch):
+    """A leader whose own node refuses its term's first round (it knows a round the term did
+    not account for) gives the lead up and elects again as any node does; before, its
+    election stopped for good and its agent waited for a leader it could no longer hear of."""
+    from torch_mingle._node import Node
+    from torch_mingle.testing.transcript import World
+
+    sound, refused = Node.vote, []
+
+    def vote(self, rnd, base, covers):
+        if self.term is not None and not refused:
+            refused.append(self.settings.node_id)
+            return False
+        return sound(self, rnd, base, covers)
+
+    monkeypatch.setattr(Node, "vote", vote)
+    world = World(3, min_nodes=3, max_nodes=3, seed=5, secret=False)
+    assert world.stabilize(60.0), "\n".join(world.out)
+    assert refused
+    leader = next(n for n in world.sim.nodes if n.core.node_id == refused[0])
+    assert leader.core.role.value != "stopped"

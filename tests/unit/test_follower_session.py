@@ -325,3 +325,35 @@ def test_a_bad_field_from_the_leader_ends_the_session_as_its_protocol_error(befo
     s.received([frame], 0.3)
     (over,) = [e for e in s.events() if isinstance(e, SessionOver)]
     assert over.reason.startswith("protocol error from the leader: bad ")
+
+
+def _beats(s: FollowerSession) -> list[dict[str, Any]]:
+    frames = [f for raw in s.frames() for f in FrameReader().feed(raw)]  # type: ignore[union-attr]
+    return [f for f in frames if f["t"] == "hb"]
+
+
+def test_a_round_of_another_term_heard_of_goes_to_the_leader_at_once_and_once():
+    """Seed 50005902: a node heard of another side's first round after its join went out; it
+    tells its leader at once, in a beat, before it sends anything else (its vote too)."""
+    from torch_mingle._records import NOTHING_HEARD
+
+    s = _ready_session()
+    s.frames()
+    own = NOTHING_HEARD.with_keys((1, LEADER, 3))
+    s.tell(own)  # its own leader's round: the leader knows it
+    assert _beats(s) == []
+    other = own.with_keys((2, 0xB, 1))
+    s.tell(other)
+    assert [b.get("seen") for b in _beats(s)] == [[[1, f"{LEADER:016x}", 3], [2, f"{0xB:016x}", 1]]]
+    s.tell(other)  # told already
+    assert _beats(s) == []
+
+
+def test_before_the_hello_the_hello_tells_what_the_node_heard():
+    from torch_mingle._records import NOTHING_HEARD
+
+    s = _session_to(Claim(1, LEADER))
+    s.tell(NOTHING_HEARD.with_keys((2, 0xB, 1)))
+    s.connected(0.1)
+    hello = [f for raw in s.frames() for f in FrameReader().feed(raw) if f["t"] == "hello"]  # type: ignore[union-attr]
+    assert hello and hello[0]["seen"] == [[2, f"{0xB:016x}", 1]]

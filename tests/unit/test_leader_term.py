@@ -702,3 +702,28 @@ def test_a_join_sent_on_a_connection_its_node_no_longer_uses_never_withdraws_its
     term.handle_timer(10.5)
     assert 2 in term.book.pending, "the old connection's deadline withdrew the node's new join"
     assert not any(f["t"] == "timeout" for f in _sent(term).get(11, []))
+
+
+def test_a_member_that_heard_of_another_sides_round_while_a_proposal_was_out_stops_it():
+    """Seed 50005902: a member heard of another side's first round after its join went out; it
+    tells its leader at once (a beat with ``seen``, before its vote), and the proposal it has
+    to account for is given up: the round waits for a member of that side."""
+    term = _base_of_three()
+    term.handle_timer(1.5)
+    number = _proposed(term)[0][1]["round"]["round"]
+    term.received(10, [{"t": "hb", "seen": [[2, "0b", 5]]}], 1.6)  # numbered as the proposal: not older than its base
+    assert term.vote.current is None
+    for conn in (10, 11):  # the votes come after the news: nothing forms
+        term.received(conn, [{"t": "accept", "round": number, "ok": True}], 1.7)
+    assert term.book.current is None or term.book.current.number != number
+    d = term.book.decide(1.8)
+    assert isinstance(d, Wait) and "round 5 of this job (epoch 2, leader 000000000000000b) ran" in d.reason
+
+
+def test_a_beat_with_nothing_new_leaves_the_proposal_as_it_is():
+    term = _base_of_three()
+    term.handle_timer(1.5)
+    number = _proposed(term)[0][1]["round"]["round"]
+    term.received(10, [{"t": "hb", "seen": [[1, f"{LEADER:x}", 4]]}], 1.6)  # the base: known
+    term.received(11, [{"t": "hb"}], 1.6)
+    assert term.vote.current is not None and term.vote.current.round.number == number
