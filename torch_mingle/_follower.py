@@ -179,6 +179,8 @@ class FollowerSession:
     _next_beat: float = 0.0
     _queued: list[bytes] = field(default_factory=list)
     _queued_join: bytes | None = None
+    #: The node's ``heard`` that ``tell`` last read (the same object while nothing is new).
+    _heard_read: Heard | None = None
     _frames: list[bytes] = field(default_factory=list)
     _events: list[SessionEvent] = field(default_factory=list)
 
@@ -318,10 +320,12 @@ class FollowerSession:
         sends, a vote included: the leader may have to account for them (``LeaderTerm.hear``;
         seed 50005902: a voter heard of another side's first round after its join went out,
         and the round it voted for formed beside it)."""
+        if heard is self._heard_read:
+            return  # (every step asks; a node's ``heard`` is a new object only when it grew)
+        self._heard_read = heard
+        told, self.seen = set(self.seen.keys), self.seen.with_heard(heard)
         term = (self.claim.epoch, self.claim.leader)
-        told = set(self.seen.keys)
-        news = any(k not in told for k in heard.beyond(0, term, None).keys)
-        self.seen = self.seen.with_heard(heard)
+        news = any(k not in told for k in self.seen.beyond(0, term, None).keys)
         if news and self.phase in (SessionPhase.HELLO, SessionPhase.READY):
             self._out(Beat(seen=self.seen).encode())  # (before the hello, the hello tells it)
 

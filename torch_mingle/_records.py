@@ -127,8 +127,8 @@ class Heard:
     def beyond(self, floor: int, term: tuple[int, int], base: RoundKey | None) -> Heard:
         """The rounds heard of that a round of ``term`` formed from round number ``floor``
         (``base``: its key) must account for: of another term, numbered ``floor`` or above,
-        not the base (``OtherTerms.unaccounted``; a voter tells its leader of them, seed
-        50005902)."""
+        not the base (``OtherTerms.unaccounted``); from 0 with no base, those a member tells
+        its leader at once (``FollowerSession.tell``)."""
         keys = tuple(k for k in self.keys if k[2] >= floor and k[:2] != term and k != base)
         return self if len(keys) == len(self.keys) else Heard(keys)
 

@@ -81,7 +81,7 @@ SWITCH_SALT = 0x5717C4
 #: the voter hears of the island's round by its stale datagrams (it follows no leader of them)
 #: after its join went out and before it votes, and its leader does not (seed 50005902: a
 #: round formed beside the island a member knew of).
-OVERHEARD_SHARE = 0.5
+OVERHEARD_SHARE = 0.3
 OVERHEARD_SALT = 0x0BE7E4
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as
 #: the job starts: each side may found a job of its own), and when the split heals a second
