@@ -201,10 +201,7 @@ class Identity:
                 data["earlier"] = [h.to_json() for h in state.earlier]
             tmp = _tmp_path(path)
             try:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()  # a new file of ours, never one a link points to
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
+                with os.fdopen(_new_file(tmp), "w") as f:
                     f.write(json.dumps(data, separators=(",", ":")))
                     f.flush()
                     os.fsync(f.fileno())
@@ -301,6 +298,17 @@ def _private(state_dir: Path, *, inside: bool = False) -> Path:
 
 def _lock_path(state: Path) -> Path:
     return state.with_name(state.name + ".lock")
+
+
+def _new_file(path: Path) -> int:
+    """A new file of ours at ``path``, never one a link points to: one left by a process that
+    died while writing goes first (only then: its removal costs a failed call each write)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        path.unlink()
+        return os.open(path, flags, 0o600)
 
 
 def _tmp_path(state: Path) -> Path:
