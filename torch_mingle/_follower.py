@@ -46,7 +46,6 @@ from torch_mingle import _failpoints
 from torch_mingle._claims import Claim
 from torch_mingle._frames import (
     BEAT,
-    Beat,
     Accept,
     Ack,
     Arrive,

@@ -195,6 +195,16 @@ class Outcome:
 
 
 @dataclass
+class _Island:
+    """An ``overheard`` fault's island (``World._overhear``): its event, the cut that keeps it
+    apart now, and whether the others' first leader lost power already."""
+
+    event: sc.Event
+    cut: int
+    powered_off: bool = False
+
+
+@dataclass
 class _Round:
     key: tuple[int, int, int]  # (epoch, leader, number)
     members: tuple[int, ...]
@@ -287,8 +297,8 @@ class World(Agents[_Agent]):
         self._actions: list[tuple[float, int, Callable[[], object]]] = []
         #: Faults armed for the moment a vote goes out (``_voted``).
         self._triggers: list[sc.Event] = []
-        #: An ``overheard`` host's cut, until the others propose their first round (``_proposing``).
-        self._overheard: list[tuple[sc.Event, list[int]]] = []
+        #: The ``overheard`` islands still cut off, until the others propose their first round.
+        self._overheard: list[_Island] = []
         self._seq = itertools.count()
         self._cut_ids = itertools.count(1)
         #: When each node id (a process of it) was last seen alive, and each id a rogue used
@@ -1286,34 +1296,34 @@ class World(Agents[_Agent]):
     def _do_overheard(self, e: sc.Event, agent: _Agent | None) -> None:
         """Hosts cut off from the job's start (``OVERHEARD_SHARE``): an island that may found a
         job of its own; ``_overhear`` opens its datagrams to one voter later."""
-        cuts = [next(self._cut_ids)]
-        self.sim.net.block(cuts[0], self._island_pairs(e), DROP)
-        self._overheard.append((e, cuts))
-        self._at(e.ends, lambda: self.sim.net.unblock(cuts[0], self.sim.now))
+        island = _Island(e, next(self._cut_ids))
+        self.sim.net.block(island.cut, self._island_pairs(e), DROP)
+        self._overheard.append(island)
+        self._at(e.ends, lambda: self.sim.net.unblock(island.cut, self.sim.now))
 
     def _island_pairs(self, e: sc.Event, ear: object = None) -> list[tuple[object, object]]:
         """The paths an ``overheard`` cut stops: each way between the island and the others,
         but from the island to ``ear``."""
         island = set(e.args[0])  # type: ignore[call-overload]
-        inside = [self._addr(h) for h in island]
-        outside = [self._addr(h) for h in range(self.sc.hosts) if h not in island]
-        return [(a, b) for a in inside for b in outside if b != ear] + [(b, a) for a in inside for b in outside]
+        inside: list[object] = [self._addr(h) for h in island]
+        outside: list[object] = [self._addr(h) for h in range(self.sc.hosts) if h not in island]
+        out = [(a, b) for a in inside for b in outside if b != ear]
+        return out + [(b, a) for a in inside for b in outside]
 
     def _overhear(self, form: Form) -> None:
         """The others propose their first round (``OVERHEARD_SHARE``). If the island formed
         none yet, their leader's host loses power as it proposes (``args``: for how long; its
-        nodes elect another, and the island forms first). Once it formed one: the
-        island's clocks step back past the replay window, this proposal's first voter that
-        waits (not the leader) gets the island's datagrams from now on, one way (nothing of
-        its leader's does), and its leader's frames reach it late (``args``): it hears of the
-        island's round by datagrams too stale to follow, after its join went out and before
-        its vote."""
+        nodes elect another, and the island forms first). Once it formed one: the island's
+        clocks step back past the replay window, this proposal's first voter that waits (not
+        the leader) gets the island's datagrams from now on, one way (nothing of its leader's
+        does), and its leader's frames reach it late (``args``): it hears of the island's round
+        by datagrams too stale to follow, after its join went out and before its vote."""
         now = self.sim.now
-        for e, cuts in list(self._overheard):
-            island = set(e.args[0])  # type: ignore[call-overload]
-            ids = self._ids(island)
+        for island in list(self._overheard):
+            e = island.event
+            ids = self._ids(set(e.args[0]))  # type: ignore[call-overload]
             if now >= e.ends or any(not set(r.members) & ids for r in self.rounds.values()):
-                self._overheard.remove((e, cuts))  # (healed, or the others formed one already)
+                self._overheard.remove(island)  # (healed, or the others formed one already)
                 continue
             if form.base_key is not None or ids & set(form.members):
                 continue
@@ -1323,15 +1333,15 @@ class World(Agents[_Agent]):
                 continue
             late, hold, skew = (float(a) for a in e.args[1:])  # type: ignore[arg-type]
             if not any(set(r.members) <= ids for r in self.rounds.values()):
-                if len(cuts) == 1:  # once
-                    cuts.append(-1)
+                if not island.powered_off:  # once
+                    island.powered_off = True
                     self._fire(sc.Event(now, "power", leader, dur=hold, args=("restart",)))
                 continue
-            self._overheard.remove((e, cuts))
+            self._overheard.remove(island)
             ear, lead = self._addr(voter), self._addr(leader)
-            self.sim.net.unblock(cuts[0], now)
-            cuts[0] = next(self._cut_ids)
-            self.sim.net.block(cuts[0], self._island_pairs(e, ear), DROP)
+            self.sim.net.unblock(island.cut, now)
+            island.cut = next(self._cut_ids)
+            self.sim.net.block(island.cut, self._island_pairs(e, ear), DROP)
             self.sim.net.slow[(lead, ear)] = late
             self._at(e.ends, functools.partial(self.sim.net.slow.pop, (lead, ear), None))
             for h in e.args[0]:  # type: ignore[attr-defined]

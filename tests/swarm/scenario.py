@@ -75,12 +75,12 @@ SWITCH_SHARE = 1.0
 SWITCH_SALT = 0x5717C4
 #: A share of the seeds with a secret (``OVERHEARD_SHARE``, drawn apart) cut ``min_nodes``
 #: hosts off from the job's start (an island: it founds a job of its own; the others' first
-#: leader loses power as it proposes if the island has not formed yet, so it does first). Then, as the others
-#: propose their first round, the island's clocks step back past the replay window and its
-#: datagrams reach one of the others' voters (one way), whose leader's frames reach it late:
-#: the voter hears of the island's round by its stale datagrams (it follows no leader of them)
-#: after its join went out and before it votes, and its leader does not (seed 50005902: a
-#: round formed beside the island a member knew of).
+#: leader loses power as it proposes if the island has not formed yet, so it does first).
+#: Then, as the others propose their first round, the island's clocks step back past the
+#: replay window and its datagrams reach one of the others' voters (one way), whose leader's
+#: frames reach it late: the voter hears of the island's round by its stale datagrams (it
+#: follows no leader of them) after its join went out and before it votes, and its leader does
+#: not (seed 50005902: a round formed beside the island a member knew of).
 OVERHEARD_SHARE = 0.3
 OVERHEARD_SALT = 0x0BE7E4
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as

@@ -501,7 +501,7 @@ def test_a_leader_that_cannot_record_its_own_vote_elects_again_and_the_job_forms
     from torch_mingle._node import Node
     from torch_mingle.testing.transcript import World
 
-    sound, refused = Node.vote, []
+    sound, refused = Node.vote, list[int]()
 
     def vote(self, rnd, base, covers):
         if self.term is not None and not refused:

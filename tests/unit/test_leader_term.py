@@ -711,7 +711,8 @@ def test_a_member_that_heard_of_another_sides_round_while_a_proposal_was_out_sto
     term = _base_of_three()
     term.handle_timer(1.5)
     number = _proposed(term)[0][1]["round"]["round"]
-    term.received(10, [{"t": "hb", "seen": [[2, "0b", 5]]}], 1.6)  # numbered as the proposal: not older than its base
+    # Numbered as the proposal: not older than its base.
+    term.received(10, [{"t": "hb", "seen": [[2, "0b", 5]]}], 1.6)
     assert term.vote.current is None
     for conn in (10, 11):  # the votes come after the news: nothing forms
         term.received(conn, [{"t": "accept", "round": number, "ok": True}], 1.7)
