@@ -470,7 +470,6 @@ class LeaderTerm:
                 self._send_record(m, Ack(frame.ticket))
             case Bye():
                 m.said_bye = True
-                self.hear(frame.seen, now)
                 if m.join_id is not None:
                     # Its join goes with the connection (the node joins again where it goes): the
                     # decision at the end of this batch must not put it in a round. A node that
@@ -478,6 +477,7 @@ class LeaderTerm:
                     m.join_id = None
                     self.desk.set_deadline(self, m, None)
                     self.book.withdraw(m.node)
+                self.hear(frame.seen, now)  # (after: a decision it brings must not count its join)
             case Leave():
                 self.book.chronicle.left(self.book.current, m.node, now)
                 self._left(m.node, frame.left)  # (None: it counts for no round: it keeps its vote)
