@@ -563,7 +563,7 @@ class LeaderTerm:
         """A node of this term heard of rounds of the job (``RoundBook.hear``). News decides
         again while a proposal is out: it may have to account for them (a member tells its
         news before its vote, ``FollowerSession.tell``; seed 50005902)."""
-        if self.book.hear(heard) and self.vote.current is not None:
+        if heard and self.book.hear(heard) and self.vote.current is not None:  # (a beat: none)
             self._decide(now)
 
     def accept_local(self, number: int, now: float) -> None:
