@@ -159,7 +159,14 @@ def open_client(
 
     def connect() -> None:
         try:
-            outcome.append(TCPStore(ip, port, None, False, timeout=timedelta(seconds=allowed)))
+            # The port first, by a connect of our own: one that refuses fails here at once.
+            # torch's client would try it again until ``allowed`` (and back off past it), on a
+            # thread its caller no longer waits for.
+            _accepts(ip, port, connect_timeout_s)
+            if not flight.was_cut:
+                outcome.append(TCPStore(ip, port, None, False, timeout=timedelta(seconds=allowed)))
+        except DistNetworkError as exc:
+            refused.append(exc)
         except BaseException as exc:  # handed to the caller, raised there
             outcome.append(exc)
         finally:
@@ -167,14 +174,15 @@ def open_client(
 
     # On a thread of its own: torch's client tries again, until its bound, a connection that a
     # cut shut down, and its caller must not wait for that (``_Flight.over``).
-    threading.Thread(target=connect, name="mingle-store-connect", daemon=True).start()
     refused: list[DistNetworkError] = []
+    threading.Thread(target=connect, name="mingle-store-connect", daemon=True).start()
     if not flight.over.wait(PROBE_AFTER_S):
-        # Not connected at once: torch's client waits on its name lookup (our own connect then
-        # gets through, and it has its allowance), or on a port that refuses or does not answer,
-        # which it would try again until ``allowed``: our connect fails within the bound, and
-        # ends the wait (torch's try ends at its own bound on its thread, its client unused).
-        # On a thread too, so that a cut still ends the wait at once.
+        # Not connected at once: the port does not answer (our first connect fails within the
+        # bound), or torch's client waits on its name lookup (a second connect of ours gets
+        # through, and it has its allowance), or the port went away between our connect and
+        # torch's, which torch's would try again until ``allowed``: the second connect fails
+        # within the bound and ends the wait (torch's try ends at its own bound on its thread,
+        # its client unused). On a thread too, so that a cut still ends the wait at once.
         def probe() -> None:
             try:
                 _accepts(ip, port, connect_timeout_s)
@@ -465,9 +473,10 @@ CUT_AGAIN_S = 0.02
 CUT_FOR_AT_MOST_S = 60.0
 #: How long past its own bounds a caller waits for a store connect that never returns.
 STRAGGLER_S = 5.0
-#: How long a store connect may take before the caller checks, by a connect of its own, that
-#: the port accepts (``_accepts``): torch's connect on loopback takes about a millisecond, and
-#: a second connect on every connect cost a 4-node rendezvous 5 ms (docs/benchmarks.md).
+#: How long a store connect may take before the caller checks again, by a connect of its own,
+#: that the port accepts (``_accepts``): torch's connect on loopback takes about a millisecond.
+#: The first check, on the connect's own thread before torch's client, costs 0.03 ms; one on
+#: a thread of its own with every connect cost a 4-node rendezvous 5 ms (docs/benchmarks.md).
 PROBE_AFTER_S = 0.05
 
 
