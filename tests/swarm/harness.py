@@ -1264,6 +1264,7 @@ class World(Agents[_Agent]):
                 and (switched or trigger.kind != "power_at_switch")
             ):
                 self._triggers.remove(trigger)
+                self.faults[f"{trigger.kind} (fired)"] += 1
                 fault = self._fault_of(trigger, host)
                 self.heal = max(self.heal, fault.ends)
                 self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))
@@ -1285,11 +1286,13 @@ class World(Agents[_Agent]):
                 leaver = self._joiner_of(form)
                 if leaver is not None:
                     self._triggers.remove(trigger)
+                    self.faults[f"{trigger.kind} (fired)"] += 1
                     self._fire(sc.Event(now, "sigterm", leaver))
                 continue
             newcomer = self._newcomer(form)
             if newcomer is not None:
                 self._triggers.remove(trigger)
+                self.faults[f"{trigger.kind} (fired)"] += 1
                 cut, restart_after, down = (float(a) for a in trigger.args)  # type: ignore[arg-type]
                 self._fire(sc.Event(now, "newcomer_cut", newcomer, dur=cut, args=(restart_after, down)))
 
