@@ -16,7 +16,6 @@ import logging
 from typing import Protocol
 
 from torch_mingle._ballot import Ballot
-from torch_mingle._claims import Role
 from torch_mingle._errors import StateError
 from torch_mingle._follower import FollowerSession
 from torch_mingle._frames import JobClosed, Join, JoinAnswer, JoinTimedOut, Retry, RoundFormed, Wait
@@ -54,6 +53,8 @@ class Joiner(Protocol):
     def label(self) -> str: ...
     @property
     def term(self) -> LeaderTerm | None: ...
+    @property
+    def leading(self) -> LeaderTerm | None: ...
     @property
     def session(self) -> FollowerSession | None: ...
     def heard(self) -> Heard: ...
@@ -142,12 +143,11 @@ class Joining:
             return
         self.remember_heard(node)  # on the disk before the join goes out
         remaining = join.timeout_s if join.due is None else max(0.001, join.due - now - JOIN_GRACE_S)
-        term, session = node.term, node.session
-        if term is not None and node.core.role is Role.LEADING:
+        term, session = node.leading, node.session
+        if term is not None:
             session = None  # its own term's join: the same record, without a connection
             ip = towards = node.settings.advertised_ip
         elif session is not None:
-            term = None
             ip, towards = session.own_ip, session.ip
         else:
             return

@@ -176,6 +176,15 @@ class Node:
         return role.term if isinstance(role, Leading) else None
 
     @property
+    def leading(self) -> LeaderTerm | None:
+        """The term this node leads while its election still says so: within a step, the
+        election may give the term up (a higher claim heard) before the node's flush ends it;
+        what the term would do for the job then (a join, a close, an arrival, the snapshot's
+        ``is_leader``) must not happen. The one place that reads both."""
+        term = self.term
+        return term if term is not None and self.core.role is Role.LEADING else None
+
+    @property
     def session(self) -> FollowerSession | None:
         """Its session with the leader it follows (None: it follows none)."""
         role = self.role
@@ -454,9 +463,9 @@ class Node:
         otherwise it is dropped, and a connect to a lost leader is cut (``_leader_lost``).
         """
         target: Target | None = None
-        term, session = self.term, self.session
+        term, session = self.leading, self.session
         if not self.joining.parked:
-            if term is not None and self.core.role is Role.LEADING and term.spare_port is not None:
+            if term is not None and term.spare_port is not None:
                 target = (term.claim, None, term.spare_port)
             elif session is not None and session.ready and session.next_store_port is not None:
                 target = (session.claim, session.ip, session.next_store_port)

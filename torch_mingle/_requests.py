@@ -23,7 +23,6 @@ from typing import Protocol
 
 from torch_mingle import _following as following
 from torch_mingle import _leading as leading
-from torch_mingle._claims import Role
 from torch_mingle._following import Follower
 from torch_mingle._leading import Leader
 from torch_mingle._ready import Ticket
@@ -75,8 +74,8 @@ def arrive(node: Requester, ticket: Ticket, round_number: int, now: float) -> No
     """The agent enters torch's exit barrier: the leader must know before it counts us."""
     node.requests.arrivals[ticket.id] = ticket
     node.extend(ticket, now + ticket.timeout_s)
-    if node.term is not None and node.core.role is Role.LEADING:
-        node.term.arrive_local(ticket.id, round_number, now)
+    if (term := node.leading) is not None:
+        term.arrive_local(ticket.id, round_number, now)
     elif node.session is not None and node.in_round is not None:
         node.session.arrive(ticket.id, round_number, node.in_round.epoch)
     else:
@@ -101,8 +100,8 @@ def deliver_close(node: Requester, now: float) -> None:
     why = node.requests.pending_close
     if why is None:
         return
-    if node.term is not None and node.core.role is Role.LEADING:
-        node.term.close_job(
+    if (term := node.leading) is not None:
+        term.close_job(
             node.settings.node_id,
             why,
             now,

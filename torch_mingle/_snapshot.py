@@ -13,7 +13,6 @@ from typing import Protocol
 
 from torch_mingle import _failpoints
 from torch_mingle._ahead import StoreAhead
-from torch_mingle._claims import Role
 from torch_mingle._follower import FollowerSession
 from torch_mingle._keys import RoundKey
 from torch_mingle._leader import ControlCounters, LeaderTerm
@@ -43,6 +42,8 @@ class Shown(Protocol):
     def out(self) -> Ready: ...
     @property
     def term(self) -> LeaderTerm | None: ...
+    @property
+    def leading(self) -> LeaderTerm | None: ...
     @property
     def session(self) -> FollowerSession | None: ...
     def status(self, now: float) -> Status | None: ...
@@ -153,7 +154,7 @@ class Snapshots:
                 leader_port=view.store_port if view else 0,
                 epoch=view.claim.epoch if view else 0,
                 established=bool(view and view.established),
-                is_leader=node.term is not None and node.core.role is Role.LEADING,
+                is_leader=node.leading is not None,
                 round=rnd.number if rnd else 0,
                 round_key=History.of(rnd).key if rnd else None,
                 rank=rnd.rank_of(node.settings.node_id) if rnd else None,
