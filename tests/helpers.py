@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from torch_mingle._frames import from_leader_stream, from_node
+from torch_mingle._wire import FRAME_HEADER, Decode, Framed, FrameReader, dumps_compact
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train_ddp.py"
@@ -434,3 +437,67 @@ def rounds_training_at_once(trace: Path) -> str | None:
         if start_b < end_a:
             return f"round {key_a} stepped until {end_a:.3f}, round {key_b} from {start_b:.3f}"
     return None
+
+
+# ---------------------------------------------------------------- control frames, as the wire gives them
+
+
+def _on_the_wire(msg: dict[str, Any] | bytes) -> bytes:
+    body = msg if isinstance(msg, bytes) else dumps_compact(msg).encode()
+    return FRAME_HEADER.pack(len(body)) + body
+
+
+Said = dict[str, Any] | bytes | Framed
+
+
+def _said(msgs: Sequence[Said], decode: Decode) -> list[Framed]:
+    out: list[Framed] = []
+    for msg in msgs:
+        if isinstance(msg, Framed):
+            out.append(msg)
+            continue
+        got = FrameReader(decode).feed(_on_the_wire(msg))
+        assert isinstance(got, list) and len(got) == 1, got
+        out.extend(got)
+    return out
+
+
+def node_said(msgs: Sequence[Said]) -> list[Framed]:
+    """What a leader's term receives when a node sends ``msgs`` (JSON objects, or their text,
+    through the wire as they would come; frames read already pass as they are)."""
+    return _said(msgs, from_node)
+
+
+def leader_said(msgs: Sequence[Said]) -> list[Framed]:
+    """What a session receives when its leader sends ``msgs`` (as ``node_said``)."""
+    return _said(msgs, from_leader_stream)
+
+
+def as_sent(msg: dict[str, Any]) -> dict[str, Any]:
+    return msg
+
+
+def dicts_of(data: bytes) -> list[dict[str, Any]]:
+    """The frames in ``data`` as the JSON objects they are: what a test looks at of what was sent."""
+    got = FrameReader(as_sent).feed(data)
+    assert isinstance(got, list), got
+    return [cast("dict[str, Any]", f.frame) for f in got]
+
+
+def _read(decode: Decode, data: Sequence[bytes]) -> list[Framed]:
+    reader, out = FrameReader(decode), []
+    for chunk in data:
+        got = reader.feed(chunk)
+        assert isinstance(got, list), got
+        out.extend(got)
+    return out
+
+
+def node_sent(data: Sequence[bytes]) -> list[Framed]:
+    """What a leader's term receives of the bytes a node sent (one connection's, in order)."""
+    return _read(from_node, data)
+
+
+def leader_sent(data: Sequence[bytes]) -> list[Framed]:
+    """What a session receives of the bytes its leader sent (one connection's, in order)."""
+    return _read(from_leader_stream, data)

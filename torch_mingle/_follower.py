@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any
 
 from torch_mingle import _failpoints
 from torch_mingle._claims import Claim
@@ -79,7 +78,7 @@ from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._record import field, record, replace
 from torch_mingle._records import NOTHING_HEARD, Gone, Heard, History, Round, Status, keep_delivered
 from torch_mingle._settings import Beats, Terms, describe_differences
-from torch_mingle._wire import Invalid, Seal
+from torch_mingle._wire import Framed, Invalid, Seal
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +241,7 @@ class FollowerSession:
         else:
             self._end(f"the connection to the leader {self.ip}:{self.port} ended: {reason}")
 
-    def received(self, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
+    def received(self, frames: list[Framed] | Invalid, now: float) -> None:
         if self.phase in (SessionPhase.OVER, SessionPhase.CONNECTING):
             return
         _failpoints.hit("follower.frame")

@@ -2,9 +2,10 @@
 
 ``_wire`` carries a control connection's bytes (``FrameReader``: a length, then a JSON object
 with a type ``t``; ``Seal``: the MAC of every frame). This module is the other half of the
-boundary: ``from_node`` and ``from_leader`` turn each JSON object into one frozen record of
-the kinds its sender may send, or an ``Invalid`` that names what is wrong with it, so that
-no dict and no optional field is read past this point. A field whose value only informs
+boundary: ``from_node`` and ``from_leader_stream`` (the ``decode`` of a stream's reader, so
+that a frame leaves the reader as its record: ``_wire.Framed``) turn each JSON object into
+one frozen record of the kinds its sender may send, or an ``Invalid`` that names what is
+wrong with it, so that no dict and no optional field is read past this point. A field whose value only informs
 (``timeout_s``, ``dport``, ``place``, ``seen``...) falls back to "unknown" when it is bad, as
 an older node may send it without; a field the protocol decides on (a round, a history, a
 ``gone`` list, an id) makes the frame invalid, and the receiver ends the connection as the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from torch_mingle._keys import RoundKey
 from torch_mingle._places import MAX_PLACE_CHARS
@@ -45,7 +46,7 @@ from torch_mingle._records import (
     round_key_to_json,
 )
 from torch_mingle._settings import Difference, Terms
-from torch_mingle._wire import Invalid, Seal, encode_frame
+from torch_mingle._wire import Framed, Invalid, Seal, encode_frame
 
 #: A join's wait, as its node says it, is at least this long (a shorter one is a busy loop).
 MIN_JOIN_WAIT_S = 0.5
@@ -453,32 +454,34 @@ LeaderFrame = (
 )  # fmt: skip
 
 
-def node_frames(msgs: list[dict[str, Any]], seal: Seal | None) -> Iterator[NodeFrame | Invalid | Unsealed]:
-    """A node's frames on one connection, in order, as records. With a secret each is checked
-    against the connection's seal first (the hello against the leader's challenge), and the
-    first that fails is ``UNSEALED``, after which nothing of this batch is read. Lazily: a
-    frame that ends the connection leaves the rest unopened, and the seal's count with them."""
-    for msg in msgs:
-        if seal is not None and not (seal.open(msg) if seal.ready else seal.check_hello(msg)):
+def node_frames(batch: list[Framed], seal: Seal | None) -> Iterator[NodeFrame | Invalid | Unsealed]:
+    """A node's frames on one connection, in order (read by ``from_node``). With a secret each
+    is checked against the connection's seal first (the hello against the leader's
+    challenge), and the first that fails is ``UNSEALED``, after which nothing of this batch is
+    opened. Lazily: a frame that ends the connection leaves the rest unopened, and the seal's
+    count with them."""
+    for framed in batch:
+        if seal is not None and not (seal.open(framed) if seal.ready else seal.check_hello(framed)):
             yield UNSEALED
             return
-        yield from_node(msg)
+        yield cast("NodeFrame | Invalid", framed.frame)
 
 
 def leader_frames(
-    msgs: list[dict[str, Any]], seal: Seal | None
+    batch: list[Framed], seal: Seal | None
 ) -> Iterator[LeaderFrame | Challenge | Invalid | Unsealed]:
-    """A leader's frames on one connection, in order, as records: with a secret, once the
-    handshake is done, each checked against the connection's seal (``UNSEALED`` ends the
-    batch); before it, the leader's ``Challenge``."""
-    for msg in msgs:
-        if seal is not None and seal.ready and not seal.open(msg):
+    """A leader's frames on one connection, in order (read by ``from_leader_stream``): with a
+    secret, once the handshake is done, each checked against the connection's seal
+    (``UNSEALED`` ends the batch); before it, the leader's ``Challenge``. A challenge at any
+    other time is a frame no node receives."""
+    for framed in batch:
+        if seal is not None and seal.ready and not seal.open(framed):
             yield UNSEALED
             return
-        if seal is not None and not seal.ready and msg.get("t") == "challenge":
-            yield Challenge(_text(msg["n"])) if isinstance(msg.get("n"), str) else Invalid("a bad challenge")
-            continue
-        yield from_leader(msg)
+        frame = cast("LeaderFrame | Challenge | Invalid", framed.frame)
+        if (isinstance(frame, Challenge) or frame is BAD_CHALLENGE) and (seal is None or seal.ready):
+            frame = _CHALLENGE_OUT_OF_TURN
+        yield frame
 
 
 # --------------------------------------------------------------------------- decoding
@@ -494,6 +497,19 @@ def from_leader(msg: dict[str, Any]) -> LeaderFrame | Invalid:
     """A leader's frame as its record, or ``Invalid`` saying what is wrong with it."""
     frame: LeaderFrame | Invalid = _decode(msg, _FROM_LEADER, "node")
     return frame
+
+
+def from_leader_stream(msg: dict[str, Any]) -> LeaderFrame | Challenge | Invalid:
+    """What a connection to the leader carries (``FrameReader``'s ``decode`` there): the
+    leader's frames (``from_leader``), and its ``Challenge`` (which only opens a connection
+    with a secret: ``leader_frames``)."""
+    if msg.get("t") == "challenge":
+        return Challenge(_text(msg["n"])) if isinstance(msg.get("n"), str) else BAD_CHALLENGE
+    return from_leader(msg)
+
+
+#: A challenge whose nonce is not a text.
+BAD_CHALLENGE = Invalid("a bad challenge")
 
 
 def _decode(msg: dict[str, Any], parsers: dict[str, Callable[[dict[str, Any]], Any]], to: str) -> Any:
@@ -770,3 +786,7 @@ def _ip(raw: Any) -> str:
         return peer_ip(raw)
     except ValueError:
         return "?"
+
+
+#: A challenge past the handshake, or without a secret: what ``from_leader`` reads it as.
+_CHALLENGE_OUT_OF_TURN = from_leader({"t": "challenge"})

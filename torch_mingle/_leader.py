@@ -85,7 +85,7 @@ from torch_mingle._record import assert_never, field, record
 from torch_mingle._records import Heard, History, Round, Status, node_hex
 from torch_mingle._rounds import Form, RoundBook
 from torch_mingle._settings import Beats, Terms, differences
-from torch_mingle._wire import Invalid, Seal, frame_digest
+from torch_mingle._wire import Framed, Invalid, Seal, frame_digest
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class LeaderTerm:
             else:
                 self._node_lost(member.node, reason, now, votes=judge(evidence).votes)
 
-    def received(self, conn: ConnId, frames: list[dict[str, Any]] | Invalid, now: float) -> None:
+    def received(self, conn: ConnId, frames: list[Framed] | Invalid, now: float) -> None:
         member = self.conns.get(conn)
         if member is None:
             return

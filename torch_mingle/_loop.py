@@ -44,6 +44,7 @@ from torch_mingle._ballot import NodeState
 from torch_mingle._board import Board
 from torch_mingle._claims import Dest
 from torch_mingle._evidence import Evidence, of_errno
+from torch_mingle._frames import from_leader_stream, from_node
 from torch_mingle._identity import Identity
 from torch_mingle._interfaces import Interface
 from torch_mingle._jobs import Job, OpenClient
@@ -106,7 +107,7 @@ class _Stream:
     id: int
     sock: socket.socket
     connecting: bool
-    reader: FrameReader = field(default_factory=FrameReader)
+    reader: FrameReader
     out: Outbox = field(default_factory=Outbox)
     stalled_since: float | None = None
     closing_by: float | None = None
@@ -681,7 +682,8 @@ class Loop:
         if not conn:
             self._next_id += 1
             conn = self._next_id
-        stream = _Stream(id=conn, sock=sock, connecting=connecting, reader=reader or FrameReader())
+        reader = reader or FrameReader(from_leader_stream)  # one it opens goes to a leader
+        stream = _Stream(id=conn, sock=sock, connecting=connecting, reader=reader)
         self._streams[stream.id] = stream
         return stream
 
@@ -725,7 +727,7 @@ class Loop:
                 sock.close()  # reset before we got to it
                 continue
             stream = self._add_stream(
-                sock, connecting=False, reader=FrameReader(ACCEPTED_FRAME_BYTES, HELLO_BYTES)
+                sock, connecting=False, reader=FrameReader(from_node, ACCEPTED_FRAME_BYTES, HELLO_BYTES)
             )
             self._watch(stream)
             source = str(addr[0]) if isinstance(addr, tuple) else ""

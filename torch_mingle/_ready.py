@@ -40,7 +40,7 @@ from torch_mingle._jobs import Job
 from torch_mingle._notes import Note
 from torch_mingle._record import field, record
 from torch_mingle._view import Diagnostics
-from torch_mingle._wire import Invalid
+from torch_mingle._wire import Framed, Invalid
 
 # ------------------------------------------------------------------ inputs: what happened
 
@@ -74,7 +74,7 @@ class Connected:
 @record
 class FramesReceived:
     conn: int
-    frames: list[dict[str, object]] | Invalid
+    frames: list[Framed] | Invalid
 
 
 @record

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch_mingle import _doctor
 from torch_mingle._doctor import _codec, _listen, _secret_hints, _transports
-from torch_mingle._frames import Challenge, Hello, Mismatch, Reject, View, leader_frames
+from torch_mingle._frames import Challenge, Hello, Mismatch, Reject, View, from_leader_stream, leader_frames
 from torch_mingle._jobview import render
 from torch_mingle._wire import Codec, FrameReader, Invalid, Seal, encode_frame
 
@@ -37,7 +37,7 @@ def ask(
     seal = Seal(key, leader=False) if key is not None else None
     me = random.getrandbits(63) | 1
     hello = Hello(node=me, epoch=epoch, leader=leader, ip="0.0.0.0", observe=True)  # noqa: S104 - none to give
-    reader = FrameReader()
+    reader = FrameReader(from_leader_stream)
     with socket.create_connection((ip, port), timeout=timeout_s) as sock:
         if seal is None:
             sock.sendall(encode_frame("hello", **hello.fields()))

@@ -19,8 +19,9 @@ its scope: a scope is local to each host, so the receiver gives it the scope of 
 interface the datagram arrived on (``with_scope_of``).
 
 Control frames (TCP, node <-> leader): a u32 length, then one JSON object with a type
-``t``. ``FrameReader`` splits a stream into frames and never raises either; ``Seal`` checks
-each frame's MAC, and ``_frames`` reads what it says into a typed record.
+``t``. ``FrameReader`` splits a stream into frames, each read at once into its typed record
+by the stream's ``decode`` (``_frames``), and never raises either; ``Seal`` checks each
+frame's MAC on the bytes as they came (``Framed``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch_mingle._record import field, record
@@ -549,9 +550,6 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")  # NaN and Infinity: not JSON, and not numbers we use
 
 
-#: Where ``FrameReader`` puts each frame's JSON text as it arrived (for ``Seal.open``); no key a
-#: peer sends can be it for long: the reader sets it after parsing.
-RAW = "\x00raw"
 SEAL_FIELD = "m"
 CONTROL_CONTEXT = b"torch_mingle/control/v1"
 NONCE_BYTES = 16
@@ -594,13 +592,13 @@ class Seal:
     def challenge(self) -> bytes:
         return encode_frame("challenge", n=self._nonce.hex())
 
-    def check_hello(self, msg: Mapping[str, Any]) -> bool:
-        """Whether ``msg`` is a hello sealed for this connection; then the session key is set."""
+    def check_hello(self, framed: Framed) -> bool:
+        """Whether ``framed`` is a hello sealed for this connection; then the session key is set."""
         try:
-            theirs = bytes.fromhex(str(msg["cn"]))
-        except (KeyError, ValueError):
+            theirs = bytes.fromhex(str(framed.nonce)) if framed.nonce is not None else b""
+        except ValueError:
             return False
-        if len(theirs) != NONCE_BYTES or not _verify(self._hello_key(self._nonce), b"F", 0, msg):
+        if len(theirs) != NONCE_BYTES or not _verify(self._hello_key(self._nonce), b"F", 0, framed):
             return False
         self._session = self._session_key(self._nonce, theirs)
         self._seen = 1
@@ -630,10 +628,10 @@ class Seal:
         self._sent += 1
         return _sealed(frame, tag)
 
-    def open(self, msg: Mapping[str, Any]) -> bool:
-        """Whether ``msg`` is the other side's next frame, sealed with this connection's key."""
+    def open(self, framed: Framed) -> bool:
+        """Whether ``framed`` is the other side's next frame, sealed with this connection's key."""
         direction = b"F" if self._leader else b"L"
-        if self._session is None or not _verify(self._session, direction, self._seen, msg):
+        if self._session is None or not _verify(self._session, direction, self._seen, framed):
             return False
         self._seen += 1
         return True
@@ -656,9 +654,9 @@ def _sealed(frame: bytes, tag: str) -> bytes:
     return b"".join((FRAME_HEADER.pack(size), memoryview(frame)[FRAME_HEADER.size : -1], suffix))
 
 
-def _verify(key: bytes, direction: bytes, seq: int, msg: Mapping[str, Any]) -> bool:
-    raw, tag = msg.get(RAW), msg.get(SEAL_FIELD)
-    if not isinstance(raw, bytes) or not isinstance(tag, str) or len(raw) <= _SEAL_SUFFIX:
+def _verify(key: bytes, direction: bytes, seq: int, framed: Framed) -> bool:
+    raw, tag = framed.raw, framed.tag
+    if not isinstance(tag, str) or len(raw) <= _SEAL_SUFFIX:
         return False
     if not raw.endswith(f'"{tag}"}}'.encode()) or len(tag) != TAG_HEX:
         return False
@@ -671,23 +669,49 @@ def _verify(key: bytes, direction: bytes, seq: int, msg: Mapping[str, Any]) -> b
 HB_BODY = b'{"t":"hb"}'
 
 
-class FrameReader:
-    """Splits a byte stream into JSON objects; never raises: garbage gives ``Invalid``."""
+@record
+class Framed:
+    """One control frame as it arrived: what it says (``frame``: the record its stream's
+    ``decode`` made of it, or ``Invalid``), and what the connection's seal checks
+    (``Seal.open``, ``Seal.check_hello``): its bytes, its tag, and a hello's nonce. Nothing
+    past the reader holds a frame as a dict."""
 
-    def __init__(self, max_bytes: int = MAX_FRAME_BYTES, first_max_bytes: int | None = None) -> None:
+    frame: object
+    raw: bytes
+    #: The seal's field, as the peer sent it (any JSON value: the seal checks it).
+    tag: object = None
+    #: A hello's ``cn``, the follower's nonce (as the peer sent it).
+    nonce: object = None
+
+
+#: What a stream's frames are read into: ``_frames.from_node`` on a connection to the control
+#: port, ``_frames.from_leader_stream`` on one to the leader.
+Decode = Callable[[dict[str, Any]], object]
+
+
+class FrameReader:
+    """Splits a byte stream into frames, each read into its record by ``decode`` (``Framed``);
+    never raises: garbage gives ``Invalid``."""
+
+    def __init__(
+        self, decode: Decode, max_bytes: int = MAX_FRAME_BYTES, first_max_bytes: int | None = None
+    ) -> None:
         """``first_max_bytes``: a tighter limit for the first frame (a hello is small)."""
         self.max_bytes = max_bytes
         self._limit = first_max_bytes or max_bytes
         self._buf = bytearray()
+        self._decode = decode
+        #: An unsealed heartbeat, the most frames of a large job: read once, for every one.
+        self._beat = Framed(decode({"t": "hb"}), HB_BODY)
 
     @property
     def pending(self) -> int:
         """Bytes of a frame not complete yet."""
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[dict[str, Any]] | Invalid:
+    def feed(self, data: bytes) -> list[Framed] | Invalid:
         self._buf += data
-        out: list[dict[str, Any]] = []
+        out: list[Framed] = []
         while len(self._buf) >= FRAME_HEADER.size:
             (size,) = FRAME_HEADER.unpack_from(self._buf)
             if size > self._limit:
@@ -698,7 +722,7 @@ class FrameReader:
             raw = bytes(self._buf[FRAME_HEADER.size : end])
             del self._buf[:end]
             if raw == HB_BODY:  # most frames of a large job: no JSON decoder for them
-                out.append({"t": "hb", RAW: raw})
+                out.append(self._beat)
                 self._limit = self.max_bytes
                 continue
             try:
@@ -707,7 +731,10 @@ class FrameReader:
                 return Invalid("bad_json")
             if not isinstance(msg, dict):
                 return Invalid("not_an_object")
-            msg[RAW] = raw
             self._limit = self.max_bytes
-            out.append(msg)
+            try:
+                frame = self._decode(msg)
+            except Exception as exc:
+                frame = Invalid(f"an unreadable {str(msg.get('t'))[:20]!r} frame ({type(exc).__name__})")
+            out.append(Framed(frame, raw, msg.get(SEAL_FIELD), msg.get("cn")))
         return out

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import rendezvous_all, unique_job
+from tests.helpers import as_sent, rendezvous_all, unique_job
 from torch_mingle import _loop
 from torch_mingle._records import Round
 from torch_mingle._wire import (
@@ -82,11 +82,12 @@ def test_a_node_that_writes_slowly_is_answered_and_blocks_nobody(make_handler):
         for i in range(len(frames)):
             slow.sendall(frames[i : i + 1])
             time.sleep(3.0 / len(frames))  # the fault under test: a writer this slow
-        reader, answer, proposed = FrameReader(), None, {}
+        reader, answer, proposed = FrameReader(as_sent), None, {}
         deadline = time.monotonic() + 20
         while answer is None and time.monotonic() < deadline:
-            got = reader.feed(slow.recv(65536))
-            assert isinstance(got, list)
+            read = reader.feed(slow.recv(65536))
+            assert isinstance(read, list)
+            got: list[dict[str, Any]] = [f.frame for f in read]  # type: ignore[misc]
             for m in got:
                 if m.get("t") == "propose":  # it votes, as every member of a first round must
                     proposed[m["round"]["round"]] = m["round"]

@@ -19,6 +19,7 @@ import pytest
 from tests.flood import Flood
 from tests.helpers import (
     ROOT,
+    dicts_of,
     dump,
     final_reports,
     finish_all,
@@ -38,7 +39,6 @@ from torch_mingle._wire import (
     Announce,
     Codec,
     Datagram,
-    FrameReader,
     Query,
     derive_key,
     encode_frame,
@@ -325,8 +325,8 @@ def test_with_a_secret_a_host_without_it_can_neither_join_nor_evict_nor_stir_the
         got = b""
         while chunk := rogue.recv(65536):  # until the leader closes it (bounded by the timeout)
             got += chunk
-    frames = FrameReader().feed(got)
-    assert isinstance(frames, list) and [f["t"] for f in frames] == ["challenge"], frames
+    frames = dicts_of(got)
+    assert [f["t"] for f in frames] == ["challenge"], frames
     after = leader.diagnostics()
     assert after.connected_nodes == before.connected_nodes == 1
     assert after.control.joins == before.control.joins, "the leader counted the rogue's join"

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import dicts_of
 from torch_mingle._frames import (
     BEAT,
     BYE,
@@ -83,13 +84,15 @@ NODE_FRAMES: list[NodeFrame] = [
 
 
 def _over_the_wire(frame: bytes) -> dict[str, Any]:
-    (msg,) = FrameReader().feed(frame)  # type: ignore[misc]
+    (msg,) = dicts_of(frame)
     return msg
 
 
 @pytest.mark.parametrize("frame", NODE_FRAMES, ids=lambda f: type(f).__name__)
 def test_a_node_frame_reads_back_as_the_record_it_was_built_from(frame):
     assert from_node(_over_the_wire(frame.encode())) == frame
+    (framed,) = FrameReader(from_node).feed(frame.encode())  # type: ignore[misc]
+    assert framed.frame == frame  # what the leader's stream reads it as
 
 
 def test_a_heartbeat_and_a_bye_read_as_their_one_record_from_either_side():

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import dicts_of, node_said
 from torch_mingle._claims import Claim
 from torch_mingle._door import MAX_UNIDENTIFIED
 from torch_mingle._frames import Join, Propose
@@ -17,7 +18,6 @@ from torch_mingle._record import replace
 from torch_mingle._records import History, Round, node_hex
 from torch_mingle._rounds import RoundBook, Wait
 from torch_mingle._settings import Beats, RoundRules
-from torch_mingle._wire import FrameReader
 
 LEADER = 0x1
 
@@ -60,11 +60,13 @@ def _hello(term: LeaderTerm, conn: int, node: int, now: float, *, ahead: bool = 
     hello["ip"] = f"198.18.0.{node}"
     if ahead:
         hello["ahead"] = True
-    term.received(conn, [hello], now)
+    term.received(conn, node_said([hello]), now)
 
 
 def _join(term: LeaderTerm, conn: int, ticket: int, now: float) -> None:
-    term.received(conn, [{"t": "join", "id": ticket, "ip": "x", "timeout": 60, "remaining": 60}], now)
+    term.received(
+        conn, node_said([{"t": "join", "id": ticket, "ip": "x", "timeout": 60, "remaining": 60}]), now
+    )
 
 
 def _round_of_two() -> LeaderTerm:
@@ -89,11 +91,13 @@ def _vote(term: LeaderTerm, now: float) -> None:
                 voted = True
         for conn, frame in term.frames():
             sent.append((conn, frame))
-            frames = FrameReader().feed(frame)
+            frames = dicts_of(frame)
             assert isinstance(frames, list)
             for f in frames:
                 if f["t"] == "propose" and conn in term.conns:
-                    term.received(conn, [{"t": "accept", "round": f["round"]["round"], "ok": True}], now)
+                    term.received(
+                        conn, node_said([{"t": "accept", "round": f["round"]["round"], "ok": True}]), now
+                    )
                     voted = True
         if not voted:
             term._frames[:0] = sent
@@ -111,14 +115,14 @@ def _sent(term: LeaderTerm) -> dict[int, list[dict[str, Any]]]:
                 term.accept_local(answer.round.number, term._now)
                 voted = True
         for conn, frame in term.frames():
-            frames = FrameReader().feed(frame)
+            frames = dicts_of(frame)
             assert isinstance(frames, list)
             out.setdefault(conn, []).extend(frames)
             for f in frames:
                 proposal = term.vote.current  # only what still waits for votes (``_vote`` answered the rest)
                 number = f["round"]["round"] if f["t"] == "propose" else None
                 if proposal is not None and proposal.round.number == number and conn in term.conns:
-                    term.received(conn, [{"t": "accept", "round": number, "ok": True}], term._now)
+                    term.received(conn, node_said([{"t": "accept", "round": number, "ok": True}]), term._now)
                     voted = True
         if not voted:
             return out
@@ -214,7 +218,7 @@ def test_joins_received_in_one_batch_make_one_decision_before_any_output():
     _join(term, 10, 7, 0.3)
     _join(term, 11, 8, 0.3)
     assert decisions == []  # both joins are in before the term decides
-    proposed = [conn for conn, frame in term.frames() if FrameReader().feed(frame)[0]["t"] == "propose"]  # type: ignore[index]
+    proposed = [conn for conn, frame in term.frames() if dicts_of(frame)[0]["t"] == "propose"]
     assert decisions == [0.3]
     assert sorted(proposed) == [10, 11]  # max_nodes is in: the round of three is proposed at once
 
@@ -261,17 +265,17 @@ def test_a_last_round_member_that_gives_up_on_the_welcome_is_withdrawn_not_dropp
     term.book.rules = replace(term.book.rules, last_call_timeout_s=30.0)
     term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.1)
     _connect(term, 10, 2, 0.2)
-    term.received(10, [{"t": "bye"}], 0.3)
+    term.received(10, node_said([{"t": "bye"}]), 0.3)
     term.closed(10, "closed by the peer", 0.3)
     _connect(term, 11, 3, 0.4)
-    term.received(11, [{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}], 0.5)
+    term.received(11, node_said([{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}]), 0.5)
     _store_opened(term, 5002, 0.6)
     assert (
         2 not in term.book.ledger.lost and 2 not in term.book.ledger.drops and 2 not in term.book.ledger.gone
     )
     assert _rounds_formed(_sent(term)) == set()  # node 2, alive, is still expected (until the last call)
     _connect(term, 12, 2, 1.0)
-    term.received(12, [{"t": "join", "id": 2, "ip": "198.18.0.2", "history": history}], 1.1)
+    term.received(12, node_said([{"t": "join", "id": 2, "ip": "198.18.0.2", "history": history}]), 1.1)
     # The new leader takes rank 0; 3, whose rank 3 is past the end, takes the leader's old 1.
     assert _rounds_formed(_sent(term)) == {tuple(f"{n:016x}" for n in (LEADER, 3, 2))}
 
@@ -286,16 +290,16 @@ def test_a_join_read_in_the_same_batch_as_its_bye_is_withdrawn_not_put_in_a_roun
     _store_opened(term, 5001, 0.0)
     term.join_local(Join(1, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.1)
     _connect(term, 11, 3, 0.2)
-    term.received(11, [{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}], 0.2)
+    term.received(11, node_said([{"t": "join", "id": 3, "ip": "198.18.0.3", "history": history}]), 0.2)
     term.accepted(10, 0.3)
     hello = {"t": "hello", "node": f"{2:016x}", "epoch": 1, "leader": f"{LEADER:016x}", "ip": "198.18.0.2"}
     join = {"t": "join", "id": 2, "ip": "198.18.0.2", "history": history}
-    term.received(10, [hello, join, {"t": "bye"}], 0.3)
+    term.received(10, node_said([hello, join, {"t": "bye"}]), 0.3)
     term.closed(10, "closed by the peer", 0.3)
     assert _rounds_formed(_sent(term)) == set()
     assert 2 not in term.book.ledger.lost and 2 not in term.book.ledger.drops
     _connect(term, 12, 2, 1.0)
-    term.received(12, [{"t": "join", "id": 4, "ip": "198.18.0.2", "history": history}], 1.1)
+    term.received(12, node_said([{"t": "join", "id": 4, "ip": "198.18.0.2", "history": history}]), 1.1)
     # The new leader takes rank 0; 3, whose rank 3 is past the end, takes the leader's old 1.
     assert _rounds_formed(_sent(term)) == {tuple(f"{n:016x}" for n in (LEADER, 3, 2))}
 
@@ -303,7 +307,7 @@ def test_a_join_read_in_the_same_batch_as_its_bye_is_withdrawn_not_put_in_a_roun
 def test_a_member_of_the_running_round_that_says_bye_is_still_lost():
     term = _round_of_two()
     assert _rounds_formed(_sent(term))
-    term.received(10, [{"t": "bye"}], 1.0)
+    term.received(10, node_said([{"t": "bye"}]), 1.0)
     term.closed(10, "closed by the peer", 1.0)
     assert (
         2 in term.book.ledger.lost and 2 not in term.book.ledger.gone
@@ -326,7 +330,7 @@ def test_a_new_term_is_established_by_a_majority_that_follows_it_now_not_by_ever
     def hello(conn: int, node: int, last: dict[str, int] | None, now: float) -> None:
         term.accepted(conn, now)
         msg = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}"}
-        term.received(conn, [{**msg, "ip": f"198.18.0.{node}", "last": last}], now)
+        term.received(conn, node_said([{**msg, "ip": f"198.18.0.{node}", "last": last}]), now)
 
     round3 = {"epoch": 1, "round": 3, "size": 5}
     hello(10, 2, round3, 0.1)
@@ -400,7 +404,7 @@ def test_a_new_process_of_a_member_breaks_its_round_and_does_not_get_it_for_its_
     _sent(term)
     term.accepted(11, 0.31)
     hello = {"t": "hello", "node": f"{2:016x}", "epoch": 1, "leader": f"{LEADER:016x}", "ip": "198.18.0.2"}
-    term.received(11, [{**hello, "inc": 2, "ahead": True}], 0.31)
+    term.received(11, node_said([{**hello, "inc": 2, "ahead": True}]), 0.31)
     assert term.book.stale and "a new process of the node started" in term.book.ledger.lost_why[2]
     _join(term, 11, 7, 0.33)
     assert _rounds_sent(_sent(term), 11) == []
@@ -415,7 +419,7 @@ def _proposed(term: LeaderTerm) -> list[tuple[int, dict[str, Any]]]:
             term.accept_local(answer.round.number, term._now)
     out: list[tuple[int, dict[str, Any]]] = []
     for conn, frame in term.frames():
-        frames = FrameReader().feed(frame)
+        frames = dicts_of(frame)
         assert isinstance(frames, list)
         out.extend((conn, f) for f in frames if f["t"] == "propose")
     return out
@@ -439,9 +443,9 @@ def _base_of_three() -> LeaderTerm:
     for node, conn in ((2, 10), (3, 11)):
         term.accepted(conn, 0.2)
         hello = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "x"}
-        term.received(conn, [hello], 0.2)
+        term.received(conn, node_said([hello]), 0.2)
         join = {"t": "join", "id": 7, "ip": f"198.18.0.{node}", "timeout": 60, "remaining": 60}
-        term.received(conn, [{**join, "history": last.to_json()}], 0.3)
+        term.received(conn, node_said([{**join, "history": last.to_json()}]), 0.3)
     return term
 
 
@@ -452,12 +456,14 @@ def test_a_proposal_stands_when_a_node_joins_during_it_and_the_node_waits_for_th
     number = first[1]["round"]["round"]
     term.accepted(12, 1.6)  # node 4 (a spare) joins while the votes are on their way
     hello = {"t": "hello", "node": f"{4:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "198.18.0.4"}
-    term.received(12, [hello], 1.6)
-    term.received(12, [{"t": "join", "id": 1, "ip": "198.18.0.4", "timeout": 60, "remaining": 60}], 1.6)
+    term.received(12, node_said([hello]), 1.6)
+    term.received(
+        12, node_said([{"t": "join", "id": 1, "ip": "198.18.0.4", "timeout": 60, "remaining": 60}]), 1.6
+    )
     assert _proposed(term) == [] and term.vote.current is not None
     assert term.vote.current.round.number == number  # the same proposal: not sent again to everyone
     for conn in (10, 11):
-        term.received(conn, [{"t": "accept", "round": number, "ok": True}], 1.7)
+        term.received(conn, node_said([{"t": "accept", "round": number, "ok": True}]), 1.7)
     assert term.book.current is not None and term.book.current.number == number
     assert 4 in term.book.pending and 4 not in term.book.current.member_set
 
@@ -467,7 +473,7 @@ def test_a_refusal_of_a_proposal_given_up_since_does_not_withdraw_the_current_on
     term.handle_timer(1.5)
     number = _proposed(term)[0][1]["round"]["round"]
     refusal = {"t": "accept", "round": number - 1, "ok": False, "history": None, "accepted": None}
-    term.received(10, [refusal], 1.6)
+    term.received(10, node_said([refusal]), 1.6)
     assert term.vote.current is not None and term.vote.current.round.number == number
     assert _proposed(term) == []
 
@@ -485,7 +491,9 @@ def test_the_next_rounds_store_opens_a_moment_after_a_round_and_at_once_when_a_r
     assert term.jobs() == [OpenStore()]
 
     term = _round_of_two()
-    term.received(10, [{"t": "leave"}], 0.4)  # node 2 leaves (its vote with it): the round is stale
+    term.received(
+        10, node_said([{"t": "leave"}]), 0.4
+    )  # node 2 leaves (its vote with it): the round is stale
     term.join_local(
         Join(2, "198.18.0.1", timeout_s=60.0, remaining_s=60.0), 0.5
     )  # the leader re-joins alone (min 2: it waits)
@@ -506,7 +514,7 @@ def _run_timers(term: LeaderTerm, start: float, until: float, every_s: float | N
         if t > until:
             return woke
         if every_s and t == next_hb:
-            term.received(10, [{"t": "hb"}], t)
+            term.received(10, node_said([{"t": "hb"}]), t)
             next_hb += every_s
         if t >= timer:
             term.handle_timer(t)
@@ -526,7 +534,7 @@ def test_bytes_that_complete_no_frame_do_not_keep_a_member():
     and with a secret it is not authenticated yet."""
     term = _round_of_two()  # node 2 last heard at 0.3; bound 3 s
     for t in (1.0, 2.0, 3.0):
-        term.received(10, [], t)
+        term.received(10, node_said([]), t)
     woke = _run_timers(term, 3.0, 20.0)  # runs until node 2 is evicted (or 20 s)
     assert woke[-1] == 0.3 + 3.0, woke
 
@@ -559,20 +567,20 @@ def test_a_proposal_never_forms_with_a_member_whose_join_timed_out_while_the_vot
     for node, conn, remaining in ((2, 10, 60), (3, 11, 2)):
         term.accepted(conn, 0.2)
         hello = {"t": "hello", "node": f"{node:016x}", "epoch": 2, "leader": f"{LEADER:016x}", "ip": "x"}
-        term.received(conn, [hello], 0.2)
+        term.received(conn, node_said([hello]), 0.2)
         join = {"t": "join", "id": 7, "ip": f"198.18.0.{node}", "timeout_s": remaining}
         join["remaining_s"] = remaining
-        term.received(conn, [{**join, "history": last.to_json()}], 0.3)
+        term.received(conn, node_said([{**join, "history": last.to_json()}]), 0.3)
     term.handle_timer(1.5)  # round 5 of nodes 1 to 3 is proposed; the leader's node accepts
     number = _proposed(term)[0][1]["round"]["round"]
     t = 1.6
     while not any(f["t"] == "timeout" for f in _sent(term).get(11, [])):
         assert t < 10.0, "node 3's join never timed out"
-        term.received(10, [{"t": "hb"}], t)
-        term.received(11, [{"t": "hb"}], t)
+        term.received(10, node_said([{"t": "hb"}]), t)
+        term.received(11, node_said([{"t": "hb"}]), t)
         term.handle_timer(t)
         t += 0.5
-    term.received(10, [{"t": "accept", "round": number, "ok": True}], t)
+    term.received(10, node_said([{"t": "accept", "round": number, "ok": True}]), t)
     rnd = term.book.current
     assert rnd is None or 3 not in rnd.member_set, f"round {rnd} formed with node 3, whose join timed out"
 
@@ -583,9 +591,11 @@ def test_a_join_naming_its_round_by_number_gets_its_members_and_an_unknown_one_l
     term = _round_of_two()
     rnd = term.book.current
     assert rnd is not None
-    term.received(10, [{"t": "join", "id": 8, "ip": "x", "ref": rnd.number, "history": None}], 1.0)
+    term.received(10, node_said([{"t": "join", "id": 8, "ip": "x", "ref": rnd.number, "history": None}]), 1.0)
     assert term.book.pending[2].history == History.of(rnd)
-    term.received(10, [{"t": "join", "id": 9, "ip": "x", "ref": rnd.number + 1, "history": None}], 1.1)
+    term.received(
+        10, node_said([{"t": "join", "id": 9, "ip": "x", "ref": rnd.number + 1, "history": None}]), 1.1
+    )
     assert [conn for conn, _ in term.closes()] == [10]
 
 
@@ -600,7 +610,7 @@ def test_a_rounds_frame_for_every_member_is_one_object_that_the_term_hands_out_t
         for node, conn in enumerate((10, 11, 12), start=2):
             _connect(term, conn, node, 0.2)
             _join(term, conn, 7, 0.3)
-        big = [(conn, f) for conn, f in term.frames() if FrameReader().feed(f)[0]["t"] == kind]  # type: ignore[index]
+        big = [(conn, f) for conn, f in term.frames() if dicts_of(f)[0]["t"] == kind]
         assert [conn for conn, _ in big] == [10, 11, 12], kind
         assert all(f is big[0][1] for _, f in big), kind
 
@@ -655,7 +665,7 @@ def test_a_node_that_leaves_for_a_job_that_ran_says_so_and_the_leader_founds_no_
     leader it left founded a job of one. Its bye says the round it heard of now."""
     term = _term(1, 4)
     _connect(term, 10, 2, 0.1)
-    term.received(10, [{"t": "bye", "seen": [[1, "0b", 2]]}], 0.2)
+    term.received(10, node_said([{"t": "bye", "seen": [[1, "0b", 2]]}]), 0.2)
     assert term.book.others.heard.keys == ((1, 0xB, 2),)
     _leader_joined(term)
     d = term.book.decide(100.0)
@@ -670,7 +680,7 @@ def test_a_join_naming_a_round_never_answered_here_costs_the_node_its_connection
     the shell's supervision (``Node.recover``: the leader resigns)."""
     term = _term(1, 4)
     _connect(term, 10, 2, 0.1)
-    term.received(10, [{"t": "join", "id": 1, "ip": "198.18.0.2", "ref": 9}], 0.2)
+    term.received(10, node_said([{"t": "join", "id": 1, "ip": "198.18.0.2", "ref": 9}]), 0.2)
     ((conn, why),) = term.closes()
     assert conn == 10 and "round 9, which was not answered on this connection" in why
     _connect(term, 11, 3, 0.3)
@@ -680,7 +690,7 @@ def test_a_join_naming_a_round_never_answered_here_costs_the_node_its_connection
 
     monkeypatch.setattr(RoundBook, "join", broken)
     with pytest.raises(TypeError, match="a bug of the leader's own"):
-        term.received(11, [{"t": "join", "id": 1, "ip": "198.18.0.3"}], 0.4)
+        term.received(11, node_said([{"t": "join", "id": 1, "ip": "198.18.0.3"}]), 0.4)
     assert 11 in term.conns
 
 
@@ -692,12 +702,12 @@ def test_a_join_sent_on_a_connection_its_node_no_longer_uses_never_withdraws_its
     term = _term(3, 3)
     _leader_joined(term)
     _connect(term, 10, 2, 0.2)
-    term.received(10, [{"t": "join", "id": 1, "ip": "x", "timeout_s": 10, "remaining_s": 10}], 0.3)
+    term.received(10, node_said([{"t": "join", "id": 1, "ip": "x", "timeout_s": 10, "remaining_s": 10}]), 0.3)
     term.closed(10, "closed by the peer", 1.0)
     _connect(term, 11, 2, 5.0)
-    term.received(11, [{"t": "join", "id": 2, "ip": "x", "timeout_s": 60, "remaining_s": 60}], 6.0)
+    term.received(11, node_said([{"t": "join", "id": 2, "ip": "x", "timeout_s": 60, "remaining_s": 60}]), 6.0)
     for beat in (8.0, 10.0):
-        term.received(11, [{"t": "hb"}], beat)
+        term.received(11, node_said([{"t": "hb"}]), beat)
         term.handle_timer(beat)
     term.handle_timer(10.5)
     assert 2 in term.book.pending, "the old connection's deadline withdrew the node's new join"
@@ -712,10 +722,10 @@ def test_a_member_that_heard_of_another_sides_round_while_a_proposal_was_out_sto
     term.handle_timer(1.5)
     number = _proposed(term)[0][1]["round"]["round"]
     # Numbered as the proposal: not older than its base.
-    term.received(10, [{"t": "hb", "seen": [[2, "0b", 5]]}], 1.6)
+    term.received(10, node_said([{"t": "hb", "seen": [[2, "0b", 5]]}]), 1.6)
     assert term.vote.current is None
     for conn in (10, 11):  # the votes come after the news: nothing forms
-        term.received(conn, [{"t": "accept", "round": number, "ok": True}], 1.7)
+        term.received(conn, node_said([{"t": "accept", "round": number, "ok": True}]), 1.7)
     assert term.book.current is None or term.book.current.number != number
     d = term.book.decide(1.8)
     assert isinstance(d, Wait) and "round 5 of this job (epoch 2, leader 000000000000000b) ran" in d.reason
@@ -725,6 +735,6 @@ def test_a_beat_with_nothing_new_leaves_the_proposal_as_it_is():
     term = _base_of_three()
     term.handle_timer(1.5)
     number = _proposed(term)[0][1]["round"]["round"]
-    term.received(10, [{"t": "hb", "seen": [[1, f"{LEADER:x}", 4]]}], 1.6)  # the base: known
-    term.received(11, [{"t": "hb"}], 1.6)
+    term.received(10, node_said([{"t": "hb", "seen": [[1, f"{LEADER:x}", 4]]}]), 1.6)  # the base: known
+    term.received(11, node_said([{"t": "hb"}]), 1.6)
     assert term.vote.current is not None and term.vote.current.round.number == number

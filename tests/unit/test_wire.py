@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_mingle import _loop, _wire
-from torch_mingle._frames import LeaderFrame, NodeFrame, from_leader, from_node
+from torch_mingle._frames import Challenge, LeaderFrame, NodeFrame, from_leader_stream, from_node
 from torch_mingle._wire import (
     DUPLICATE_WINDOW_MS,
     EPOCH_MAX,
@@ -20,6 +20,7 @@ from torch_mingle._wire import (
     Announce,
     Codec,
     Datagram,
+    Framed,
     FrameReader,
     Invalid,
     Probe,
@@ -186,13 +187,13 @@ def test_a_link_local_address_gets_the_receivers_scope():
 
 def test_control_frames_round_trip_in_pieces():
     stream = encode_frame("hello", node="00ff", epoch=3, leader="0a", ip="10.0.0.1") + encode_frame("hb")
-    reader = FrameReader()
-    got: list[dict[str, object]] = []
+    reader = FrameReader(dict)
+    got: list[Framed] = []
     for i in range(len(stream)):  # one byte at a time: a slow writer
         out = reader.feed(stream[i : i + 1])
         assert isinstance(out, list)
         got.extend(out)
-    assert [m["t"] for m in got] == ["hello", "hb"]
+    assert [m.frame["t"] for m in got] == ["hello", "hb"]  # type: ignore[index]
     assert reader.pending == 0
 
 
@@ -205,30 +206,30 @@ def test_control_frames_round_trip_in_pieces():
     ],
 )
 def test_garbage_on_the_control_stream_is_invalid(data, reason):
-    assert FrameReader().feed(data) == Invalid(reason)
+    assert FrameReader(from_node).feed(data) == Invalid(reason)
 
 
 @settings(max_examples=1000, deadline=None)
 @given(st.binary(max_size=4096))
 def test_random_stream_bytes_never_raise(data):
-    out = FrameReader().feed(data)
-    assert isinstance(out, list | Invalid)
-    if isinstance(out, list):
-        for msg in out:
-            assert isinstance(from_node(msg), NodeFrame | Invalid)
-            assert isinstance(from_leader(msg), LeaderFrame | Invalid)
+    for decode, kinds in (
+        (from_node, NodeFrame | Invalid),
+        (from_leader_stream, LeaderFrame | Challenge | Invalid),
+    ):
+        out = FrameReader(decode).feed(data)
+        assert isinstance(out, list | Invalid)
+        if isinstance(out, list):
+            for framed in out:
+                assert isinstance(framed.frame, kinds)
+                assert isinstance(framed.raw, bytes)
 
 
 def test_a_heartbeat_read_without_the_json_decoder_is_the_frame_the_decoder_gives():
-    from torch_mingle._wire import RAW, encode_frame
-
     hb, other = encode_frame("hb"), encode_frame("hb", x=1)  # only the exact heartbeat is short-cut
-    got = FrameReader().feed(hb + other + hb)
-    assert got == [
-        {"t": "hb", RAW: b'{"t":"hb"}'},
-        {"t": "hb", "x": 1, RAW: other[4:]},
-        {"t": "hb", RAW: hb[4:]},
-    ]
+    for decode in (from_node, from_leader_stream):
+        got = FrameReader(decode).feed(hb + other + hb)
+        beat, odd = Framed(decode({"t": "hb"}), hb[4:]), Framed(decode({"t": "hb", "x": 1}), other[4:])
+        assert got == [beat, odd, beat]
 
 
 def test_a_control_socket_retransmits_quickly_where_the_kernel_can():

@@ -18,6 +18,7 @@ from torch_mingle._ballot import NodeState
 from torch_mingle._board import Board
 from torch_mingle._claims import Dest, Event, Role, Timing
 from torch_mingle._evidence import Evidence
+from torch_mingle._frames import from_leader_stream, from_node
 from torch_mingle._jobs import Job, OpenStore
 from torch_mingle._node import Node
 from torch_mingle._protocol import Discovery
@@ -100,7 +101,7 @@ class SimNet:
 
     def connect(self, conn: int, ip: str, port: int) -> None:
         end = self.sim.net.connect(self.owner.addr, ip, port, self._now)
-        self.readers[end] = FrameReader()
+        self.readers[end] = FrameReader(from_leader_stream)
         self.ends.add(end)
         self.end_of[conn], self.conn_of[end] = end, conn
 
@@ -527,7 +528,7 @@ class Simulation:
         if d.kind == "datagram":
             return DatagramReceived(d.data, d.src)  # type: ignore[arg-type]
         if d.kind == "accepted":
-            net.readers[d.end] = FrameReader()
+            net.readers[d.end] = FrameReader(from_node)
             net.ends.add(d.end)
             source = d.src[0] if isinstance(d.src, tuple) and d.src else ""
             return ConnectionAccepted(d.end, str(source))
