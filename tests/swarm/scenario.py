@@ -122,6 +122,10 @@ CHURN_GAP_S = (20.0, 120.0)
 FRESH_SHARE = 0.3
 #: The faults of the churn: all but those that end the job or let an agent go for good.
 CHURN_KINDS = tuple(k for k in KINDS if k not in ("shutdown", "sigterm", "sigterm_at_accept"))
+#: What a long seed keeps of its first minute's faults: those of the churn, and those drawn
+#: apart that let no agent go for good (a garble, the moments of a switch and a proposal, an
+#: island): a fault of a moment that comes only after the first minute is tried there too.
+KEPT_BY_LONG = frozenset(CHURN_KINDS) | {"garble", "power_at_switch", "newcomer_at_propose", "overheard"}
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
 AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch"}
@@ -362,7 +366,7 @@ def _long(seed: int, hosts: int, max_nodes: int, secret: bool, events: list[Even
         return events
     kinds = [k for k in CHURN_KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
-    out = [_lasting(rng, e, fresh=False) for e in events if e.kind in CHURN_KINDS or e.kind == "garble"]
+    out = [_lasting(rng, e, fresh=False) for e in events if e.kind in KEPT_BY_LONG]
     at = FAULTS_UNTIL_S + rng.uniform(*CHURN_GAP_S)
     while at < LONG_S:
         e = replace(_event(rng, rng.choices(kinds, weights)[0], hosts), at=round(at, 3))
