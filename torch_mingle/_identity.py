@@ -23,8 +23,11 @@ job started again under the same ``rdzv_id`` later than that starts afresh, not 
 job's round. Without a usable directory the node runs with a fresh identity and says so
 once: it then gets its vote back only when the others form a round without it.
 
-Each vote is written to a temporary file, flushed to the disk (``fsync``, the directory
-too) and renamed over the slot's state before it goes out: a host that loses power keeps it.
+Each vote is on the disk before it goes out, so that a host that loses power keeps it. A slot
+keeps two copies of its state, written in turn in place (one ``fdatasync`` each, where a new
+file, its ``fsync``, a rename and the directory's ``fsync`` cost three times as long), each
+with its number in the sequence and a checksum: a write that a power loss cut short leaves the
+other copy whole, and the newer of the copies that check out is the state.
 
 The directory holds votes, so another local user must not be able to write into it (plant a
 slot with another host's node id, or a link where a state file goes): as ssh and tmux do, it
@@ -35,6 +38,7 @@ is created with mode 0700, and its files are opened without following symbolic l
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -46,6 +50,7 @@ import stat
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +108,10 @@ class Identity:
         self.keep_s = keep_s
         self._lock_fd = lock_fd
         self._path = path
+        #: The two copies' descriptors, open from the first ``save`` to the release.
+        self._copies: tuple[int, int] | None = None
+        #: The number of the newest state written (the next goes to the other copy).
+        self._seq = 0
         self._touched = time.monotonic()
         #: ``save`` (the loop's thread) against ``release`` (the agent's, as it leaves).
         self._guard = threading.Lock()
@@ -149,7 +158,7 @@ class Identity:
             fd = _try_lock(_lock_path(path))
             if fd is None:
                 continue  # a live (or frozen) process holds it
-            node_id, incarnation, state, kept = _read(path)
+            node_id, incarnation, state, kept, seq = _read(path)
             if node_id and (state.left or _stale(path, kept)):
                 # It left the job (its vote went with it: ``Ballot.leave``), or died long ago:
                 # start afresh, as a new node.
@@ -162,6 +171,7 @@ class Identity:
                 path=path,
                 keep_s=keep_s,
             )
+            ident._seq = seq
             ident.save(state)
             if incarnation:
                 log.info(
@@ -199,22 +209,23 @@ class Identity:
             }
             if state.earlier:
                 data["earlier"] = [h.to_json() for h in state.earlier]
-            tmp = _tmp_path(path)
+            seq = self._seq + 1
+            data["seq"] = seq
+            body = json.dumps(data, separators=(",", ":")).encode()
             try:
-                with os.fdopen(_new_file(tmp), "w") as f:
-                    f.write(json.dumps(data, separators=(",", ":")))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-                _fsync_dir(path.parent)
+                if self._copies is None:
+                    self._copies = _open_copies(path)
+                _write_through(self._copies[seq % 2], body + b"\n" + _checksum(body))
             except OSError as exc:
                 return self._forsake(path, exc)
+            self._seq = seq
             self._touched = time.monotonic()
             return True
 
     def _forsake(self, path: Path, exc: OSError) -> bool:
+        self._close_copies()
         try:
-            for p in (path, _tmp_path(path)):
+            for p in (path, _twin_path(path)):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             _fsync_dir(path.parent)
@@ -234,6 +245,12 @@ class Identity:
         self._path = None
         return True
 
+    def _close_copies(self) -> None:
+        copies, self._copies = self._copies, None
+        for fd in copies or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def keep_alive(self) -> None:
         """Touch the slot if a quarter of ``keep_s`` passed (called by the loop as it runs):
         how long ago its process died is how long nobody touched it."""
@@ -252,10 +269,11 @@ class Identity:
         with self._guard:
             if forget and self._path is not None:
                 # The lock file last, while locked (``_try_lock`` checks that it is still there).
-                for path in (self._path, _tmp_path(self._path), _lock_path(self._path)):
+                for path in (self._path, _twin_path(self._path), _lock_path(self._path)):
                     with contextlib.suppress(OSError):
                         path.unlink()
                 self._path = None  # the loop may still record a vote as it stops: nowhere now
+            self._close_copies()
             if self._lock_fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(self._lock_fd)
@@ -300,19 +318,47 @@ def _lock_path(state: Path) -> Path:
     return state.with_name(state.name + ".lock")
 
 
-def _new_file(path: Path) -> int:
-    """A new file of ours at ``path``, never one a link points to: one left by a process that
-    died while writing goes first (only then: its removal costs a failed call each write)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+def _twin_path(state: Path) -> Path:
+    """The slot's second copy of its state (the first is at ``state``)."""
+    return state.with_name(state.name + ".b")
+
+
+def _open_copies(state: Path) -> tuple[int, int]:
+    """The slot's two copies, opened for writing in place (created if missing, and then on the
+    disk before a vote is written into them), never through a link."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    created = not (state.exists() and _twin_path(state).exists())
+    fds: list[int] = []
     try:
-        return os.open(path, flags, 0o600)
-    except FileExistsError:
-        path.unlink()
-        return os.open(path, flags, 0o600)
+        for path in (state, _twin_path(state)):
+            fds.append(os.open(path, flags, 0o600))
+            _regular(fds[-1], path)
+        if created:
+            _fsync_dir(state.parent)
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds[0], fds[1]
 
 
-def _tmp_path(state: Path) -> Path:
-    return state.with_name(state.name + ".tmp")
+def _regular(fd: int, path: Path) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+
+
+def _write_through(fd: int, blob: bytes) -> None:
+    """``blob`` as the whole content of ``fd``'s file, on the disk when this returns."""
+    view, at = memoryview(blob), 0
+    while at < len(blob):
+        at += os.pwrite(fd, view[at:], at)
+    os.ftruncate(fd, len(blob))
+    os.fdatasync(fd)
+
+
+def _checksum(body: bytes) -> bytes:
+    """What tells a copy that a power loss cut short (CRC-32: a torn write, not a forger)."""
+    return b"%08x" % zlib.crc32(body)
 
 
 def _stale(path: Path, keep_s: float) -> bool:
@@ -376,10 +422,10 @@ def _sweep(state_dir: Path, skip: str) -> None:
             if not state.exists() and _mtime(lock) > time.time() - KEEP_S:
                 continue  # being set up right now
             if state.exists():
-                node_id, _, _, kept = _read(state)
+                node_id, _, _, kept, _ = _read(state)
                 if not node_id or not _stale(state, kept):
                     continue  # not a slot's state (left alone), or kept still
-            for path in (state, _tmp_path(state), lock):
+            for path in (state, _twin_path(state), lock):
                 with contextlib.suppress(OSError):
                     path.unlink()
         finally:
@@ -413,11 +459,26 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
-def _read(path: Path) -> tuple[int, int, NodeState, float]:
-    """A slot's node id, incarnation, state and ``keep_s`` (zeros for none or garbage)."""
+def _read(path: Path) -> tuple[int, int, NodeState, float, int]:
+    """A slot's node id, incarnation, state, ``keep_s`` and the state's number in its sequence,
+    from the newer of its two copies that check out (zeros for none)."""
+    best: tuple[int, int, NodeState, float, int] = (0, 0, NodeState(), KEEP_S, 0)
+    for copy in (path, _twin_path(path)):
+        read = _read_copy(copy)
+        if read is not None and read[4] > best[4]:
+            best = read
+    return best
+
+
+def _read_copy(path: Path) -> tuple[int, int, NodeState, float, int] | None:
+    """One copy of a slot's state; None if missing, cut short or garbage."""
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)) as f:
-            data: Any = json.loads(f.read(MAX_STATE_BYTES))
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            blob = f.read(MAX_STATE_BYTES)
+        body, _, checksum = blob.rpartition(b"\n")
+        if checksum != _checksum(body):
+            return None
+        data: Any = json.loads(body)
         node_id = int(data["node"], 16)
         incarnation = int(data["incarnation"])
         keep_s = float(data.get("keep_s", KEEP_S))
@@ -427,9 +488,12 @@ def _read(path: Path) -> tuple[int, int, NodeState, float]:
         heard = Heard.of(data.get("seen"))
         left = data.get("left", False) is not False
         earlier = tuple(History.from_json(h) for h in data.get("earlier") or ())
+        seq = int(data["seq"])
     except (OSError, ValueError, KeyError, TypeError):
-        return 0, 0, NodeState(), KEEP_S
-    return node_id, incarnation, NodeState(history, accepted, led, heard, left, earlier), keep_s
+        return None
+    if seq < 1:
+        return None
+    return node_id, incarnation, NodeState(history, accepted, led, heard, left, earlier), keep_s, seq
 
 
 def _mtime(path: Path) -> float:

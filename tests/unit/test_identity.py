@@ -129,7 +129,7 @@ def test_stale_slots_of_other_jobs_are_swept_and_live_or_recent_ones_are_not(tmp
     ours = Identity.claim(tmp_path, "another job")
     after = {p.name for p in tmp_path.iterdir()}
     long_ago = _prefix("a job that crashed long ago")
-    assert before - after == {f"{long_ago}.0", f"{long_ago}.0.lock"}
+    assert before - after == {f"{long_ago}.0", f"{long_ago}.0.b", f"{long_ago}.0.lock"}
     assert any(p.startswith(_prefix("job42")) for p in after)
     assert any(p.startswith(_prefix("a job that crashed just now")) for p in after)
     ours.release(forget=True)
@@ -199,7 +199,7 @@ def test_a_vote_that_cannot_be_written_forsakes_the_slot_so_no_new_process_votes
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(os, "replace", disk_full)
+        m.setattr(os, "fdatasync", disk_full)
         vote = History(epoch=1, round=2, members=(ident.node_id, 7))
         assert ident.save(NodeState(ident.state.history, vote))  # forsaken: the vote may go out
     ident.release(forget=False)  # its process dies
@@ -215,7 +215,7 @@ def test_a_vote_that_can_neither_be_written_nor_forsaken_must_not_go_out(tmp_pat
         raise OSError(errno.EIO, "Input/output error")
 
     with monkeypatch.context() as m:
-        m.setattr(os, "replace", broken)
+        m.setattr(os, "fdatasync", broken)
         m.setattr(_identity, "_fsync_dir", broken)
         assert not ident.save(NodeState(None, History(epoch=1, round=1, members=(ident.node_id,))))
     ident.release(forget=True)
@@ -411,10 +411,56 @@ def test_a_new_state_directory_is_private_and_a_planted_link_is_not_written_thro
     state = tmp_path / "new" / "state"
     ident = Identity.claim(state, "job42")
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    slot = next(state.glob("*.0"))
+    ident.release(forget=True)
     target = tmp_path / "victim"
     target.write_text("precious")
-    tmp = next(state.glob("*.0")).with_name(next(state.glob("*.0")).name + ".tmp")
-    tmp.symlink_to(target)  # (only this user could: the directory is private)
-    assert ident.save(ident.state)
+    for copy in (slot, slot.with_name(slot.name + ".b")):
+        copy.symlink_to(target)  # (only this user could: the directory is private)
+    planted = Identity.claim(state, "job42")
     assert target.read_text() == "precious"
-    ident.release(forget=True)
+    assert planted._path is None  # it goes on without a slot (and says so)
+    planted.release(forget=True)
+
+
+def _copies(tmp_path: Path) -> list[Path]:
+    (slot,) = tmp_path.glob("*.0")
+    return [slot, slot.with_name(slot.name + ".b")]
+
+
+def _vote(ident: Identity, round_number: int) -> History:
+    vote = History(epoch=1, round=round_number, members=(ident.node_id, 7))
+    assert ident.save(NodeState(None, vote))
+    return vote
+
+
+def test_each_vote_goes_to_the_other_copy_and_the_next_process_reads_the_newer(tmp_path):
+    ident = Identity.claim(tmp_path, "job42")
+    for number in range(1, 5):
+        last = _vote(ident, number)
+    ident.release(forget=False)  # its process dies
+    after = Identity.claim(tmp_path, "job42")
+    assert after.node_id == ident.node_id and after.state.accepted == last
+    vote = _vote(after, 5)  # and it goes on writing in turn
+    after.release(forget=False)
+    again = Identity.claim(tmp_path, "job42")
+    assert again.state.accepted == vote and again.incarnation == 3
+    again.release(forget=True)
+
+
+@pytest.mark.parametrize("cut", ["short", "torn", "empty"])
+def test_a_write_that_a_power_loss_cut_short_leaves_the_vote_before_it(tmp_path, cut):
+    """The copy being written when the host lost power: its first bytes only, or its new
+    bytes over its old ones, or nothing. The other copy holds the vote before, which is what
+    went out (the new one never did: its write had not returned)."""
+    ident = Identity.claim(tmp_path, "job42")
+    before = _vote(ident, 1)
+    _vote(ident, 2)
+    ident.release(forget=False)
+    newest = max(_copies(tmp_path), key=lambda p: _identity._read_copy(p)[4])  # type: ignore[index]
+    whole = newest.read_bytes()
+    damaged = {"short": whole[: len(whole) // 2], "torn": whole[:-12] + b"0" * 12, "empty": b""}[cut]
+    newest.write_bytes(damaged)
+    after = Identity.claim(tmp_path, "job42")
+    assert after.node_id == ident.node_id and after.state.accepted == before
+    after.release(forget=True)
