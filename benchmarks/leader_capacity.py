@@ -295,8 +295,11 @@ class Generator:
             return
         self.bytes_in += len(data)
         m.buf += data
+        from torch_mingle._frames import from_leader_stream
+        from torch_mingle._wire import Framed
+
         now = time.monotonic()
-        frames = []
+        frames: list[Framed] = []
         while len(m.buf) >= FRAME_HEADER.size:
             (size,) = FRAME_HEADER.unpack_from(m.buf)
             end = FRAME_HEADER.size + size
@@ -307,7 +310,7 @@ class Generator:
             if size > BIG_FRAME_BYTES:
                 self._big_frame(m, body, now)
             else:
-                frames.append(json.loads(body))
+                frames.append(Framed(from_leader_stream(json.loads(body)), body))
         if frames:
             m.session.received(frames, now)
             self._after(m, now)
