@@ -5,11 +5,11 @@ with a type ``t``; ``Seal``: the MAC of every frame). This module is the other h
 boundary: ``from_node`` and ``from_leader_stream`` (the ``decode`` of a stream's reader, so
 that a frame leaves the reader as its record: ``_wire.Framed``) turn each JSON object into
 one frozen record of the kinds its sender may send, or an ``Invalid`` that names what is
-wrong with it, so that no dict and no optional field is read past this point. A field whose value only informs
-(``timeout_s``, ``dport``, ``place``, ``seen``...) falls back to "unknown" when it is bad, as
-an older node may send it without; a field the protocol decides on (a round, a history, a
-``gone`` list, an id) makes the frame invalid, and the receiver ends the connection as the
-peer's protocol error.
+wrong with it, so that no dict and no optional field is read past this point. A field whose
+value only informs (``timeout_s``, ``dport``, ``place``, ``seen``...) falls back to
+"unknown" when it is bad, as an older node may send it without; a field the protocol
+decides on (a round, a history, a ``gone`` list, an id) makes the frame invalid, and the
+receiver ends the connection as the peer's protocol error.
 
 The node's frames are also built here (``encode``), so that one record says what a join or
 a hello carries on both sides. Why a module of its own and not ``_wire``: the records hold
