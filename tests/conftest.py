@@ -28,7 +28,7 @@ LEAK_GRACE_S = 10.0
 #: bound plus a random back-off (32 s seen in CI). The node's cutter gives it
 #: ``CUT_FOR_AT_MOST_S`` and then logs an error; the check gives it as long, and no longer.
 CONNECT_GRACE_S = _store.CUT_FOR_AT_MOST_S
-CONNECT_THREAD = "mingle-store-connect"
+CONNECT_THREAD = _store.CONNECT_THREAD
 
 
 def _ours() -> list[threading.Thread]:

@@ -175,7 +175,7 @@ def open_client(
     # On a thread of its own: torch's client tries again, until its bound, a connection that a
     # cut shut down, and its caller must not wait for that (``_Flight.over``).
     refused: list[DistNetworkError] = []
-    threading.Thread(target=connect, name="mingle-store-connect", daemon=True).start()
+    threading.Thread(target=connect, name=CONNECT_THREAD, daemon=True).start()
     if not flight.over.wait(PROBE_AFTER_S):
         # Not connected at once: the port does not answer (our first connect fails within the
         # bound), or torch's client waits on its name lookup (a second connect of ours gets
@@ -471,6 +471,8 @@ class EndedStores:
 #: How often a cut looks again for sockets that connects under way opened, and for how long.
 CUT_AGAIN_S = 0.02
 CUT_FOR_AT_MOST_S = 60.0
+#: The thread a store connect runs on (``open_client``).
+CONNECT_THREAD = "mingle-store-connect"
 #: How long past its own bounds a caller waits for a store connect that never returns.
 STRAGGLER_S = 5.0
 #: How long a store connect may take before the caller checks again, by a connect of its own,

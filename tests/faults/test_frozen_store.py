@@ -182,7 +182,7 @@ def test_a_port_that_refuses_fails_the_connect_with_its_reason_and_leaves_no_try
     # try would still run for seconds.
     wait_until(lambda: _store._flights.under_way() == 0, 2.5, "the connect's thread to end")
     wait_until(
-        lambda: not [t for t in threading.enumerate() if t.name == "mingle-store-connect"],
+        lambda: not [t for t in threading.enumerate() if t.name == _store.CONNECT_THREAD],
         2.5,
         "the connect's thread to end",
     )

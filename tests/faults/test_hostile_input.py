@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import as_sent, rendezvous_all, unique_job
+from tests.helpers import rendezvous_all, unique_job
 from torch_mingle import _loop
 from torch_mingle._records import Round
 from torch_mingle._wire import (
@@ -82,7 +82,7 @@ def test_a_node_that_writes_slowly_is_answered_and_blocks_nobody(make_handler):
         for i in range(len(frames)):
             slow.sendall(frames[i : i + 1])
             time.sleep(3.0 / len(frames))  # the fault under test: a writer this slow
-        reader, answer, proposed = FrameReader(as_sent), None, {}
+        reader, answer, proposed = FrameReader(dict), None, {}
         deadline = time.monotonic() + 20
         while answer is None and time.monotonic() < deadline:
             read = reader.feed(slow.recv(65536))

@@ -1263,11 +1263,15 @@ class World(Agents[_Agent]):
                 and trigger.kind in sc.AT_ACCEPT
                 and (switched or trigger.kind != "power_at_switch")
             ):
-                self._triggers.remove(trigger)
-                self.faults[f"{trigger.kind} (fired)"] += 1
+                self._fired(trigger)
                 fault = self._fault_of(trigger, host)
                 self.heal = max(self.heal, fault.ends)
                 self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))
+
+    def _fired(self, trigger: sc.Event) -> None:
+        """A fault of a moment, armed, meets its moment: it is no longer armed, and counts fired."""
+        self._triggers.remove(trigger)
+        self.faults[f"{trigger.kind} (fired)"] += 1
 
     def _proposing(self, form: Form) -> None:
         """A term is about to send out the proposal ``form``: an armed ``newcomer_at_propose``
@@ -1285,14 +1289,12 @@ class World(Agents[_Agent]):
             if trigger.kind == "sigterm_at_propose":
                 leaver = self._joiner_of(form)
                 if leaver is not None:
-                    self._triggers.remove(trigger)
-                    self.faults[f"{trigger.kind} (fired)"] += 1
+                    self._fired(trigger)
                     self._fire(sc.Event(now, "sigterm", leaver))
                 continue
             newcomer = self._newcomer(form)
             if newcomer is not None:
-                self._triggers.remove(trigger)
-                self.faults[f"{trigger.kind} (fired)"] += 1
+                self._fired(trigger)
                 cut, restart_after, down = (float(a) for a in trigger.args)  # type: ignore[arg-type]
                 self._fire(sc.Event(now, "newcomer_cut", newcomer, dur=cut, args=(restart_after, down)))
 
