@@ -36,6 +36,16 @@ def _other_line(h: History, base: History) -> bool:
     return h.round >= base.round
 
 
+def _may_be_in(key: RoundKey, lines: Lines) -> bool:
+    """Whether round ``key`` may be a later round of one of ``lines`` (each named by its first
+    round): a line's rounds are numbered upward from its first, so a round numbered at or below
+    every first round of the lines a base continues or took in is of none of them (seed 62037362:
+    an island's round 1, heard of by a spare once the others had formed their round 2, whose
+    line starts at 2, was taken for an ancestor of their round 3, and the island trained beside
+    it)."""
+    return any(key[2] > line[2] for line in lines)
+
+
 def _newest_per_line(rounds: list[History]) -> list[History]:
     """``rounds``, each once, and of the rounds of one line (by the line they name) only the
     newest: a line's later round was formed by a majority of the one before, so no other round
@@ -143,16 +153,19 @@ class OtherTerms:
         self, base: History | None, known: Iterable[History], term: tuple[int, int]
     ) -> RoundKey | None:
         """A round of the job that the term heard of (``heard``) and cannot count a quorum of: of
-        another term, numbered as the base or above, neither the base nor a round or proposal
-        a joiner reported (``known``). Its members are unknown: they may train beside the next
-        round, and only one of them, joining, tells who votes (seed 29186: one side of a
-        one-way split at the job's start heard the other's round 1 and formed its round 2)."""
+        another term, numbered as the base or above or of no line the base names (``_may_be_in``),
+        neither the base nor a round or proposal a joiner reported (``known``). Its members are
+        unknown: they may train beside the next round, and only one of them, joining, tells who
+        votes (seed 29186: one side of a one-way split at the job's start heard the other's
+        round 1 and formed its round 2)."""
         floor = base.round if base is not None else 0
         known = list(known)
         # A round is accounted for by a round or proposal that continues its line or took it in.
         known_keys = {h.key for h in known}.union(*(h.lines for h in known), base.lines if base else ())
-        for key in self.heard.beyond(floor, term, base.key if base is not None else None).keys:
-            if key not in known_keys:
+        lines = base.lines if base is not None else ()
+        base_key = base.key if base is not None else None
+        for key in self.heard.beyond(0 if lines else floor, term, base_key).keys:
+            if key not in known_keys and (key[2] >= floor or not _may_be_in(key, lines)):
                 return key
         return None
 

@@ -1,0 +1,39 @@
+"""What a term knows of the job's other terms (``_others.OtherTerms``): which rounds heard of
+leave no quorum to count (``unaccounted``)."""
+
+from __future__ import annotations
+
+from torch_mingle._others import OtherTerms
+from torch_mingle._records import NOTHING_HEARD, History
+
+A, B, C, X = 0xA1, 0xB2, 0xC3, 0xD4
+TERM = (3, C)  # the term that asks
+
+
+def _others(*heard: tuple[int, int, int]) -> OtherTerms:
+    return OtherTerms(heard=NOTHING_HEARD.with_keys(*heard))
+
+
+def test_a_round_heard_of_below_the_first_round_of_every_line_of_the_base_is_of_none_of_them() -> None:
+    # The base is the first round of its line (numbered 2: it knew a round 1 ran, not whose);
+    # an island's round 1, heard of later, is no ancestor of it (seed 62037362).
+    base = History(epoch=2, round=2, members=(B, C), lines=((2, B, 2), (1, B, 1)))
+    assert _others((1, X, 1)).unaccounted(base, [], TERM) == (1, X, 1)
+    # Once one of its members joined and reported it, its voters are known.
+    island = History(epoch=1, round=1, members=(X,), lines=((1, X, 1),))
+    assert _others((1, X, 1)).unaccounted(base, [island], TERM) is None
+
+
+def test_a_round_of_a_line_the_base_continues_is_accounted_for_whatever_its_number() -> None:
+    base = History(epoch=3, round=7, members=(C, A), lines=((1, A, 1),))
+    # The line's first round, and a later round of it by another term, below the base.
+    assert _others((1, A, 1)).unaccounted(base, [], TERM) is None
+    assert _others((2, B, 4)).unaccounted(base, [], TERM) is None
+    # Numbered as the base or above, and not the base: unaccounted, as before.
+    assert _others((2, B, 7)).unaccounted(base, [], TERM) == (2, B, 7)
+
+
+def test_where_the_base_names_no_lines_only_rounds_numbered_as_it_or_above_count() -> None:
+    base = History(epoch=2, round=2, members=(B, C))
+    assert _others((1, X, 1)).unaccounted(base, [], TERM) is None
+    assert _others((1, X, 2)).unaccounted(base, [], TERM) == (1, X, 2)
