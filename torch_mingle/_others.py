@@ -36,14 +36,14 @@ def _other_line(h: History, base: History) -> bool:
     return h.round >= base.round
 
 
-def _may_be_in(key: RoundKey, lines: Lines) -> bool:
-    """Whether round ``key`` may be a later round of one of ``lines`` (each named by its first
-    round): a line's rounds are numbered upward from its first, so a round numbered at or below
-    every first round of the lines a base continues or took in is of none of them (seed 62037362:
-    an island's round 1, heard of by a spare once the others had formed their round 2, whose
-    line starts at 2, was taken for an ancestor of their round 3, and the island trained beside
-    it)."""
-    return any(key[2] > line[2] for line in lines)
+def _may_be_in(key: RoundKey, base: History) -> bool:
+    """Whether round ``key``, numbered below ``base``, may be of a line the base continues or
+    took in: one of the base's own term (a term's rounds and proposals form one chain), or one
+    numbered above the first round of one of its lines (a line's rounds are numbered upward
+    from its first). Any other is of none of them (seed 62037362: an island's round 1, heard
+    of by a spare once the others had formed their round 2, whose line starts at 2, was taken
+    for an ancestor of their round 3, and the island trained beside it)."""
+    return key[:2] == base.term or any(key[2] > line[2] for line in base.lines)
 
 
 def _newest_per_line(rounds: list[History]) -> list[History]:
@@ -162,10 +162,10 @@ class OtherTerms:
         known = list(known)
         # A round is accounted for by a round or proposal that continues its line or took it in.
         known_keys = {h.key for h in known}.union(*(h.lines for h in known), base.lines if base else ())
-        lines = base.lines if base is not None else ()
-        base_key = base.key if base is not None else None
-        for key in self.heard.beyond(0 if lines else floor, term, base_key).keys:
-            if key not in known_keys and (key[2] >= floor or not _may_be_in(key, lines)):
+        # Below the base too, where it names its lines: a round of none of them is no ancestor.
+        named = base is not None and bool(base.lines)
+        for key in self.heard.beyond(0 if named else floor, term, base.key if base else None).keys:
+            if key not in known_keys and (base is None or key[2] >= floor or not _may_be_in(key, base)):
                 return key
         return None
 

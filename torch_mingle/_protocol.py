@@ -231,6 +231,8 @@ class Discovery:
             self.hear_round(*dgram.body.heard)
         elif isinstance(dgram.body, Query):
             self.hear_round(*dgram.body.round_seen)
+        elif isinstance(dgram.body, Resign):
+            self.hear_round(*dgram.body.heard)
 
     def hear_round(self, *keys: RoundKey | None) -> None:
         """Rounds ``keys`` of the job ran (the node heard of them, by any authentic word)."""
@@ -379,7 +381,7 @@ class Discovery:
     def abandon(self, now: float) -> None:
         """Give up our own claim (the shell cannot host the term): resign it, let another node lead."""
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch), None, now)
+            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.keys), None, now)
         if self.role in (Role.CLAIMING, Role.LEADING):
             self._hold_claims_until = now + self.timing.suspect_ttl_s
             self._enter_discovery(now)
@@ -389,14 +391,14 @@ class Discovery:
         resign, and elect again above it (a claim of ours now would have a lower epoch)."""
         self.max_epoch_seen = max(self.max_epoch_seen, epoch)
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch), None, now)
+            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.keys), None, now)
         if self.role in (Role.CLAIMING, Role.LEADING):
             self._enter_discovery(now)
 
     def resign(self, now: float) -> None:
         """Stop leading (shutdown): tell the followers so they do not wait for a timeout."""
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch), None, now)
+            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.keys), None, now)
         self.stop()
 
     def stop(self) -> None:

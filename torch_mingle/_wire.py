@@ -52,9 +52,10 @@ MAGIC = b"MNGL"
 #: says the highest round its node heard of (``Query.round_seen``); 9: a round heard of is named
 #: by its key (epoch, leader, number), in queries, announcements and frames (``_records.Heard``),
 #: not by its number; 10: a leader's "wait" says why (``WaitKind``); 11: an announcement of a
-#: closed job says whether it failed (``ANNOUNCE_FAILED``), a flag version 10 refuses.
+#: closed job says whether it failed (``ANNOUNCE_FAILED``), a flag version 10 refuses; 12: a
+#: resignation says the rounds its node heard of (``Resign.heard``).
 #: Nodes of different versions drop each other's datagrams (bad_version).
-VERSION = 11
+VERSION = 12
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01
@@ -146,9 +147,12 @@ class Announce:
 
 @record
 class Resign:
-    """The leader of ``epoch`` steps down (its job closed or it is shutting down)."""
+    """The leader of ``epoch`` steps down (its job closed or it is shutting down). ``heard``:
+    the rounds of the job its node heard of, as in its queries and announcements: its last word
+    may be the only one a late node gets, which then founds nothing beside them."""
 
     epoch: int
+    heard: tuple[tuple[int, int, int], ...] = ()
 
     type = MsgType.RESIGN
 
@@ -299,7 +303,7 @@ def _encode_body(body: Body) -> bytes:
             + _encode_keys(body.heard)
         )
     if isinstance(body, Resign):
-        return _RESIGN.pack(body.epoch)
+        return _RESIGN.pack(body.epoch) + _encode_keys(body.heard)
     return b""
 
 
@@ -377,12 +381,15 @@ def _decode_body(kind: int, buf: bytes) -> Body:
             heard=heard,
         )
     if kind == MsgType.RESIGN:
-        if len(buf) != _RESIGN.size:
+        if len(buf) < _RESIGN.size:
+            raise _Bad("truncated_body")
+        (epoch,) = _RESIGN.unpack_from(buf)
+        heard, pos = _decode_keys(buf, _RESIGN.size)
+        if pos != len(buf):
             raise _Bad("body_length_mismatch")
-        (epoch,) = _RESIGN.unpack(buf)
         if not 0 < epoch <= EPOCH_MAX:
             raise _Bad("bad_epoch")
-        return Resign(epoch=epoch)
+        return Resign(epoch=epoch, heard=heard)
     if kind == MsgType.PROBE:
         if buf:
             raise _Bad("body_length_mismatch")

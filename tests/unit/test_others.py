@@ -25,12 +25,19 @@ def test_a_round_heard_of_below_the_first_round_of_every_line_of_the_base_is_of_
 
 
 def test_a_round_of_a_line_the_base_continues_is_accounted_for_whatever_its_number() -> None:
-    base = History(epoch=3, round=7, members=(C, A), lines=((1, A, 1),))
-    # The line's first round, and a later round of it by another term, below the base.
+    base = History(epoch=2, round=7, members=(B, A), lines=((1, A, 1),))
+    # The line's first round, and a later round of it, below the base.
     assert _others((1, A, 1)).unaccounted(base, [], TERM) is None
-    assert _others((2, B, 4)).unaccounted(base, [], TERM) is None
+    assert _others((1, A, 4)).unaccounted(base, [], TERM) is None
     # Numbered as the base or above, and not the base: unaccounted, as before.
-    assert _others((2, B, 7)).unaccounted(base, [], TERM) == (2, B, 7)
+    assert _others((1, X, 7)).unaccounted(base, [], TERM) == (1, X, 7)
+
+
+def test_a_proposal_of_the_bases_own_term_is_of_its_chain() -> None:
+    # Seed 1772: the base's term proposed round 5, which did not form, then founded its line at 6.
+    base = History(epoch=2, round=7, members=(B, A), lines=((2, B, 6),))
+    assert _others((2, B, 5)).unaccounted(base, [], TERM) is None
+    assert _others((1, X, 5)).unaccounted(base, [], TERM) == (1, X, 5)
 
 
 def test_where_the_base_names_no_lines_only_rounds_numbered_as_it_or_above_count() -> None:

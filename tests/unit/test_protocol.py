@@ -243,6 +243,20 @@ def test_a_missing_transition_names_the_state_and_the_event(monkeypatch):
         core.receive_datagram(data, None, 0.01)
 
 
+@pytest.mark.parametrize("signed_ms_ago", [0, 10 * 60 * 1000])
+def test_a_resignation_tells_which_rounds_of_the_job_ran_even_outside_the_replay_window(signed_ms_ago):
+    # Swarm seed 62014562: a leader thawed, shut down and resigned; that was all a late node
+    # ever got of the job, and it founded a first round beside the job's.
+    key = b"k" * 32
+    core = Discovery("job", 7, codec=Codec(key), wall_offset_s=1.7e9)
+    core.start(0.0)
+    now_ms = int((0.01 + 1.7e9) * 1000)
+    resign = Resign(epoch=2, heard=((2, 0xC, 3), (1, 0xA, 1)))
+    data = Codec(key).encode(Datagram("job", 9, resign, sent_ms=now_ms - signed_ms_ago, nonce=5))
+    core.receive_datagram(data, None, 0.01)
+    assert core.heard.keys == ((2, 0xC, 3), (1, 0xA, 1))
+
+
 def test_leader_ready_is_refused_after_a_better_claim_arrived():
     core = _alone_it_claims(Timing(election_window_s=0.01))
     better = Codec().encode(

@@ -53,6 +53,8 @@ BODIES = [
     # A job closed as failed says so (swarm seed 2708: a spare that heard only this exited 0).
     Announce(epoch=3, store_ip="198.18.0.2", store_port=29500, round=2, closed=True, failed=True),
     Resign(epoch=9),
+    # A resignation says what its node heard (swarm seed 62014562: a late node's only word of the job).
+    Resign(epoch=2, heard=((2, 0xC, 3), (1, 0xA, 1))),
     Probe(),
 ]
 
