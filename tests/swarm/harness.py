@@ -194,6 +194,11 @@ class Outcome:
     recovered_after_s: float | None
 
 
+#: How long after the others' power loss a ``last_word`` leader freezes: past the heartbeat
+#: timeout, so it counted them lost.
+LAST_WORD_LOST_S = 2.5
+
+
 @dataclass
 class _Island:
     """An ``overheard`` fault's island (``World._overhear``): its event, the cut that keeps it
@@ -273,7 +278,10 @@ class World(Agents[_Agent]):
             tuple[int, int, int], list[tuple[tuple[int, int, int], frozenset[tuple[int, int, int]]]]
         ] = {}
         #: What each member knew when it accepted each proposal (``one-round``, ``token``): a
-        #: round is judged by what its members had heard when they committed to it.
+        #: round is judged by what its members had heard when they committed to it, or when it
+        #: formed, for a member whose accept came after (its accept decided nothing: seed 1567,
+        #: a member whose leader's frames came late heard of an island after its round had
+        #: formed on the others' votes, before the round reached it).
         self.knew_at_accept: dict[tuple[int, int, int], dict[int, frozenset[object]]] = {}
         #: Per term (epoch, leader) that closed the job, whether the close that did it was a
         #: failure, by what happened (the closing agent failed, or its round could not start).
@@ -284,6 +292,8 @@ class World(Agents[_Agent]):
         self.term_process: dict[tuple[int, int], SimNode] = {}
         #: The proposals each proposal's leader accounted for, by its key.
         self.covers: dict[tuple[int, int, int], frozenset[tuple[int, int, int]]] = {}
+        #: The rounds a leader's book formed, by key (``_check_book_of``).
+        self._formed: set[tuple[int, int, int]] = set()
         #: When each proposal was first accepted: the order in which they were proposed.
         self.proposed_at: dict[tuple[int, int, int], float] = {}
         self.trained: list[_Round] = []
@@ -439,7 +449,7 @@ class World(Agents[_Agent]):
                 self.proposed_at.setdefault(key, self.sim.now)
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
                 self.voted.setdefault(node.core.node_id, []).append(key)
-                self.knew_at_accept.setdefault(key, {})[node.core.node_id] = self.sim.knows(node)
+                self.knew_at_accept.setdefault(key, {}).setdefault(node.core.node_id, self.sim.knows(node))
                 self._check_successors(key, rnd.base, covers)
                 self._check_memory(node)
                 kept = any(h.key == before for h in node.node.ballot.earlier)
@@ -989,6 +999,15 @@ class World(Agents[_Agent]):
             raise Violation(
                 "book", f"{sim_node.node.label} {term.claim}: {'; '.join(problems)}", self.sim.now
             )
+        rnd = term.book.current
+        if rnd is not None and rnd.key not in self._formed:
+            # What the members that did not accept it yet know as it forms (``knew_at_accept``).
+            self._formed.add(rnd.key)
+            knew = self.knew_at_accept.setdefault(rnd.key, {})
+            live = {a.node_id: a.node for a in self.agents if a.node.alive}
+            for m in rnd.members:
+                if m not in knew and m in live:
+                    knew[m] = self.sim.knows(live[m])
 
     def _check_rogue(self) -> None:
         if not self.rogue_ends:
@@ -1318,29 +1337,34 @@ class World(Agents[_Agent]):
     def _overhear(self, form: Form) -> None:
         """The others propose their first round (``OVERHEARD_SHARE``). If the island formed
         none yet, their leader's host loses power as it proposes (``args``: for how long; its
-        nodes elect another, and the island forms first). Once it formed one: the island's
-        clocks step back past the replay window, this proposal's first voter that waits (not
-        the leader) gets the island's datagrams from now on, one way (nothing of its leader's
-        does), and its leader's frames reach it late (``args``): it hears of the island's round
-        by datagrams too stale to follow, after its join went out and before its vote."""
+        nodes elect another, and the island forms first). Once it formed one, at the proposal
+        that opens it (their first; with ``OVERHEARD_AFTER``, their first formed from a round
+        numbered that or above): the island's clocks step back past the replay window, this
+        proposal's first voter that waits (not the leader) gets the island's datagrams from now
+        on, one way (nothing of its leader's does), and its leader's frames reach it late
+        (``args``): it hears of the island's round by datagrams too stale to follow, after its
+        join went out and before its vote."""
         now = self.sim.now
         for island in list(self._overheard):
             e = island.event
             ids = self._ids(set(e.args[0]))  # type: ignore[call-overload]
-            if now >= e.ends or any(not set(r.members) & ids for r in self.rounds.values()):
+            after = int(e.args[4]) if len(e.args) > 4 else 0  # type: ignore[call-overload]
+            if now >= e.ends or (not after and any(not set(r.members) & ids for r in self.rounds.values())):
                 self._overheard.remove(island)  # (healed, or the others formed one already)
                 continue
-            if form.base_key is not None or ids & set(form.members):
+            if ids & set(form.members):
                 continue
             hosts = {a.node_id: a.host for a in self.agents if a.node.alive}
             voter, leader = self._joiner_of(form), hosts.get(form.members[0])
             if voter is None or leader is None:
                 continue
-            late, hold, skew = (float(a) for a in e.args[1:])  # type: ignore[arg-type]
+            late, hold, skew = (float(a) for a in e.args[1:4])  # type: ignore[arg-type]
             if not any(set(r.members) <= ids for r in self.rounds.values()):
-                if not island.powered_off:  # once
+                if form.base_key is None and not island.powered_off:  # once
                     island.powered_off = True
                     self._fire(sc.Event(now, "power", leader, dur=hold, args=("restart",)))
+                continue
+            if (form.base_key is not None) != bool(after) or (after and form.base_key[2] < after):  # type: ignore[index]
                 continue
             self._overheard.remove(island)
             ear, lead = self._addr(voter), self._addr(leader)
@@ -1387,6 +1411,25 @@ class World(Agents[_Agent]):
         if trigger.kind == "sigterm_at_accept":
             return sc.Event(at, "sigterm", host)
         return sc.Event(at, "power", host, dur=float(trigger.args[0]), args=("restart",))  # type: ignore[arg-type]
+
+    def _do_last_word(self, e: sc.Event, _: _Agent | None) -> None:
+        """``LAST_WORD_SHARE``: every host but the leader's loses power, the leader's freezes
+        (``dur``) once it counted them lost, its agent is shut down halfway through the freeze,
+        and one of the others comes back as a new node ``args[0]`` seconds before the thaw."""
+        now = self.sim.now
+        leaders = [a for a in self.agents if a.node.alive and a.node.started and a.node.node.leading]
+        others = [a for a in self.agents if a.node.alive and a.node.started and a not in leaders[:1]]
+        if not leaders or not others:
+            return
+        self.faults["last_word (fired)"] += 1
+        leader, back = leaders[0], min(others, key=lambda a: a.host)
+        for agent in others:
+            self._fire(sc.Event(now, "power", agent.host))
+        # It freezes once it counted them lost: then its term has no member left to tell.
+        frozen, thaw = now + LAST_WORD_LOST_S, now + LAST_WORD_LOST_S + e.dur
+        self._at(frozen, lambda: self._fire(sc.Event(frozen, "freeze", leader.host, dur=e.dur)))
+        self._at(frozen + e.dur / 2, lambda: self._fire(sc.Event(self.sim.now, "shutdown", leader.host)))
+        self._at(thaw - float(e.args[0]), lambda: self._respawn(back, fresh=True))  # type: ignore[arg-type]
 
     def _do_crash(self, e: sc.Event, agent: _Agent) -> None:
         self.sim.kill(agent.node)

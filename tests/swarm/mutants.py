@@ -32,7 +32,7 @@ from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _agent, _ballot, _evidence, _proposals, _quorum, _rounds, _world
+from torch_mingle import _agent, _ballot, _evidence, _others, _proposals, _quorum, _rounds, _world
 from torch_mingle._agent import BreakSeen, ExitClean, Fail, JoinFlow
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
@@ -41,11 +41,13 @@ from torch_mingle._leader import LeaderTerm
 from torch_mingle._ledger import Ledger
 from torch_mingle._node import Node
 from torch_mingle._others import OtherTerms
+from torch_mingle._protocol import Discovery
 from torch_mingle._record import replace
 from torch_mingle._records import History
 from torch_mingle._rounds import RoundBook
 from torch_mingle._snapshot import Snapshots
 from torch_mingle._view import JobOver
+from torch_mingle._wire import Resign
 from torch_mingle.testing import sim as _sim
 
 Patch = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -122,6 +124,14 @@ def _tell_nothing(self: FollowerSession, heard: Any) -> None:
 
 
 _sound_voting = RoundBook._voting
+
+
+def _hear_no_resignation(self: Discovery, dgram: Any) -> None:
+    if not isinstance(dgram.body, Resign):
+        _HEAR_ROUND(self, dgram)
+
+
+_HEAR_ROUND = Discovery._hear_round
 
 
 def _voting_without_rivals(base: Any, uncertain: Any, rivals: Any) -> Any:
@@ -214,6 +224,13 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a round heard of that no joiner was in leaves no quorum", "OtherTerms.unaccounted",
                "a term forms beside a round it only heard of (a spare's first round, a side of a split)",
                (_attr(OtherTerms, "unaccounted", lambda self, *a: None),)),
+        Mutant("a round heard of below the base and of none of its lines is no ancestor",
+               "OtherTerms.unaccounted (_may_be_in)",
+               "a round below the base is taken for its ancestor (the code before seed 62037362's fix)",
+               (_attr(_others, "_may_be_in", lambda key, base: True),)),
+        Mutant("a resignation says what its node heard", "Discovery._hear_round (Resign)",
+               "a resignation names no round (the code before seed 62014562's fix)",
+               (_attr(Discovery, "_hear_round", _hear_no_resignation),)),
         Mutant("a member tells its leader what it heard at once", "FollowerSession.tell",
                "it tells it only in its hello and joins (the code before seed 50005902's fix)",
                (_attr(FollowerSession, "tell", _tell_nothing),)),

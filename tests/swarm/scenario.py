@@ -82,7 +82,19 @@ SWITCH_SALT = 0x5717C4
 #: follows no leader of them) after its join went out and before it votes, and its leader does
 #: not (seed 50005902: a round formed beside the island a member knew of).
 OVERHEARD_SHARE = 0.3
+#: Half of them open later: at the others' first proposal formed from a round numbered this or
+#: above, so the island's round 1 is numbered below their base (seed 62037362: a leader took
+#: it for an ancestor of its base and formed beside it).
+OVERHEARD_AFTER = 2
 OVERHEARD_SALT = 0x0BE7E4
+#: A share of the seeds (``LAST_WORD_SHARE``, drawn apart) leave the job's leader, frozen, the
+#: only node that knows of it: every other host loses power at once, the leader's agent is shut
+#: down while it is frozen (the job ends), and one of the other hosts comes back as a new node
+#: (its state gone) shortly before the leader thaws (``args``: how long before). All the new
+#: node hears of the job is the leader's last word, its resignation (seed 62014562: it named
+#: no round, and the new node founded epoch 1 round 1 again, the token of the job's first).
+LAST_WORD_SHARE = 0.05
+LAST_WORD_SALT = 0x1A5730
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as
 #: the job starts: each side may found a job of its own), and when the split heals a second
 #: one follows at once that moves one host across: a member of one side's round now reaches
@@ -131,7 +143,7 @@ TRIGGER_S = 6.0
 AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch"}
 AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
 TRIGGERS = AT_ACCEPT | AT_PROPOSE
-FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch", "overheard"}) - {
+FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch", "overheard", "last_word"}) - {
     "workers_fail",
     "sigterm",
     "shutdown",
@@ -237,7 +249,7 @@ def generate(seed: int) -> Scenario:
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
     events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
     events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed) + _switch(seed, hosts)
-    events += _overheard(seed, hosts, min_nodes, secret)
+    events += _overheard(seed, hosts, min_nodes, secret) + _last_word(seed)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -290,14 +302,27 @@ def _overheard(seed: int, hosts: int, min_nodes: int, secret: bool) -> list[Even
     overheard by one of the others (``OVERHEARD_SHARE``, with a secret: the island's clocks
     step), from a stream of its own: ``args`` are the island's hosts, how late the others'
     leader's frames reach that node (below the heartbeat timeout: it stays), how long their
-    first leader is down, and how far the island's clocks step back."""
+    first leader is down, how far the island's clocks step back, and the number the base of
+    the others' proposal that opens it must reach (0: their first proposal)."""
     rng = random.Random(seed ^ OVERHEARD_SALT)
     if rng.random() >= OVERHEARD_SHARE or 2 * min_nodes > hosts or not secret:
         return []
     island = sorted(rng.sample(range(hosts), min_nodes))
     apart, late = round(rng.uniform(6.0, 10.0), 3), round(rng.uniform(0.6, 0.9), 3)
     hold, skew = round(rng.uniform(1.6, 3.0), 3), round(rng.uniform(40.0, 100.0), 1)
-    return [Event(0.0, "overheard", dur=apart, args=(island, late, hold, skew))]
+    # Half the islands are heard once the others formed past round 1 (``OVERHEARD_AFTER``).
+    after = OVERHEARD_AFTER if rng.random() < 0.5 else 0
+    return [Event(0.0, "overheard", dur=apart, args=(island, late, hold, skew, after))]
+
+
+def _last_word(seed: int) -> list[Event]:
+    """The job's frozen leader left alone, shut down, and a new node (``LAST_WORD_SHARE``),
+    from a stream of its own: the event names no host (the leader when it comes)."""
+    rng = random.Random(seed ^ LAST_WORD_SALT)
+    if rng.random() >= LAST_WORD_SHARE:
+        return []
+    at, frozen = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3), round(rng.uniform(3.0, 6.0), 3)
+    return [Event(at, "last_word", -1, dur=frozen, args=(round(rng.uniform(0.2, 1.5), 3),))]
 
 
 def _regroup(seed: int, hosts: int) -> list[Event]:

@@ -61,7 +61,7 @@ def test_two_thousand_seeds_of_combined_faults_break_no_invariant(tmp_path: Path
     assert kinds >= sc.FAULT_KINDS, f"fault kinds never injected: {sorted(sc.FAULT_KINDS - kinds)}"
     # A fault of a moment counts above when it is armed; it fires only if its moment comes.
     fired = {k.removesuffix(" (fired)") for k in faults if k.endswith(" (fired)")}
-    moments = sc.TRIGGERS | {"overheard"}
+    moments = sc.TRIGGERS | {"overheard", "last_word"}
     assert fired >= moments, f"faults of a moment that never fired: {sorted(moments - fired)}"
 
 
