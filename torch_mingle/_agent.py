@@ -315,28 +315,27 @@ def job_over(outcome: JobOver, had_round: bool, job: str) -> Fail | ExitClean:
     """What a closed job means for a node that asked to join it. Only a spare of a job that ran
     and finished exits 0 (its workers were never needed); a node whose job failed, or never
     formed, fails with the leader's reason."""
-    if outcome.failed:
-        return Fail(Failure.CLOSED, f"the job failed: {outcome.why}")
+    why = outcome.end.why
+    if outcome.end.failed:
+        return Fail(Failure.CLOSED, f"the job failed: {why}")
     if outcome.was_waiting and not outcome.ran:
         return Fail(
             Failure.CLOSED,
-            f"job {job!r} closed before any round formed ({outcome.why}): no node trained; this "
+            f"job {job!r} closed before any round formed ({why}): no node trained; this "
             "node's script never ran",
         )
     if outcome.was_waiting:
         return ExitClean(
-            f"job {job!r} finished before this node was admitted ({outcome.why}): it was a spare the "
+            f"job {job!r} finished before this node was admitted ({why}): it was a spare the "
             "job never needed, and its script never ran; exiting 0 (docs/usage.md#exit-codes)"
         )
     if not had_round:
         return Fail(
             Failure.CLOSED,
-            f"job {job!r} already finished ({outcome.why}): this node never saw it open; use a new "
+            f"job {job!r} already finished ({why}): this node never saw it open; use a new "
             "--rdzv_id for a new run",
         )
-    return Fail(
-        Failure.CLOSED, f"the rendezvous of job {job!r} is closed: {outcome.why}; use a new --rdzv_id"
-    )
+    return Fail(Failure.CLOSED, f"the rendezvous of job {job!r} is closed: {why}; use a new --rdzv_id")
 
 
 def peers_to_probe(world: int, rank: int, limit: int = MAX_PROBES) -> list[int]:

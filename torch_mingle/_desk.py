@@ -31,7 +31,7 @@ from torch_mingle._frames import (
 from torch_mingle._member import ConnId, Member
 from torch_mingle._ports import StorePorts
 from torch_mingle._proposals import Vote
-from torch_mingle._records import History, Round, keep_delivered, node_hex
+from torch_mingle._records import History, JobEnd, Round, keep_delivered, node_hex
 from torch_mingle._rounds import JoinRequest, RoundBook
 from torch_mingle._wire import frame_digest
 
@@ -47,8 +47,7 @@ class Desk(Protocol):
     seal_key: bytes | None
     ports: StorePorts
     vote: Vote
-    closed_why: str
-    closed_failed: bool
+    ended: JobEnd | None
     _self: Member | None
     _by_node: dict[int, Member]
     _local: list[Any]
@@ -149,7 +148,7 @@ class JoinDesk:
         if history is not None and history.has(node):
             term._set_last(m, (history.epoch, history.round, len(history.members)))
         if term.book.closed:
-            self.answer(term, m, JobClosed, why=term.closed_why, failed=term.closed_failed)
+            self.answer(term, m, JobClosed, end=term.ended or JobEnd())
             return
         term.book.join(req, now)
         term._offer_after_decide.append(m)

@@ -76,7 +76,7 @@ from torch_mingle._frames import (
 from torch_mingle._keys import RoundKey
 from torch_mingle._notes import Note, Sink, ignore
 from torch_mingle._record import field, record, replace
-from torch_mingle._records import NOTHING_HEARD, Gone, Heard, History, Round, Status, keep_delivered
+from torch_mingle._records import NOTHING_HEARD, Gone, Heard, History, JobEnd, Round, Status, keep_delivered
 from torch_mingle._settings import Beats, Terms, describe_differences
 from torch_mingle._wire import Framed, Invalid, Seal
 
@@ -378,8 +378,8 @@ class FollowerSession:
         self._queued_join = None  # a node that leaves asks for no round (the join is answered)
         self._request(Leave(own_key).encode())
 
-    def close_job(self, why: str = "", *, failed: bool = False, job_failed: bool = False) -> None:
-        self._request(Close(why, failed, job_failed).encode())
+    def close_job(self, end: JobEnd) -> None:
+        self._request(Close(end).encode())
 
     # ------------------------------------------------------------ outputs
 

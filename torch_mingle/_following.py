@@ -30,7 +30,7 @@ from torch_mingle._ready import (
     FramesReceived,
     Ready,
 )
-from torch_mingle._records import History, Round
+from torch_mingle._records import History, JobEnd, Round
 from torch_mingle._roles import Electing, Following, NodeRole
 from torch_mingle._wire import Seal
 
@@ -108,7 +108,7 @@ def session_event(node: Follower, session: FollowerSession, ev: SessionEvent, no
     if isinstance(ev, Welcomed):
         node.core.hear(ev.seen)
         if ev.status.closed:
-            node.job_closed_seen("the job was closed", failed=ev.status.job_failed)
+            node.job_closed_seen(JobEnd("the job was closed", failed=ev.status.job_failed))
             return
         node.saw_open = True
         node.deliver_close(now)

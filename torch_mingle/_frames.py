@@ -33,6 +33,7 @@ from torch_mingle._records import (
     Gone,
     Heard,
     History,
+    JobEnd,
     Round,
     Status,
     WaitKind,
@@ -198,14 +199,14 @@ class Leave:
 
 @record
 class Close:
-    """The node closes the job (``failed``: its workers failed; ``job_failed``: for good)."""
+    """The node closes the job, and says how it ends (on the wire: ``failed``, a round cannot
+    start; ``job_failed``, the job failed)."""
 
-    why: str = ""
-    failed: bool = False
-    job_failed: bool = False
+    end: JobEnd = JobEnd()
 
     def encode(self) -> bytes:
-        return encode_frame("close", why=self.why, failed=self.failed, job_failed=self.job_failed)
+        end = self.end
+        return encode_frame("close", why=end.why, failed=end.stops_round, job_failed=end.failed)
 
 
 # --------------------------------------------------------------------------- both ways
@@ -380,14 +381,14 @@ class JoinTimedOut:
 
 @record
 class JobClosed:
-    """The job is closed (the answer to join ``ticket``, 0: to none); ``failed``: it failed."""
+    """The job is closed (the answer to join ``ticket``, 0: to none), and how it ended (on the
+    wire: its ``why``, and whether it ``failed``)."""
 
     ticket: int = 0
-    why: str = ""
-    failed: bool = False
+    end: JobEnd = JobEnd()
 
     def encode(self) -> bytes:
-        return encode_frame("closed", id=self.ticket, why=self.why, failed=self.failed)
+        return encode_frame("closed", id=self.ticket, why=self.end.why, failed=self.end.failed)
 
 
 #: What a join is answered, by the leader's session or by the leader's own term.
@@ -632,7 +633,7 @@ def _leave(m: dict[str, Any]) -> Leave:
 
 def _close(m: dict[str, Any]) -> Close:
     return Close(
-        why=_why(m.get("why")), failed=m.get("failed") is True, job_failed=m.get("job_failed") is True
+        JobEnd(_why(m.get("why")), stops_round=m.get("failed") is True, failed=m.get("job_failed") is True)
     )
 
 
@@ -662,7 +663,7 @@ def _formed(m: dict[str, Any]) -> RoundFormed:
 
 
 def _closed(m: dict[str, Any]) -> JobClosed:
-    return JobClosed(_int(m.get("id", 0)), why=_why(m.get("why")), failed=m.get("failed") is True)
+    return JobClosed(_int(m.get("id", 0)), JobEnd(_why(m.get("why")), failed=m.get("failed") is True))
 
 
 _FROM_NODE: dict[str, Callable[[dict[str, Any]], Any]] = {

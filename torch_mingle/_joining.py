@@ -23,8 +23,8 @@ from torch_mingle._keys import RoundKey
 from torch_mingle._leader import LeaderTerm
 from torch_mingle._protocol import Discovery
 from torch_mingle._ready import Routes, Ticket
-from torch_mingle._record import assert_never
-from torch_mingle._records import Heard, Round, Status, WaitKind
+from torch_mingle._record import assert_never, replace
+from torch_mingle._records import Heard, JobEnd, Round, Status, WaitKind
 from torch_mingle._settings import NodeSettings
 from torch_mingle._view import JobOver, Misconfigured, TimedOut
 
@@ -62,7 +62,7 @@ class Joiner(Protocol):
     def resolve(self, ticket: Ticket, result: object = None, error: BaseException | None = None) -> None: ...
     def extend(self, ticket: Ticket, due: float | None) -> None: ...
     def joined(self, rnd: Round, session: FollowerSession | None) -> None: ...
-    def job_closed_seen(self, why: str, *, failed: bool = False) -> None: ...
+    def job_closed_seen(self, end: JobEnd) -> None: ...
 
 
 class Joining:
@@ -111,7 +111,7 @@ class Joining:
         if self.refused:
             self.decided(Misconfigured(self.refused))
         elif node.job_closed:
-            self.closed(node, "the job was already closed", now)
+            self.closed(node, JobEnd("the job was already closed"), now)
         else:
             self.send(node, now)
 
@@ -189,9 +189,10 @@ class Joining:
                 else:
                     who = f"this node leads ({node.term.claim})" if node.term is not None else "this node led"
                 self.decided(TimedOut(f"{who}; {answer.why}"))
-            case JobClosed():
-                why = answer.why or "the job was closed while this node waited"
-                node.job_closed_seen(why, failed=answer.failed)
+            case JobClosed(end=end):
+                node.job_closed_seen(
+                    end if end.why else replace(end, why="the job was closed while this node waited")
+                )
             case Wait():
                 if session is not None:
                     node.core.hear(answer.seen)
@@ -211,15 +212,15 @@ class Joining:
         if join is not None and join.due is not None and now >= join.due:
             self.decided(TimedOut(self.why_no_round(node)))
 
-    def closed(self, node: Joiner, why: str, now: float, *, failed: bool = False) -> None:
-        """The job closed while the agent's join waits. ``failed``: the closing agent said the
-        job failed (its rendezvous or its workers did)."""
+    def closed(self, node: Joiner, end: JobEnd, now: float) -> None:
+        """The job closed while the agent's join waits (``end.failed``: the closing agent said
+        the job failed, its rendezvous or its workers did)."""
         if self.open() is not None:
             waited = self.parked or (node.saw_open and node.in_round is None)
             status = node.status(now)
-            failure = (status.failure if status is not None else "") or (why if failed else "")
+            failure = (status.failure if status is not None else "") or (end.why if end.failed else "")
             ran = self.parked or bool(node.heard())
-            self.decided(JobOver(waited, failure or why, failed=bool(failure), ran=ran))
+            self.decided(JobOver(waited, JobEnd(failure or end.why, failed=bool(failure)), ran=ran))
 
     @staticmethod
     def why_no_round(node: Joiner) -> str:

@@ -82,7 +82,7 @@ from torch_mingle._ports import StorePorts
 from torch_mingle._proposals import Vote
 from torch_mingle._push import Pusher
 from torch_mingle._record import assert_never, field, record
-from torch_mingle._records import Heard, History, Round, Status, node_hex
+from torch_mingle._records import Heard, History, JobEnd, Round, Status, node_hex
 from torch_mingle._rounds import Form, RoundBook
 from torch_mingle._settings import Beats, Terms, differences
 from torch_mingle._wire import Framed, Invalid, Seal, frame_digest
@@ -136,9 +136,8 @@ class LeaderTerm:
     hello_timeout_s: float = HELLO_TIMEOUT_S
     conns: dict[ConnId, Member] = field(default_factory=dict)
     established: bool = False
-    closed_why: str = ""
-    #: The job was closed as failed (``close_job``): its "closed" answers say so.
-    closed_failed: bool = False
+    #: How the job ended, as its "closed" answers say it (``close_job``); None: it goes on.
+    ended: JobEnd | None = None
     _self: Member | None = None
     _by_node: dict[int, Member] = field(default_factory=dict)
     #: Connections that said no hello yet, by the address they came from (``_door``).
@@ -378,24 +377,23 @@ class LeaderTerm:
         others = rnd.member_set - {self.claim.leader} - self.book.ledger.out_of(rnd.member_set)
         return others <= self.book.pending.keys()
 
-    def close_job(
-        self, by: int, why: str, now: float, *, failed: bool = False, job_failed: bool = False
-    ) -> None:
-        """No further rounds: the job is over (``why``: who closed it, and why, for the waiters;
-        ``failed``: its round cannot start, so the members running it stop too; ``job_failed``:
-        the closing agent failed, so the nodes still waiting for a place fail too, while the
-        members running a round that is whole finish as their own workers do: one that a
-        member left before its exit barrier cannot, and stops, ``Snapshots.round_state``)."""
+    def close_job(self, by: int, end: JobEnd, now: float) -> None:
+        """No further rounds: the job is over (``end.why``: why, for the waiters, with who closed
+        it; ``end.stops_round``: its round cannot start, so the members running it stop too;
+        ``end.failed``: the closing agent failed, so the nodes still waiting for a place fail
+        too, while the members running a round that is whole finish as their own workers do:
+        one that a member left before its exit barrier cannot, and stops,
+        ``Snapshots.round_state``)."""
         if self.book.closed:
             return
-        self.closed_why = f"node {node_hex(by)} closed the job" + (f" ({why})" if why else "")
-        self.closed_failed = failed or job_failed
-        for node in self.book.close(failed=self.closed_why if failed else "", job_failed=self.closed_failed):
+        why = f"node {node_hex(by)} closed the job" + (f" ({end.why})" if end.why else "")
+        self.ended = ended = JobEnd(why, stops_round=end.stops_round, failed=end.failed or end.stops_round)
+        for node in self.book.close(ended):
             m = self._by_node.get(node) if node != self.claim.leader else self._self
             if m is not None:
-                self.desk.answer(self, m, JobClosed, why=self.closed_why, failed=self.closed_failed)
-        log.info("%s rendezvous closed: %s", self.label, self.closed_why)
-        self.on_event(Note("closed", f"marked the rendezvous as closed: {self.closed_why}", "SUCCEEDED"))
+                self.desk.answer(self, m, JobClosed, end=ended)
+        log.info("%s rendezvous closed: %s", self.label, why)
+        self.on_event(Note("closed", f"marked the rendezvous as closed: {why}", "SUCCEEDED"))
         self._decide(now)
 
     # ------------------------------------------------------------ outputs
@@ -483,7 +481,7 @@ class LeaderTerm:
                 self._left(m.node, frame.left)  # (None: it counts for no round: it keeps its vote)
                 self._after_departure(now)
             case Close():
-                self.close_job(m.node, frame.why, now, failed=frame.failed, job_failed=frame.job_failed)
+                self.close_job(m.node, frame.end, now)
             case Hello():
                 self._drop(m, "protocol error: a second hello", now)
             case _:
@@ -684,7 +682,7 @@ class LeaderTerm:
         self.book.chronicle.lost(self.book.current, node, why, now)
         if in_round or node in self.book.pending:
             # Once the job is closed its members go, and a close can cross their last frames.
-            level = logging.INFO if self.closed_why else logging.WARNING
+            level = logging.INFO if self.ended is not None else logging.WARNING
             log.log(level, "%s node %s is lost: %s", self.label, node_hex(node), why)
             self.on_event(Note("node_lost", f"removed node {node_hex(node)} from the rendezvous: {why}"))
         self.book.died(node, why)

@@ -243,7 +243,7 @@ def flush_term(node: Leader, term: LeaderTerm, now: float) -> bool:
             heard=term.book.highest_heard(),
             members=status.size,
             closed=status.closed,
-            failed=term.closed_failed,
+            failed=term.ended is not None and term.ended.failed,
             min_nodes=node.settings.rules.min_nodes,
             max_nodes=node.settings.rules.max_nodes,
             established=term.established,

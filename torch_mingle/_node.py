@@ -84,7 +84,7 @@ from torch_mingle._ready import (
     WorkDone,
 )
 from torch_mingle._record import assert_never
-from torch_mingle._records import Heard, History, Round, Status
+from torch_mingle._records import Heard, History, JobEnd, Round, Status
 from torch_mingle._requests import Requests
 from torch_mingle._roles import Electing, Following, Leading, NodeRole
 from torch_mingle._settings import NodeSettings
@@ -247,10 +247,10 @@ class Node:
                 self._request_join(ticket, now)
             case ArriveRequested(ticket=ticket, round_number=number):
                 requests.arrive(self, ticket, number, now)
-            case CloseRequested(why=why, failed=failed):
-                requests.close(self, why, now, failed=failed)
-            case ShutdownRequested(ticket=ticket, close_timeout_s=timeout_s, why=why, failed=failed):
-                self._request_shutdown(ticket, timeout_s, why, now, failed=failed)
+            case CloseRequested(end=end):
+                requests.close(self, end, now)
+            case ShutdownRequested(ticket=ticket, close_timeout_s=timeout_s, end=end):
+                self._request_shutdown(ticket, timeout_s, end, now)
             case LeaveRequested(ticket=ticket):
                 self._request_leave(ticket, now)
             case HealthChecking(running=running):
@@ -475,10 +475,8 @@ class Node:
 
     # ------------------------------------------------------------ requests (``_requests``)
 
-    def _request_shutdown(
-        self, ticket: Ticket, close_timeout_s: float, why: str, now: float, *, failed: bool = False
-    ) -> None:
-        requests.shutdown(self, ticket, close_timeout_s, why, now, failed=failed)
+    def _request_shutdown(self, ticket: Ticket, close_timeout_s: float, end: JobEnd, now: float) -> None:
+        requests.shutdown(self, ticket, close_timeout_s, end, now)
 
     def _request_leave(self, ticket: Ticket, now: float) -> None:
         requests.leave(self, ticket, now)
@@ -524,7 +522,7 @@ class Node:
             self.on_event(Note("leader_found", f"follows the leader {who} (epoch {view.claim.epoch})"))
         if view.closed and not view.is_self:
             said = "failed" if view.failed else "finished"
-            self.job_closed_seen(f"its leader announces that the job {said}", failed=view.failed)
+            self.job_closed_seen(JobEnd(f"its leader announces that the job {said}", failed=view.failed))
             if self.core.role is not Role.FOLLOWING:
                 return  # it left (its shutdown waited only to hear that the job closed)
             # It follows that leader all the same: its session is what notices that it went
@@ -657,9 +655,9 @@ class Node:
         """The rounds of the job this node heard of, by any authentic word."""
         return self.core.heard
 
-    def job_closed_seen(self, why: str, *, failed: bool = False) -> None:
+    def job_closed_seen(self, end: JobEnd) -> None:
         self.job_closed = True
-        self.joining.closed(self, why, self._now, failed=failed)
+        self.joining.closed(self, end, self._now)
         if self.shutting_down() and self.term is None:
             self.requests.pending_close = None  # closed already: nothing left to tell
             requests.leave_for_good(self, self._now)

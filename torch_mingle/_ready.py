@@ -39,6 +39,7 @@ from torch_mingle._evidence import Evidence
 from torch_mingle._jobs import Job
 from torch_mingle._notes import Note
 from torch_mingle._record import field, record
+from torch_mingle._records import JobEnd
 from torch_mingle._view import Diagnostics
 from torch_mingle._wire import Framed, Invalid
 
@@ -141,20 +142,18 @@ class ArriveRequested:
 
 @record
 class CloseRequested:
-    """``set_closed()``; ``failed``: the job cannot go on (this node's round cannot start)."""
+    """``set_closed()``, or a round of this node that cannot start (``JobEnd.stops_round``)."""
 
-    why: str
-    failed: bool = False
+    end: JobEnd
 
 
 @record
 class ShutdownRequested:
-    """``shutdown()``: close the job and leave; ``failed``: this agent failed."""
+    """``shutdown()``: close the job (``end``: failed, if this agent failed) and leave."""
 
     ticket: Ticket
     close_timeout_s: float
-    why: str
-    failed: bool = False
+    end: JobEnd
 
 
 @record

@@ -438,6 +438,22 @@ def _packed_ips(raw: bytes) -> tuple[str, ...]:
 
 
 @record
+class JobEnd:
+    """How the job ends, one record wherever the package carries it: a request of the agent
+    (``set_closed()``, ``shutdown()``), a ``close`` frame, the leader's term and book, a join's
+    "closed" answer and the agent's outcome (``JobOver``). The wire keeps its own fields."""
+
+    #: Who closed it, or why, for the nodes that wait and for the agent's error.
+    why: str = ""
+    #: A round of it cannot start (a data path check failed): the members running that round
+    #: stop their workers too, instead of waiting in a collective.
+    stops_round: bool = False
+    #: It failed (a round cannot start, or the closing agent failed): a node that waited for a
+    #: place fails too; it does not exit 0 as the spare of a job that finished.
+    failed: bool = False
+
+
+@record
 class Status:
     """What the leader pushes to every node as it changes (``num_nodes_waiting``, ``is_closed``)."""
 

@@ -26,6 +26,7 @@ from torch_mingle import _leading as leading
 from torch_mingle._following import Follower
 from torch_mingle._leading import Leader
 from torch_mingle._ready import Ticket
+from torch_mingle._records import JobEnd
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,8 @@ class Requests:
         #: When a shutdown gives up waiting (for the others to leave, or for a leader).
         self.shutdown_due = 0.0
         self.leaving: Ticket | None = None
-        #: A close not told yet (no leader now), and whether the job failed (``close``).
-        self.pending_close: str | None = None
-        self.close_failed = False
-        self.close_job_failed = False
+        #: A close not told yet (no leader now): how the job ends (``close``).
+        self.pending_close: JobEnd | None = None
 
     def next_timer(self) -> float | None:
         shutdown, leaving = self.shutdown, self.leaving
@@ -84,61 +83,46 @@ def arrive(node: Requester, ticket: Ticket, round_number: int, now: float) -> No
     node.flush(now)
 
 
-def close(node: Requester, why: str, now: float, *, failed: bool = False) -> None:
+def close(node: Requester, end: JobEnd, now: float) -> None:
     """``set_closed()``: no further rounds for anyone (told to the next leader if there is none now).
 
-    ``failed``: the job cannot go on (this node's round cannot start): the members running
-    that round stop their workers too, and every agent fails with ``why``.
+    ``end.stops_round``: the job cannot go on (this node's round cannot start): the members
+    running that round stop their workers too, and every agent fails with ``end.why``.
     """
-    node.requests.pending_close = why
-    node.requests.close_failed = node.requests.close_job_failed = failed
+    node.requests.pending_close = end
     deliver_close(node, now)
     node.flush(now)
 
 
 def deliver_close(node: Requester, now: float) -> None:
-    why = node.requests.pending_close
-    if why is None:
+    end = node.requests.pending_close
+    if end is None:
         return
     if (term := node.leading) is not None:
-        term.close_job(
-            node.settings.node_id,
-            why,
-            now,
-            failed=node.requests.close_failed,
-            job_failed=node.requests.close_job_failed,
-        )
+        term.close_job(node.settings.node_id, end, now)
         node.requests.pending_close = None
     elif node.session is not None and node.session.ready:
-        node.session.close_job(
-            why, failed=node.requests.close_failed, job_failed=node.requests.close_job_failed
-        )
+        node.session.close_job(end)
         node.requests.pending_close = None
         if node.requests.shutdown is not None and not node.requests.shutdown.decided:
             leave_for_good(node, now)  # the close of a shutdown waited for this leader
 
 
-def shutdown(
-    node: Requester, ticket: Ticket, close_timeout_s: float, why: str, now: float, *, failed: bool = False
-) -> None:
+def shutdown(node: Requester, ticket: Ticket, close_timeout_s: float, end: JobEnd, now: float) -> None:
     """``shutdown()``: close the job and leave; a leader first waits for the others to leave.
-    ``failed``: this agent failed, and so did the job for the nodes still waiting for a place."""
+    ``end.failed``: this agent failed, and so did the job for the nodes still waiting for a place."""
     node.ballot.leave()  # (as ``request_leave``)
     node.requests.shutdown = ticket
     node.requests.shutdown_due = now + close_timeout_s
     node.joining.give_up(node, "the handler was shut down")
     if node.term is not None:
-        node.term.close_job(node.settings.node_id, why, now, job_failed=failed)
+        node.term.close_job(node.settings.node_id, end, now)
         node.term.leave_local(now, node.own_key())
     else:
         if node.job_closed:
             node.requests.pending_close = None
         elif node.requests.pending_close is None:  # a close still pending (a failed job's) stands
-            node.requests.pending_close, node.requests.close_failed, node.requests.close_job_failed = (
-                why,
-                False,
-                failed,
-            )
+            node.requests.pending_close = end
         if (node.session is not None and node.session.ready) or node.job_closed:
             deliver_close(node, now)  # and leaves, once its close (if any) is out
             if not ticket.decided:

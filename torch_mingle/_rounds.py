@@ -72,6 +72,7 @@ from torch_mingle._records import (
     MAX_MEMBERS,
     Heard,
     History,
+    JobEnd,
     Lines,
     Round,
     Status,
@@ -212,11 +213,8 @@ class RoundBook:
     abstained: set[int] = field(default_factory=set)
     current: Round | None = None
     formed_at: float = 0.0
-    closed: bool = False
-    #: Why the job failed (closed because a round cannot start), "" if it did not.
-    failed: str = ""
-    #: The job was closed as failed (``close``), whatever the reason.
-    job_failed: bool = False
+    #: How the job ended (``close``); None: it goes on.
+    end: JobEnd | None = None
     #: Who is lost, left or gone, and the rules that read it (``_ledger``).
     ledger: Ledger = field(default_factory=Ledger)
     #: What ended and began its last rounds, for ``torch-mingle status`` (``_jobview``).
@@ -313,12 +311,14 @@ class RoundBook:
         if self.current is not None and node in self.current.member_set and node not in self.arrived:
             self._broken_by.add(node)  # it left a running round (preempted): the others go on without it
 
-    def close(self, failed: str = "", *, job_failed: bool = False) -> list[int]:
-        """Close the job (``failed``: why it cannot go on; ``job_failed``: it failed, for that
-        reason or another); returns the nodes whose pending joins must be answered "closed"."""
-        self.closed = True
-        self.failed = failed
-        self.job_failed = job_failed or bool(failed)
+    @property
+    def closed(self) -> bool:
+        return self.end is not None
+
+    def close(self, end: JobEnd | None = None) -> list[int]:
+        """Close the job as ``end`` says (None: closed, nothing failed); returns the nodes whose
+        pending joins must be answered "closed"."""
+        self.end = end if end is not None else JobEnd()
         nodes = list(self.pending)
         for node in nodes:
             self._unpend(node)
@@ -561,7 +561,7 @@ class RoundBook:
         return rnd.key if rnd is not None else None
 
     def status(self, now: float) -> Status:
-        size = self.current.world_size if self.current else 0
+        size, end = self.current.world_size if self.current else 0, self.end
         return Status(
             epoch=self.epoch,
             round=self.current.number if self.current else 0,
@@ -569,11 +569,11 @@ class RoundBook:
             joined=len(self.pending),
             waiting=self._waiting(now),
             stale=self.stale,
-            closed=self.closed,
+            closed=end is not None,
             reason=self._reason,
-            failed=self.failed,
+            failed=end.why if end is not None and end.stops_round else "",
             broken=self._why_broken() if self._broken_by else "",
-            job_failed=self.job_failed,
+            job_failed=end is not None and end.failed,
         )
 
     def _why_broken(self) -> str:

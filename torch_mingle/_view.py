@@ -8,7 +8,7 @@ from torch_mingle._claims import Claim, Stats
 from torch_mingle._keys import RoundKey, age
 from torch_mingle._leader import ControlCounters
 from torch_mingle._record import field, record
-from torch_mingle._records import Round, Status
+from torch_mingle._records import JobEnd, Round, Status
 
 
 @record
@@ -38,10 +38,9 @@ class JobOver:
     """The job is over; ``was_waiting``: this node saw it run and waited for a place (a spare)."""
 
     was_waiting: bool
-    why: str
-    #: The job failed (a round could not start, or the closing agent failed): a waiting node
-    #: fails too, it does not exit 0.
-    failed: bool = False
+    #: How it ended (``failed``: a round could not start, or the closing agent failed: a
+    #: waiting node fails too, it does not exit 0).
+    end: JobEnd
     #: A round of the job formed (this node was a spare of it, or heard of it): a spare that
     #: waited for a job that never ran did no work either.
     ran: bool = False

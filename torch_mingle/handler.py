@@ -77,7 +77,7 @@ from torch_mingle._ready import (
     Ticket,
 )
 from torch_mingle._record import assert_never
-from torch_mingle._records import History, Round
+from torch_mingle._records import History, JobEnd, Round
 from torch_mingle._store import AgentStore, open_client
 from torch_mingle._view import Diagnostics, Joined
 from torch_mingle._wire import parse_ip
@@ -351,7 +351,7 @@ class MingleRendezvousHandler(RendezvousHandler):
             log.error("%s %s", self._label, why)
             self._failure = why
             if close:
-                self._loop.ask(CloseRequested(why, failed=True))
+                self._loop.ask(CloseRequested(JobEnd(why, stops_round=True, failed=True)))
             raise MingleDataPathError(f"{self._label} {why}")
         if kind is Failure.STATE:
             raise MingleStateError(f"{self._label} {why}")
@@ -393,7 +393,7 @@ class MingleRendezvousHandler(RendezvousHandler):
     def set_closed(self) -> None:
         self._note(Note("set_closed", "marked the rendezvous as closed (set_closed)", "SUCCEEDED"))
         self._closed = True
-        self._loop.ask(CloseRequested("set_closed()"))
+        self._loop.ask(CloseRequested(JobEnd("set_closed()")))
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting for a new round; > 0 also when this round cannot go on (the agent then re-joins).
@@ -458,7 +458,7 @@ class MingleRendezvousHandler(RendezvousHandler):
                 self._ask(
                     "shutdown",
                     close_timeout,
-                    lambda t: ShutdownRequested(t, close_timeout, why, failed=bool(failure)),
+                    lambda t: ShutdownRequested(t, close_timeout, JobEnd(why, failed=bool(failure))),
                 )
         self._note(Note("shutdown", "closed the rendezvous", "SUCCEEDED"))
         self._loop.stop()

@@ -18,7 +18,9 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   if none of its members could have heard of that lineage, directly or through anything any
   node sent it, transitively (``Simulation.track_knowledge``), and no node is a member of a
   round of each (a member counted in a round it never heard of is still in that job):
-  islands that never heard of each other. A new process under a node's id knows what its
+  islands that never heard of each other. Each member is judged by what it knew at its
+  accept, or, for a round formed from a base before its accept, when the round formed
+  (``knew_at_accept``). A new process under a node's id knows what its
   state file kept and what its node knew as its joins went out (the rule "what a node heard of
   is on the disk before it joins" covers that; ``_record_heard``). And once a node was a
   member of a round of each of two lineages, they are one job: no round of one trains beside
@@ -111,7 +113,7 @@ from torch_mingle._places import natural_key
 from torch_mingle._ports import ROUND_STORES_KEPT
 from torch_mingle._protocol import MAX_CANDIDATES, MAX_PEERS, MAX_SUSPECTS
 from torch_mingle._ready import HealthJudged
-from torch_mingle._records import Round, node_hex
+from torch_mingle._records import JobEnd, Round, node_hex
 from torch_mingle._rounds import MAX_HOLD_DOUBLINGS, Form
 from torch_mingle._view import Joined
 from torch_mingle._wire import (
@@ -278,10 +280,11 @@ class World(Agents[_Agent]):
             tuple[int, int, int], list[tuple[tuple[int, int, int], frozenset[tuple[int, int, int]]]]
         ] = {}
         #: What each member knew when it accepted each proposal (``one-round``, ``token``): a
-        #: round is judged by what its members had heard when they committed to it, or when it
-        #: formed, for a member whose accept came after (its accept decided nothing: seed 1567,
-        #: a member whose leader's frames came late heard of an island after its round had
-        #: formed on the others' votes, before the round reached it).
+        #: round is judged by what its members had heard when they committed to it (their last
+        #: accept before it formed), or, for a round formed from a base, when it formed, for a
+        #: member whose accept came after (its accept decided nothing: seed 1567, a member whose
+        #: leader's frames came late heard of an island after its round had formed on the
+        #: others' votes, before the round reached it).
         self.knew_at_accept: dict[tuple[int, int, int], dict[int, frozenset[object]]] = {}
         #: Per term (epoch, leader) that closed the job, whether the close that did it was a
         #: failure, by what happened (the closing agent failed, or its round could not start).
@@ -449,7 +452,9 @@ class World(Agents[_Agent]):
                 self.proposed_at.setdefault(key, self.sim.now)
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
                 self.voted.setdefault(node.core.node_id, []).append(key)
-                self.knew_at_accept.setdefault(key, {}).setdefault(node.core.node_id, self.sim.knows(node))
+                knew = self.knew_at_accept.setdefault(key, {})
+                if key not in self._formed or node.core.node_id not in knew:  # (see ``_check_book_of``)
+                    knew[node.core.node_id] = self.sim.knows(node)
                 self._check_successors(key, rnd.base, covers)
                 self._check_memory(node)
                 kept = any(h.key == before for h in node.node.ballot.earlier)
@@ -494,13 +499,11 @@ class World(Agents[_Agent]):
             term._propose = proposing  # type: ignore[method-assign]
             close_job = term.close_job
 
-            def closing(
-                by: int, why: str, now: float, *, failed: bool = False, job_failed: bool = False
-            ) -> None:
+            def closing(by: int, end: JobEnd, now: float) -> None:
                 was_closed = term.book.closed
-                close_job(by, why, now, failed=failed, job_failed=job_failed)
+                close_job(by, end, now)
                 if not was_closed and term.book.closed:
-                    truth = failed or self.shut_failed.get(by, False)
+                    truth = end.stops_round or self.shut_failed.get(by, False)
                     self.term_failed.setdefault((term.claim.epoch, term.claim.leader), truth)
 
             term.close_job = closing  # type: ignore[method-assign]
@@ -943,9 +946,10 @@ class World(Agents[_Agent]):
         self.trained.append(log)
 
     def _heard_of(self, log: _Round, lineage: int, process: dict[int, SimNode]) -> list[int]:
-        """The members of round ``log`` that had heard of ``lineage`` when they accepted it (what
-        one hears after, as a thawed leader reading what came while it was frozen, is not what
-        it founded the round on); for a member that never accepted it, what it knows now."""
+        """The members of round ``log`` that had heard of ``lineage`` when they accepted it, or
+        when it formed from its base before they did (``knew_at_accept``: what one hears after,
+        as a thawed leader reading what came while it was frozen, is not what it founded the
+        round on); for a member that did neither, what it knows now."""
         at_accept = self.knew_at_accept.get(log.key, {})
         return [
             m
@@ -1000,8 +1004,10 @@ class World(Agents[_Agent]):
                 "book", f"{sim_node.node.label} {term.claim}: {'; '.join(problems)}", self.sim.now
             )
         rnd = term.book.current
-        if rnd is not None and rnd.key not in self._formed:
-            # What the members that did not accept it yet know as it forms (``knew_at_accept``).
+        if rnd is not None and rnd.base is not None and rnd.key not in self._formed:
+            # What the members that did not accept it yet know as it forms (``knew_at_accept``):
+            # a majority of its base's voters formed it. A first round forms only once every
+            # member accepted it: each accept decides it, and is what it is judged by.
             self._formed.add(rnd.key)
             knew = self.knew_at_accept.setdefault(rnd.key, {})
             live = {a.node_id: a.node for a in self.agents if a.node.alive}
@@ -1118,10 +1124,18 @@ class World(Agents[_Agent]):
         for node in self.sim.nodes:
             term = node.node.term
             if node.alive and not node.frozen and term is not None:
-                for h in term.book.rivals():
-                    rival = term.book.ledger.voters_of(h.members, h.key)
+                book = term.book
+                for h in book.rivals():
+                    rival = book.ledger.voters_of(h.members, h.key)
                     if rival and 2 * len(alive & rival) <= len(rival):
                         return False
+                # A round of the job it heard of and whose members it does not know
+                # (``OtherTerms.unaccounted``): only one of them, joining, tells who votes.
+                stranger = book.others.unaccounted(
+                    book.base(), [*book.uncertain(), *book.rivals()], (book.epoch, book.leader)
+                )
+                if stranger is not None and not alive & set(self._members_of(stranger) or ()):
+                    return False
         if not newest:
             return True  # no round yet: the first one needs no majority of anything
         some = False

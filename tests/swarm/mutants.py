@@ -168,7 +168,7 @@ _sound_job_over = _agent.job_over
 
 
 def _job_over_taken_for_finished(outcome: JobOver, had_round: bool, job: str) -> Fail | ExitClean:
-    return _sound_job_over(replace(outcome, failed=False), had_round, job)
+    return _sound_job_over(replace(outcome, end=replace(outcome.end, failed=False)), had_round, job)
 
 
 MUTANTS: dict[str, Mutant] = {

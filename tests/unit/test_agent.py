@@ -33,7 +33,7 @@ from torch_mingle._agent import (
     nodes_waiting,
 )
 from torch_mingle._claims import Claim
-from torch_mingle._records import Round, Status
+from torch_mingle._records import JobEnd, Round, Status
 from torch_mingle._view import Diagnostics, JobOver, Joined, TimedOut
 
 ME, LEADER = 0x2, 0x1
@@ -153,11 +153,11 @@ def test_a_round_that_does_not_hold_this_node_is_a_bug_not_a_rank():
 @pytest.mark.parametrize(
     ("over", "had_round", "exits"),
     [
-        (JobOver(was_waiting=True, why="finished", ran=True), False, True),  # a spare never needed
-        (JobOver(was_waiting=True, why="finished", ran=False), False, False),  # no round ever formed
-        (JobOver(was_waiting=True, why="x", failed=True, ran=True), False, False),  # the job failed
-        (JobOver(was_waiting=False, why="finished"), False, False),  # it never saw the job open
-        (JobOver(was_waiting=False, why="finished"), True, False),  # a member of a closed job
+        (JobOver(was_waiting=True, end=JobEnd("finished"), ran=True), False, True),  # a spare never needed
+        (JobOver(was_waiting=True, end=JobEnd("finished"), ran=False), False, False),  # no round ever formed
+        (JobOver(was_waiting=True, end=JobEnd("x", failed=True), ran=True), False, False),  # the job failed
+        (JobOver(was_waiting=False, end=JobEnd("finished")), False, False),  # it never saw the job open
+        (JobOver(was_waiting=False, end=JobEnd("finished")), True, False),  # a member of a closed job
     ],
 )
 def test_only_a_spare_of_a_job_that_ran_and_finished_exits_0(over, had_round, exits):

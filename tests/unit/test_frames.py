@@ -32,7 +32,7 @@ from torch_mingle._frames import (
     from_leader,
     from_node,
 )
-from torch_mingle._records import Heard, History, Round, WaitKind
+from torch_mingle._records import Heard, History, JobEnd, Round, WaitKind
 from torch_mingle._wire import FrameReader, Invalid, encode_frame
 
 HIST = History(epoch=3, round=7, members=(0xA, 0xB, 0xC), lines=((1, 0xA, 1), (1, 0xC, 1)))
@@ -78,7 +78,7 @@ NODE_FRAMES: list[NodeFrame] = [
     Arrive(ticket=3, round=8),  # no epoch: the leader's own term's
     Leave(),
     Leave((3, 0xA, 7)),
-    Close("done", failed=True, job_failed=False),
+    Close(JobEnd("done", stops_round=True, failed=False)),
     Bye(seen=Heard(((1, 0xA, 3),))),
 ]
 

@@ -61,7 +61,7 @@ from torch_mingle._joining import JOIN_GRACE_S
 from torch_mingle._keys import RoundKey
 from torch_mingle._ready import CloseRequested, StoreUnreachable, Ticket
 from torch_mingle._record import assert_never
-from torch_mingle._records import History
+from torch_mingle._records import History, JobEnd
 from torch_mingle._view import Diagnostics, Joined
 from torch_mingle._world import ASSIGNED_RANKS_PREFIX, ROLE_INFO_PREFIX
 from torch_mingle.testing.net import DROP, FIN
@@ -394,7 +394,7 @@ class Agents(Generic[A]):
                 why = why or "the data path failed"
                 self.noted(agent, f"fails: {action.kind.value}: {why}")
                 if close:
-                    self.sim.step_node(node, [CloseRequested(why, failed=True)])
+                    self.sim.step_node(node, [CloseRequested(JobEnd(why, stops_round=True, failed=True))])
                 self.failed(agent, action)
                 self.shut(agent, failed=why)  # torch's launcher calls shutdown() on the way out
                 return None

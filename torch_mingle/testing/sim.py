@@ -41,6 +41,7 @@ from torch_mingle._ready import (
     apply,
 )
 from torch_mingle._record import field, record
+from torch_mingle._records import JobEnd
 from torch_mingle._settings import Beats, NodeSettings, RoundRules
 from torch_mingle._view import Diagnostics
 from torch_mingle._wire import Codec, Datagram, FrameReader, Invalid
@@ -359,7 +360,7 @@ class Simulation:
     ) -> Ticket:
         """``shutdown()`` on ``node``; ``failed``: its agent failed (``why``)."""
         ticket = Ticket("shutdown", next(node.tickets), timeout_s=close_timeout_s)
-        shutdown = ShutdownRequested(ticket, close_timeout_s, why, failed=failed)
+        shutdown = ShutdownRequested(ticket, close_timeout_s, JobEnd(why, failed=failed))
         self._call(node, lambda now: self.step_node(node, [shutdown]))
         return ticket
 
