@@ -84,7 +84,7 @@ from torch_mingle._ready import (
     WorkDone,
 )
 from torch_mingle._record import assert_never
-from torch_mingle._records import Heard, History, JobEnd, Round, Status
+from torch_mingle._records import Heard, History, JobEnd, Round, Status, heard_entry
 from torch_mingle._requests import Requests
 from torch_mingle._roles import Electing, Following, Leading, NodeRole
 from torch_mingle._settings import NodeSettings
@@ -121,7 +121,7 @@ class Node:
         self.ballot = Ballot.of(state, self._persist)
         core.hear(self.ballot.heard)  # what a predecessor heard of (``Ballot.remember``)
         if self.history is not None:
-            core.hear_round(self.history.key)
+            core.hear_round(heard_entry(self.history.key, self.history.line))
         self.in_round: Round | None = None
         self.in_round_claim: Claim | None = None
         self.trouble: str | None = None
@@ -634,7 +634,7 @@ class Node:
         claim = session.claim if session is not None else Claim(rnd.epoch, self.settings.node_id)
         if rnd.rank_of(self.settings.node_id) is None:
             raise StateError(f"{self.label} round {rnd.number} was sent to us but does not list us")
-        self.core.hear_round(rnd.key)
+        self.core.hear_round(heard_entry(rnd.key, rnd.lines[0] if rnd.lines else None))
         self.ballot.formed(rnd, self.heard())
         self.gone = {n: k for n, k in self.gone.items() if n in rnd.member_set}
         self.in_round, self.in_round_claim, self.trouble = rnd, claim, None

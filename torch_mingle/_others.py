@@ -36,14 +36,21 @@ def _other_line(h: History, base: History) -> bool:
     return h.round >= base.round
 
 
-def _may_be_in(key: RoundKey, base: History) -> bool:
-    """Whether round ``key``, numbered below ``base``, may be of a line the base continues or
-    took in: one of the base's own term (a term's rounds and proposals form one chain), or one
-    numbered above the first round of one of its lines (a line's rounds are numbered upward
-    from its first). Any other is of none of them (seed 62037362: an island's round 1, heard
-    of by a spare once the others had formed their round 2, whose line starts at 2, was taken
-    for an ancestor of their round 3, and the island trained beside it)."""
-    return key[:2] == base.term or any(key[2] > line[2] for line in base.lines)
+def _may_be_in(key: RoundKey, base: History, line: RoundKey | None) -> bool:
+    """Whether round ``key``, numbered below ``base``, is of a line the base continues or took
+    in: one of the base's own term (a term's rounds and proposals form one chain), or one of a
+    line the base names, by the line its sayer said it is of (``line``, ``Heard.lines``). Where
+    nobody said (a round heard of from a version that did not), one numbered above the first
+    round of one of the base's lines may be (a line's rounds are numbered upward from its
+    first). Seed 62037362: an island's round 1, heard of by a spare once the others had formed
+    their round 2, was taken for an ancestor of their round 3 by its number, and the island
+    trained beside it; a later island round numbered above a line of the base would pass a
+    rule of numbers alone."""
+    if key[:2] == base.term:
+        return True
+    if line is not None:
+        return line in base.lines
+    return any(key[2] > first[2] for first in base.lines)
 
 
 def _newest_per_line(rounds: list[History]) -> list[History]:
@@ -165,7 +172,9 @@ class OtherTerms:
         # Below the base too, where it names its lines: a round of none of them is no ancestor.
         named = base is not None and bool(base.lines)
         for key in self.heard.beyond(0 if named else floor, term, base.key if base else None).keys:
-            if key not in known_keys and (base is None or key[2] >= floor or not _may_be_in(key, base)):
+            if key in known_keys:
+                continue
+            if base is None or key[2] >= floor or not _may_be_in(key, base, self.heard.line_of(key)):
                 return key
         return None
 

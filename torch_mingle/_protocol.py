@@ -71,9 +71,8 @@ from torch_mingle._claims import (
     standing_of_body,
 )
 from torch_mingle._errors import StateError
-from torch_mingle._keys import RoundKey
 from torch_mingle._record import replace
-from torch_mingle._records import NOTHING_HEARD, Heard
+from torch_mingle._records import NOTHING_HEARD, Entry, Heard
 from torch_mingle._wire import (
     EPOCH_MAX,
     Announce,
@@ -234,7 +233,7 @@ class Discovery:
         elif isinstance(dgram.body, Resign):
             self.hear_round(*dgram.body.heard)
 
-    def hear_round(self, *keys: RoundKey | None) -> None:
+    def hear_round(self, *keys: Entry | None) -> None:
         """Rounds ``keys`` of the job ran (the node heard of them, by any authentic word)."""
         self.heard = self.heard.with_keys(*keys)
 
@@ -338,7 +337,7 @@ class Discovery:
         new = replace(
             self._status,
             round=round,
-            heard=heard.keys,
+            heard=heard.entries(),
             members=members,
             closed=closed,
             failed=failed,
@@ -381,7 +380,7 @@ class Discovery:
     def abandon(self, now: float) -> None:
         """Give up our own claim (the shell cannot host the term): resign it, let another node lead."""
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.keys), None, now)
+            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.entries()), None, now)
         if self.role in (Role.CLAIMING, Role.LEADING):
             self._hold_claims_until = now + self.timing.suspect_ttl_s
             self._enter_discovery(now)
@@ -391,14 +390,14 @@ class Discovery:
         resign, and elect again above it (a claim of ours now would have a lower epoch)."""
         self.max_epoch_seen = max(self.max_epoch_seen, epoch)
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.keys), None, now)
+            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.entries()), None, now)
         if self.role in (Role.CLAIMING, Role.LEADING):
             self._enter_discovery(now)
 
     def resign(self, now: float) -> None:
         """Stop leading (shutdown): tell the followers so they do not wait for a timeout."""
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.keys), None, now)
+            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.entries()), None, now)
         self.stop()
 
     def stop(self) -> None:
@@ -612,7 +611,7 @@ class Discovery:
 
     def _own_query(self) -> Query:
         """Our query: the newest epoch we know, and our addresses."""
-        return Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs, round_seen=self.heard.keys)
+        return Query(epoch_seen=self.max_epoch_seen, addrs=self.addrs, round_seen=self.heard.entries())
 
     def _emit_query(self, now: float) -> None:
         if not self._queried:

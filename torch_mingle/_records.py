@@ -90,15 +90,24 @@ class WaitKind(enum.Enum):
     NO_QUORUM = "no_quorum"
 
 
+#: A round heard of, as it travels: its key, then the key of its line's first round where the
+#: sayer knew it (``Round.lines``): a 3-tuple or a 6-tuple.
+Entry = tuple[int, ...]
+
+
 @record
 class Heard:
     """The rounds of the job a node heard of, by any authentic word (an announcement, a query,
     a frame of its leader, a round it was in): newest first in ``age`` order, one per term (a
     term's rounds form a chain), at most ``MAX_HEARD``. A round is named by its key, not its
     number: two sides of a split at the job's start each run a round 1, and a node must tell the
-    one whose members it knows from the one it only heard of (``OtherTerms.unaccounted``)."""
+    one whose members it knows from the one it only heard of (``OtherTerms.unaccounted``); and
+    by its line where the sayer knew it (``lines``: the first round of the line each key is
+    of, None where not said), so that a round numbered below a base is told from its ancestors
+    by what it is, not by its number."""
 
     keys: tuple[RoundKey, ...] = ()
+    lines: tuple[RoundKey | None, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.keys)
@@ -108,43 +117,93 @@ class Heard:
         """The highest round number heard of (0: none)."""
         return self.keys[0][2] if self.keys else 0
 
-    def with_keys(self, *keys: RoundKey | None) -> Heard:
-        """This and ``keys`` (None and round 0 are nothing heard), newest per term."""
-        merged: dict[tuple[int, int], RoundKey] = {}
-        for key in (*self.keys, *keys):
-            if key is None or key[0] <= 0 or key[1] <= 0 or key[2] <= 0:
+    def line_of(self, key: RoundKey) -> RoundKey | None:
+        """The first round of ``key``'s line, where it was said (None: not said)."""
+        for k, line in zip(self.keys, self.lines, strict=False):
+            if k == key:
+                return line
+        return None
+
+    def entries(self) -> tuple[Entry, ...]:
+        """The keys as they travel, each with its line where known."""
+        lines = self.lines or (None,) * len(self.keys)
+        return tuple(k if line is None else (*k, *line) for k, line in zip(self.keys, lines, strict=True))
+
+    def with_keys(self, *entries: Entry | None) -> Heard:
+        """This and ``entries`` (round keys, each with its line or not; None and round 0 are
+        nothing heard), newest per term; a line said once is kept."""
+        merged: dict[tuple[int, int], tuple[RoundKey, RoundKey | None]] = {}
+        lines = self.lines or (None,) * len(self.keys)
+        for key, line in (
+            *zip(self.keys, lines, strict=True),
+            *(_split(e) for e in entries if e is not None),
+        ):
+            if key[0] <= 0 or key[1] <= 0 or key[2] <= 0:
                 continue  # nothing heard (or no round: epochs, leaders and numbers start at 1)
             old = merged.get(key[:2])
-            if old is None or key[2] > old[2]:
-                merged[key[:2]] = key
-        if len(merged) == len(self.keys) and all(merged.get(k[:2]) == k for k in self.keys):
+            if old is None or key[2] > old[0][2] or (key == old[0] and old[1] is None and line is not None):
+                merged[key[:2]] = (key, line)
+        kept = sorted(merged.values(), key=lambda kl: age(kl[0]), reverse=True)[:MAX_HEARD]
+        keys = tuple(k for k, _ in kept)
+        new_lines = tuple(line for _, line in kept)
+        if keys == self.keys and new_lines == lines:
             return self  # nothing new (the common case: a node hears its own round again)
-        return Heard(tuple(sorted(merged.values(), key=age, reverse=True)[:MAX_HEARD]))
+        return Heard(keys, new_lines if any(line is not None for line in new_lines) else ())
 
     def with_heard(self, other: Heard) -> Heard:
-        return self.with_keys(*other.keys) if other.keys else self
+        return self.with_keys(*other.entries()) if other.keys else self
 
     def beyond(self, floor: int, term: tuple[int, int], base: RoundKey | None) -> Heard:
         """The rounds heard of that a round of ``term`` formed from round number ``floor``
         (``base``: its key) must account for: of another term, numbered ``floor`` or above,
         not the base (``OtherTerms.unaccounted``); from 0 with no base, those a member tells
         its leader at once (``FollowerSession.tell``)."""
-        keys = tuple(k for k in self.keys if k[2] >= floor and k[:2] != term and k != base)
-        return self if len(keys) == len(self.keys) else Heard(keys)
+        lines = self.lines or (None,) * len(self.keys)
+        kept = [
+            (k, line)
+            for k, line in zip(self.keys, lines, strict=True)
+            if k[2] >= floor and k[:2] != term and k != base
+        ]
+        if len(kept) == len(self.keys):
+            return self
+        return Heard(tuple(k for k, _ in kept), tuple(line for _, line in kept) if self.lines else ())
 
     def to_json(self) -> list[list[Any]] | None:
-        return [round_key_to_json(k) for k in self.keys] or None
+        lines = self.lines or (None,) * len(self.keys)
+        return [
+            [*round_key_to_json(k), *(round_key_to_json(line) if line is not None else [])]
+            for k, line in zip(self.keys, lines, strict=True)
+        ] or None
 
     @classmethod
     def of(cls, raw: Any) -> Heard:
-        """A frame's ``seen`` (a list of round keys); nothing for none or garbage: a bad value
-        of an optional field means "unknown" (``_frames``)."""
+        """A frame's ``seen`` (a list of round keys, each with its line or not); nothing for
+        none or garbage: a bad value of an optional field means "unknown" (``_frames``)."""
         if not isinstance(raw, list) or len(raw) > MAX_HEARD:
             return NOTHING_HEARD
         try:
-            return NOTHING_HEARD.with_keys(*(round_key_of(k) for k in raw))
+            return NOTHING_HEARD.with_keys(*(_entry_of(k) for k in raw))
         except (ValueError, TypeError):
             return NOTHING_HEARD
+
+
+def heard_entry(key: RoundKey, line: RoundKey | None) -> Entry:
+    """``key`` as it travels, with ``line`` where known."""
+    return key if line is None else (*key, *line)
+
+
+def _split(entry: Entry) -> tuple[RoundKey, RoundKey | None]:
+    if len(entry) == 6:
+        return (entry[0], entry[1], entry[2]), (entry[3], entry[4], entry[5])
+    if len(entry) == 3:
+        return (entry[0], entry[1], entry[2]), None
+    raise ValueError("a round heard of: not a key")
+
+
+def _entry_of(raw: Any) -> Entry:
+    if isinstance(raw, list) and len(raw) == 6:
+        return (*round_key_of(raw[:3]), *round_key_of(raw[3:]))
+    return round_key_of(raw)
 
 
 NOTHING_HEARD = Heard()

@@ -77,6 +77,7 @@ from torch_mingle._records import (
     Round,
     Status,
     WaitKind,
+    heard_entry,
     node_hex,
 )
 from torch_mingle._settings import RoundRules
@@ -515,7 +516,7 @@ class RoundBook:
         does not count). Told to every node it welcomes, answers or announces to, so a node that
         met this term knows the job ran, and which round, even before the term forms one."""
         base = self.base()
-        return self.others.heard.with_keys(base.key if base is not None else None)
+        return self.others.heard.with_keys(heard_entry(base.key, base.line) if base is not None else None)
 
     def highest_round(self) -> int:
         """The highest round number of ``highest_heard``."""

@@ -53,7 +53,8 @@ MAGIC = b"MNGL"
 #: by its key (epoch, leader, number), in queries, announcements and frames (``_records.Heard``),
 #: not by its number; 10: a leader's "wait" says why (``WaitKind``); 11: an announcement of a
 #: closed job says whether it failed (``ANNOUNCE_FAILED``), a flag version 10 refuses; 12: a
-#: resignation says the rounds its node heard of (``Resign.heard``).
+#: resignation says the rounds its node heard of (``Resign.heard``), and each round heard of
+#: says its line where its sayer knew it (``_records.Heard.lines``).
 #: Nodes of different versions drop each other's datagrams (bad_version).
 VERSION = 12
 MAX_DATAGRAM_BYTES = 1200
@@ -71,6 +72,7 @@ _HEAD = struct.Struct("!4sBBBB")
 _IDS = struct.Struct("!QQQH")
 _QUERY = struct.Struct("!QB")
 _KEY = struct.Struct("!QQI")
+_NO_KEY = bytes(_KEY.size)
 #: Round keys a datagram carries at most (``_rounds.MAX_HEARD``).
 MAX_KEYS = 4
 _ANNOUNCE = struct.Struct("!QIHHHHB")
@@ -108,8 +110,9 @@ class Query:
 
     epoch_seen: int
     addrs: tuple[str, ...] = ()
-    #: Them, as (epoch, leader, round), newest first (``_records.Heard``).
-    round_seen: tuple[tuple[int, int, int], ...] = ()
+    #: Them, as (epoch, leader, round), with their lines' where known, newest first
+    #: (``_records.Heard``).
+    round_seen: tuple[tuple[int, ...], ...] = ()
 
     type = MsgType.QUERY
 
@@ -140,7 +143,7 @@ class Announce:
     failed: bool = False
     #: The rounds of the job the leader knows ran, as (epoch, leader, round), newest first
     #: (``_records.Heard``): who hears it knows which rounds ran, not only the highest number.
-    heard: tuple[tuple[int, int, int], ...] = ()
+    heard: tuple[tuple[int, ...], ...] = ()
 
     type = MsgType.ANNOUNCE
 
@@ -152,7 +155,7 @@ class Resign:
     may be the only one a late node gets, which then founds nothing beside them."""
 
     epoch: int
-    heard: tuple[tuple[int, int, int], ...] = ()
+    heard: tuple[tuple[int, ...], ...] = ()
 
     type = MsgType.RESIGN
 
@@ -307,27 +310,35 @@ def _encode_body(body: Body) -> bytes:
     return b""
 
 
-def _encode_keys(keys: tuple[tuple[int, int, int], ...]) -> bytes:
+def _encode_keys(keys: tuple[tuple[int, ...], ...]) -> bytes:
+    """Rounds heard of: a count, then each one's key and its line's first round (zeros: not
+    said; ``_records.Heard``)."""
     keys = keys[:MAX_KEYS]
-    return bytes([len(keys)]) + b"".join(_KEY.pack(e, leader, min(r, U32_MAX)) for e, leader, r in keys)
+    return bytes([len(keys)]) + b"".join(
+        _KEY.pack(k[0], k[1], min(k[2], U32_MAX))
+        + (_KEY.pack(k[3], k[4], min(k[5], U32_MAX)) if len(k) > 3 else _NO_KEY)
+        for k in keys
+    )
 
 
-def _decode_keys(buf: bytes, pos: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
-    """Round keys (a count, then (epoch, leader, round) each) at ``pos``, and where they end."""
+def _decode_keys(buf: bytes, pos: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """Rounds heard of (a count, then (epoch, leader, round) and its line's each) at ``pos``,
+    each as (epoch, leader, round) or, with its line, the six; and where they end."""
     if pos >= len(buf):
         raise _Bad("truncated_body")
     count, pos = buf[pos], pos + 1
     if count > MAX_KEYS:
         raise _Bad("bad_field")
-    if pos + count * _KEY.size > len(buf):
+    if pos + count * 2 * _KEY.size > len(buf):
         raise _Bad("truncated_body")
-    keys = []
+    keys: list[tuple[int, ...]] = []
     for _ in range(count):
-        epoch, leader, number = _KEY.unpack_from(buf, pos)
-        pos += _KEY.size
-        if not 0 < epoch <= EPOCH_MAX or not leader or not number:
-            raise _Bad("bad_field")
-        keys.append((epoch, leader, number))
+        key, line = _KEY.unpack_from(buf, pos), _KEY.unpack_from(buf, pos + _KEY.size)
+        pos += 2 * _KEY.size
+        for epoch, leader, number in (key, line) if any(line) else (key,):
+            if not 0 < epoch <= EPOCH_MAX or not leader or not number:
+                raise _Bad("bad_field")
+        keys.append((*key, *line) if any(line) else key)
     return tuple(keys), pos
 
 

@@ -227,7 +227,7 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a round heard of below the base and of none of its lines is no ancestor",
                "OtherTerms.unaccounted (_may_be_in)",
                "a round below the base is taken for its ancestor (the code before seed 62037362's fix)",
-               (_attr(_others, "_may_be_in", lambda key, base: True),)),
+               (_attr(_others, "_may_be_in", lambda key, base, line: True),)),
         Mutant("a resignation says what its node heard", "Discovery._hear_round (Resign)",
                "a resignation names no round (the code before seed 62014562's fix)",
                (_attr(Discovery, "_hear_round", _hear_no_resignation),)),

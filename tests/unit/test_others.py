@@ -10,7 +10,7 @@ A, B, C, X = 0xA1, 0xB2, 0xC3, 0xD4
 TERM = (3, C)  # the term that asks
 
 
-def _others(*heard: tuple[int, int, int]) -> OtherTerms:
+def _others(*heard: tuple[int, ...]) -> OtherTerms:
     return OtherTerms(heard=NOTHING_HEARD.with_keys(*heard))
 
 
@@ -44,3 +44,13 @@ def test_where_the_base_names_no_lines_only_rounds_numbered_as_it_or_above_count
     base = History(epoch=2, round=2, members=(B, C))
     assert _others((1, X, 1)).unaccounted(base, [], TERM) is None
     assert _others((1, X, 2)).unaccounted(base, [], TERM) == (1, X, 2)
+
+
+def test_a_round_that_says_its_line_is_judged_by_it_not_by_its_number() -> None:
+    # The base names the proposal it accounted for (1, B, 1): a number rule would take an
+    # island's round 2 for a round of that line. Said to be of the island's line, it is not.
+    base = History(epoch=2, round=3, members=(B, C), lines=((2, B, 2), (1, B, 1)))
+    assert _others((1, X, 2, 1, X, 1)).unaccounted(base, [], TERM) == (1, X, 2)
+    # A later round of a line the base took in is of it, whatever its number.
+    took_in = History(epoch=2, round=9, members=(B, C), lines=((2, B, 2), (1, X, 1)))
+    assert _others((1, X, 5, 1, X, 1)).unaccounted(took_in, [], TERM) is None

@@ -55,6 +55,8 @@ BODIES = [
     Resign(epoch=9),
     # A resignation says what its node heard (swarm seed 62014562: a late node's only word of the job).
     Resign(epoch=2, heard=((2, 0xC, 3), (1, 0xA, 1))),
+    # A round heard of says its line where its sayer knew it.
+    Resign(epoch=2, heard=((2, 0xC, 3, 2, 0xC, 2), (1, 0xA, 1))),
     Probe(),
 ]
 
