@@ -14,7 +14,7 @@ back (``outdated_by``). ``RoundBook`` asks them with its base.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from torch_mingle._keys import RoundKey, age
 from torch_mingle._record import field, record
@@ -36,10 +36,11 @@ def _other_line(h: History, base: History) -> bool:
     return h.round >= base.round
 
 
-def _may_be_in(key: RoundKey, base: History, line: RoundKey | None) -> bool:
-    """Whether round ``key``, numbered below ``base``, is of a line the base continues or took
-    in: one of the base's own term (a term's rounds and proposals form one chain), or one of a
-    line the base names, by the line its sayer said it is of (``line``, ``Heard.lines``). Where
+def _may_be_in(key: RoundKey, base: History, line: RoundKey | None, lines: Collection[RoundKey]) -> bool:
+    """Whether round ``key``, numbered below ``base``, is of a line the next round accounts
+    for: one of the base's own term (a term's rounds and proposals form one chain), or one of
+    ``lines`` (the base's, and those of the rivals and proposals whose majority the next round
+    needs too), by the line its sayer said it is of (``line``, ``Heard.lines``). Where
     nobody said (a round heard of from a version that did not), one numbered above the first
     round of one of the base's lines may be (a line's rounds are numbered upward from its
     first). Seed 62037362: an island's round 1, heard of by a spare once the others had formed
@@ -49,7 +50,7 @@ def _may_be_in(key: RoundKey, base: History, line: RoundKey | None) -> bool:
     if key[:2] == base.term:
         return True
     if line is not None:
-        return line in base.lines
+        return line in lines
     return any(key[2] > first[2] for first in base.lines)
 
 
@@ -174,7 +175,11 @@ class OtherTerms:
         for key in self.heard.beyond(0 if named else floor, term, base.key if base else None).keys:
             if key in known_keys:
                 continue
-            if base is None or key[2] >= floor or not _may_be_in(key, base, self.heard.line_of(key)):
+            if (
+                base is None
+                or key[2] >= floor
+                or not _may_be_in(key, base, self.heard.line_of(key), known_keys)
+            ):
                 return key
         return None
 

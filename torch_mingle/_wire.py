@@ -151,8 +151,8 @@ class Announce:
 @record
 class Resign:
     """The leader of ``epoch`` steps down (its job closed or it is shutting down). ``heard``:
-    the rounds of the job its node heard of, as in its queries and announcements: its last word
-    may be the only one a late node gets, which then founds nothing beside them."""
+    the rounds of the job its node heard of, as its queries say them: its last word may be the
+    only one a late node gets, which then founds nothing beside them."""
 
     epoch: int
     heard: tuple[tuple[int, ...], ...] = ()

@@ -457,8 +457,10 @@ class World(Agents[_Agent]):
                     knew[node.core.node_id] = self.sim.knows(node)
                 self._check_successors(key, rnd.base, covers)
                 self._check_memory(node)
-                kept = any(h.key == before for h in node.node.ballot.earlier)
-                self._voted(node, switched=kept and self._matters(before))
+                # A vote for another term's proposal replaced, by what happened, not by what the
+                # node kept of it (``Ballot.earlier``): the moment comes whatever the rule does.
+                replaced = before is not None and before[:2] != key[:2] and before != key
+                self._voted(node, switched=replaced and self._matters(before))
             return ok
 
         node.node.vote = accept  # type: ignore[method-assign]
@@ -1281,7 +1283,7 @@ class World(Agents[_Agent]):
 
     def _voted(self, node: SimNode, *, switched: bool) -> None:
         """``node`` accepted a proposal (``switched``: it replaced its vote for a proposal of
-        another term that formed or may still form, ``_matters``, and keeps that one until it
+        another term that formed or may still form, ``_matters``, which it must keep until it
         hears whether it formed, ``Ballot.earlier``): an
         armed fault of that moment fires right after its vote went out (in simulated time, not
         at the harness's next step: the window is milliseconds)."""

@@ -54,3 +54,13 @@ def test_a_round_that_says_its_line_is_judged_by_it_not_by_its_number() -> None:
     # A later round of a line the base took in is of it, whatever its number.
     took_in = History(epoch=2, round=9, members=(B, C), lines=((2, B, 2), (1, X, 1)))
     assert _others((1, X, 5, 1, X, 1)).unaccounted(took_in, [], TERM) is None
+
+
+def test_a_round_of_a_rivals_line_is_accounted_for_by_the_rival() -> None:
+    # Seed 63008909: two lines met; the base is the other line's newest round, and this
+    # side's round 3 (its line (1, A, 1)) is accounted for by its rival round 4, whose majority
+    # the next round needs too.
+    base = History(epoch=3, round=6, members=(B, C), lines=((2, B, 1),))
+    rival = History(epoch=4, round=4, members=(A, X), lines=((1, A, 1),))
+    assert _others((3, 0xE5, 3, 1, A, 1)).unaccounted(base, [rival], TERM) is None
+    assert _others((3, 0xE5, 3, 1, X, 1)).unaccounted(base, [rival], TERM) == (3, 0xE5, 3)
