@@ -161,11 +161,11 @@ class OtherTerms:
         self, base: History | None, known: Iterable[History], term: tuple[int, int]
     ) -> RoundKey | None:
         """A round of the job that the term heard of (``heard``) and cannot count a quorum of: of
-        another term, numbered as the base or above or of no line the base names (``_may_be_in``),
-        neither the base nor a round or proposal a joiner reported (``known``). Its members are
-        unknown: they may train beside the next round, and only one of them, joining, tells who
-        votes (seed 29186: one side of a one-way split at the job's start heard the other's
-        round 1 and formed its round 2)."""
+        another term, numbered as the base or above or of no line the next round accounts for
+        (``_may_be_in``), neither the base nor a round or proposal a joiner reported (``known``).
+        Its members are unknown: they may train beside the next round, and only one of them,
+        joining, tells who votes (seed 29186: one side of a one-way split at the job's start
+        heard the other's round 1 and formed its round 2)."""
         floor = base.round if base is not None else 0
         known = list(known)
         # A round is accounted for by a round or proposal that continues its line or took it in.
