@@ -226,12 +226,10 @@ class Discovery:
         """An authentic datagram of this job names a round that ran: remember the highest."""
         if dgram.job != self.job:
             return
-        if isinstance(dgram.body, Announce):
+        if isinstance(dgram.body, (Announce, Resign)):
             self.hear_round(*dgram.body.heard)
         elif isinstance(dgram.body, Query):
             self.hear_round(*dgram.body.round_seen)
-        elif isinstance(dgram.body, Resign):
-            self.hear_round(*dgram.body.heard)
 
     def hear_round(self, *keys: Entry | None) -> None:
         """Rounds ``keys`` of the job ran (the node heard of them, by any authentic word)."""

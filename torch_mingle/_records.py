@@ -119,36 +119,37 @@ class Heard:
 
     def line_of(self, key: RoundKey) -> RoundKey | None:
         """The first round of ``key``'s line, where it was said (None: not said)."""
-        for k, line in zip(self.keys, self.lines, strict=False):
+        for k, line in self._pairs():
             if k == key:
                 return line
         return None
 
+    def _pairs(self) -> list[tuple[RoundKey, RoundKey | None]]:
+        """Each key with its line (None where not said)."""
+        return list(zip(self.keys, self.lines or (None,) * len(self.keys), strict=True))
+
     def entries(self) -> tuple[Entry, ...]:
         """The keys as they travel, each with its line where known."""
-        lines = self.lines or (None,) * len(self.keys)
-        return tuple(k if line is None else (*k, *line) for k, line in zip(self.keys, lines, strict=True))
+        return tuple(k if line is None else (*k, *line) for k, line in self._pairs())
 
     def with_keys(self, *entries: Entry | None) -> Heard:
         """This and ``entries`` (round keys, each with its line or not; None and round 0 are
         nothing heard), newest per term; a line said once is kept."""
         merged: dict[tuple[int, int], tuple[RoundKey, RoundKey | None]] = {}
-        lines = self.lines or (None,) * len(self.keys)
-        for key, line in (
-            *zip(self.keys, lines, strict=True),
-            *(_split(e) for e in entries if e is not None),
-        ):
+        mine = self._pairs()
+        for key, line in (*mine, *(_split(e) for e in entries if e is not None)):
             if key[0] <= 0 or key[1] <= 0 or key[2] <= 0:
                 continue  # nothing heard (or no round: epochs, leaders and numbers start at 1)
             old = merged.get(key[:2])
             if old is None or key[2] > old[0][2] or (key == old[0] and old[1] is None and line is not None):
                 merged[key[:2]] = (key, line)
         kept = sorted(merged.values(), key=lambda kl: age(kl[0]), reverse=True)[:MAX_HEARD]
-        keys = tuple(k for k, _ in kept)
-        new_lines = tuple(line for _, line in kept)
-        if keys == self.keys and new_lines == lines:
+        if kept == mine:
             return self  # nothing new (the common case: a node hears its own round again)
-        return Heard(keys, new_lines if any(line is not None for line in new_lines) else ())
+        new_lines = tuple(line for _, line in kept)
+        return Heard(
+            tuple(k for k, _ in kept), new_lines if any(line is not None for line in new_lines) else ()
+        )
 
     def with_heard(self, other: Heard) -> Heard:
         return self.with_keys(*other.entries()) if other.keys else self
@@ -158,21 +159,15 @@ class Heard:
         (``base``: its key) must account for: of another term, numbered ``floor`` or above,
         not the base (``OtherTerms.unaccounted``); from 0 with no base, those a member tells
         its leader at once (``FollowerSession.tell``)."""
-        lines = self.lines or (None,) * len(self.keys)
-        kept = [
-            (k, line)
-            for k, line in zip(self.keys, lines, strict=True)
-            if k[2] >= floor and k[:2] != term and k != base
-        ]
+        kept = [(k, line) for k, line in self._pairs() if k[2] >= floor and k[:2] != term and k != base]
         if len(kept) == len(self.keys):
             return self
         return Heard(tuple(k for k, _ in kept), tuple(line for _, line in kept) if self.lines else ())
 
     def to_json(self) -> list[list[Any]] | None:
-        lines = self.lines or (None,) * len(self.keys)
         return [
             [*round_key_to_json(k), *(round_key_to_json(line) if line is not None else [])]
-            for k, line in zip(self.keys, lines, strict=True)
+            for k, line in self._pairs()
         ] or None
 
     @classmethod
