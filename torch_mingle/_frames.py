@@ -292,7 +292,7 @@ class Mismatch:
 @record
 class Propose:
     """A round the leader proposes; ``base``: the round it builds on, ``covers``: the proposals
-    of other terms it accounts for, as (epoch, leader, round)."""
+    and rounds of other terms it accounts for (``Form.covers``), as (epoch, leader, round)."""
 
     round: Round
     base: int

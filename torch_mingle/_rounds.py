@@ -179,7 +179,8 @@ class Form:
     constraints: tuple[frozenset[int], ...] = ()
     #: A round of no base (the first of its line): every member accepts it before it forms (``_form``).
     unanimous: bool = False
-    #: The proposals of other terms it accounts for: (epoch, leader, round).
+    #: The proposals and rounds of other terms it accounts for (a majority of each one's voters,
+    #: and its lines): (epoch, leader, round). A rival round is named too (seed 64005782).
     covers: tuple[tuple[int, int, int], ...] = ()
     #: The round it is formed from: its number (0: none) and which it is (epoch, leader, round).
     base: int = 0
@@ -469,7 +470,7 @@ class RoundBook:
             number=number,
             constraints=constraints,
             unanimous=first,
-            covers=tuple(p.key for p in uncertain),
+            covers=tuple(p.key for p in (*uncertain, *rivals)),
             base=base.round if base is not None else 0,
             base_key=base.key if base is not None else None,
             lines=join_lines(

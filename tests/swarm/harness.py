@@ -64,8 +64,12 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   may complete the older proposal's majority after the newer one formed (seed 3035215), and
   the newer one, which accounted for it, is its successor. And the step of that claim at
   each vote: a node's vote for a proposal of another term than its previous vote, built on a
-  base older than that vote, names it (or a later proposal of its term) in ``covers``; its
-  previous vote is the truth's, across its processes, not what its state file kept.
+  base older than that vote, names it (or a later proposal of its term) in ``covers``; built
+  on a base numbered as that vote or above, the base's chain (its bases and what each
+  covered, transitively) or the covers knew of it, unless it won no majority by then (if it
+  wins one later, the check above judges it). No number excuses it: a base of another line
+  numbered as high says nothing of it (seed 64005782: a round taken in as a rival and named
+  nowhere). Its previous vote is the truth's, across its processes, not what its state file kept.
 * ``memory``: at each vote, every round the node voted for and heard formed (what a node
   hears of names only rounds that formed: ``Heard``) is accounted for by its state: its
   history is that round or a later one, or its vote is for it or names it among its lines. A
@@ -447,8 +451,9 @@ class World(Agents[_Agent]):
                 key = (rnd.epoch, rnd.members[0], rnd.number)
                 before = self.last_vote.get(node.core.node_id)
                 self._check_left(node, rnd)
-                self._check_vote(node.core.node_id, key, base, covers)
+                self._check_vote(node.core.node_id, key, base, covers, rnd.base)
                 self.accepted.setdefault(key, (rnd.base, rnd.members))
+                self.covers.setdefault(key, covers)
                 self.proposed_at.setdefault(key, self.sim.now)
                 self.acceptors.setdefault(key, set()).add(node.core.node_id)
                 self.voted.setdefault(node.core.node_id, []).append(key)
@@ -676,16 +681,37 @@ class World(Agents[_Agent]):
             )
 
     def _check_vote(
-        self, node: int, key: tuple[int, int, int], base: int, covers: frozenset[tuple[int, int, int]]
+        self,
+        node: int,
+        key: tuple[int, int, int],
+        base: int,
+        covers: frozenset[tuple[int, int, int]],
+        base_key: tuple[int, int, int] | None = None,
     ) -> None:
         """``successors`` at each vote (module doc): the step of the quorum's proof that two
         winning proposals share a voter whose second vote accounted for its first. The node's
         previous vote is the truth's (every process of its id), not its state file's."""
         before = self.last_vote.get(node)
         self.last_vote[node] = key
-        if before is None or before[:2] == key[:2] or before[2] <= base:
-            return  # none, the same term's, or not newer than the base it builds on
+        if before is None or before[:2] == key[:2]:
+            return  # none, or the same term's
         self.checks += 1
+        if before[2] <= base:
+            # Numbered as the base or below: its base's chain, or what the proposal covers, knew
+            # of it, or it has not won its voters (if it wins later, ``_check_successors`` judges it).
+            if base_key is not None and self._accounted_for(
+                frozenset({base_key}) | covers, before, bases=True
+            ):
+                return
+            if not self._may_have_formed(before):
+                return
+            raise Violation(
+                "successors",
+                f"{node_hex(node)[:6]} voted for {_key(key)} (from {_key(base_key) if base_key else 'none'})"
+                f" after it voted for {_key(before)}, which won its voters, and neither that base's chain "
+                f"nor the proposal's covers ({sorted(_key(c) for c in covers) or 'nothing'}) knew of it",
+                self.sim.now,
+            )
         if not any(e == before[0] and l_ == before[1] and n >= before[2] for e, l_, n in covers):
             raise Violation(
                 "successors",
@@ -755,7 +781,6 @@ class World(Agents[_Agent]):
         """``successors`` (module doc), when proposal ``key`` has just won its base's voters."""
         if base is None:
             return
-        self.covers.setdefault(key, covers)
         counted = self._votes(key, base)
         won = self.won.setdefault(base, [])
         if counted is None or any(k == key for k, _ in won):
@@ -781,9 +806,20 @@ class World(Agents[_Agent]):
                 )
         won.append((key, covers))
 
-    def _accounted_for(self, covers: frozenset[tuple[int, int, int]], target: tuple[int, int, int]) -> bool:
+    def _may_have_formed(self, key: tuple[int, int, int]) -> bool:
+        """Whether proposal ``key`` won what forms it, by now: a majority of its base's voters
+        (``won``), or for a round of no base every member's accept; or it formed."""
+        if key in self.rounds or any(k == key for won in self.won.values() for k, _ in won):
+            return True
+        base, members = self.accepted.get(key, (None, ()))
+        return base is None and bool(members) and set(members) <= self.acceptors.get(key, set())
+
+    def _accounted_for(
+        self, covers: frozenset[tuple[int, int, int]], target: tuple[int, int, int], *, bases: bool = False
+    ) -> bool:
         """Whether a leader that accounted for ``covers`` knew of proposal ``target``: one of them
-        is it or a later proposal of its term, or accounted for it in turn (transitively)."""
+        is it or a later proposal of its term, or accounted for it in turn (transitively);
+        ``bases``: each one's base counts as accounted for too (a chain of rounds)."""
         seen: set[tuple[int, int, int]] = set()
         todo = list(covers)
         while todo:
@@ -796,6 +832,10 @@ class World(Agents[_Agent]):
             for k, c in self.covers.items():
                 if k[:2] == (e, l_) and k[2] <= n:
                     todo.extend(c)
+            if bases:
+                for k, (b, _) in self.accepted.items():
+                    if k[:2] == (e, l_) and k[2] <= n and b is not None:
+                        todo.append(b)
         return False
 
     def _check_quorum(self, key: tuple[int, int, int], base: tuple[int, int, int] | None, where: str) -> None:

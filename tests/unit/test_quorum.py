@@ -208,6 +208,10 @@ def test_a_round_of_another_line_numbered_below_the_base_still_needs_its_majorit
     d = settle(b)
     assert isinstance(d, Form), d
     assert frozenset(theirs.members) in d.constraints and d.lines == ((1, 5, 1), (1, 1, 1))
+    # And it names that round in ``covers``, where its voters and a later leader that covers
+    # this proposal see it (seed 64005782: a later term covered such a proposal, which named
+    # nothing, and built beside the rival round).
+    assert d.covers == (theirs.key,)
 
 
 def test_the_leaders_own_round_is_a_rival_when_a_joiner_of_another_line_brings_a_higher_base():
