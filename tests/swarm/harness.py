@@ -130,7 +130,7 @@ from torch_mingle._wire import (
     encode_frame,
 )
 from torch_mingle.testing.agents import Agent, Agents, Phase
-from torch_mingle.testing.net import DROP, FIN, RESET, Delivery, Impairment
+from torch_mingle.testing.net import DROP, FIN, GARBLE, RESET, Delivery, Impairment
 from torch_mingle.testing.sim import SimNode, Simulation
 
 MONITOR_S = 0.1
@@ -301,6 +301,9 @@ class World(Agents[_Agent]):
         self.covers: dict[tuple[int, int, int], frozenset[tuple[int, int, int]]] = {}
         #: The rounds a leader's book formed, by key (``_check_book_of``).
         self._formed: set[tuple[int, int, int]] = set()
+        #: The proposals that won what forms them (``isolate_at_won`` fires at the first accept
+        #: that makes one win).
+        self._won_seen: set[tuple[int, int, int]] = set()
         #: When each proposal was first accepted: the order in which they were proposed.
         self.proposed_at: dict[tuple[int, int, int], float] = {}
         self.trained: list[_Round] = []
@@ -465,7 +468,10 @@ class World(Agents[_Agent]):
                 # A vote for another term's proposal replaced, by what happened, not by what the
                 # node kept of it (``Ballot.earlier``): the moment comes whatever the rule does.
                 replaced = before is not None and before[:2] != key[:2] and before != key
-                self._voted(node, switched=replaced and self._matters(before))
+                won = key not in self._won_seen and self._may_have_formed(key)
+                if won:
+                    self._won_seen.add(key)
+                self._voted(node, switched=replaced and self._matters(before), won=key if won else None)
             return ok
 
         node.node.vote = accept  # type: ignore[method-assign]
@@ -739,7 +745,7 @@ class World(Agents[_Agent]):
         proposals once it made a later one: that one rests on the round or a later one)."""
         out, later_terms = [], set()
         for key in reversed(self.voted.get(node, ())):
-            if key[:2] not in later_terms and key in self.rounds:
+            if key[:2] not in later_terms and self._did_form(key):
                 out.append(key)
             later_terms.add(key[:2])
         return out
@@ -806,10 +812,16 @@ class World(Agents[_Agent]):
                 )
         won.append((key, covers))
 
+    def _did_form(self, key: tuple[int, int, int]) -> bool:
+        """Whether round ``key`` formed: an agent runs it, or its leader's book took it as its
+        current round (a leader cut off as it forms a round may deliver it to no agent, and its
+        voters must keep it all the same)."""
+        return key in self.rounds or key in self._formed
+
     def _may_have_formed(self, key: tuple[int, int, int]) -> bool:
         """Whether proposal ``key`` won what forms it, by now: a majority of its base's voters
         (``won``), or for a round of no base every member's accept; or it formed."""
-        if key in self.rounds or any(k == key for won in self.won.values() for k, _ in won):
+        if self._did_form(key) or any(k == key for won in self.won.values() for k, _ in won):
             return True
         base, members = self.accepted.get(key, (None, ()))
         return base is None and bool(members) and set(members) <= self.acceptors.get(key, set())
@@ -1056,6 +1068,7 @@ class World(Agents[_Agent]):
             for m in rnd.members:
                 if m not in knew and m in live:
                     knew[m] = self.sim.knows(live[m])
+            self._check_kept(rnd.key)
 
     def _check_rogue(self) -> None:
         if not self.rogue_ends:
@@ -1308,25 +1321,25 @@ class World(Agents[_Agent]):
         self._triggers.append(e)
 
     _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_switch = _do_power_at_accept
-    _do_newcomer_at_propose = _do_sigterm_at_propose = _do_power_at_accept
+    _do_newcomer_at_propose = _do_sigterm_at_propose = _do_isolate_at_won = _do_power_at_accept
 
     def _matters(self, key: tuple[int, int, int] | None) -> bool:
         """Whether the proposal ``key`` formed or may still form (its term's process lives and
         leads it)."""
         if key is None:
             return False
-        if key in self.rounds:
+        if self._did_form(key):
             return True
         process = self.term_process.get(key[:2])
         term = process.node.term if process is not None and process.alive else None
         return term is not None and (term.claim.epoch, term.claim.leader) == key[:2]
 
-    def _voted(self, node: SimNode, *, switched: bool) -> None:
+    def _voted(self, node: SimNode, *, switched: bool, won: tuple[int, int, int] | None = None) -> None:
         """``node`` accepted a proposal (``switched``: it replaced its vote for a proposal of
         another term that formed or may still form, ``_matters``, which it must keep until it
-        hears whether it formed, ``Ballot.earlier``): an
-        armed fault of that moment fires right after its vote went out (in simulated time, not
-        at the harness's next step: the window is milliseconds)."""
+        hears whether it formed, ``Ballot.earlier``; ``won``: the proposal, if this accept made
+        it win what forms it): an armed fault of that moment fires right after its vote went
+        out (in simulated time, not at the harness's next step: the window is milliseconds)."""
         now = self.sim.now
         host = next(a.host for a in self.agents if a.node is node)
         for trigger in list(self._triggers):
@@ -1337,9 +1350,15 @@ class World(Agents[_Agent]):
                 and trigger.node in (-1, host)
                 and trigger.kind in sc.AT_ACCEPT
                 and (switched or trigger.kind != "power_at_switch")
+                and (won is not None or trigger.kind != "isolate_at_won")
             ):
+                target = host
+                if trigger.kind == "isolate_at_won":  # the leader of the proposal that won
+                    target = next((a.host for a in self.agents if a.node_id == won[1] and a.node.alive), -1)  # type: ignore[index]
+                    if target < 0:
+                        continue  # its leader is gone already
                 self._fired(trigger)
-                fault = self._fault_of(trigger, host)
+                fault = self._fault_of(trigger, target)
                 self.heal = max(self.heal, fault.ends)
                 self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))
 
@@ -1459,13 +1478,15 @@ class World(Agents[_Agent]):
         return next((hosts[m] for m in sorted(set(form.members) - set(held)) if m in hosts), None)
 
     def _fault_of(self, trigger: sc.Event, host: int) -> sc.Event:
-        """The fault a trigger fires now, on the host that voted."""
+        """The fault a trigger fires now, on the host that voted (or whose proposal won)."""
         at = self.sim.now + VOTE_OUT_S
         if trigger.kind == "partition_at_accept":
             *cut, dur = trigger.args
             return sc.Event(at, "partition", dur=float(dur), args=tuple(cut))  # type: ignore[arg-type]
         if trigger.kind == "sigterm_at_accept":
             return sc.Event(at, "sigterm", host)
+        if trigger.kind == "isolate_at_won":  # ``host``: the leader of the proposal that won
+            return sc.Event(at, "isolate", host, dur=float(trigger.args[0]))  # type: ignore[arg-type]
         return sc.Event(at, "power", host, dur=float(trigger.args[0]), args=("restart",))  # type: ignore[arg-type]
 
     def _do_last_word(self, e: sc.Event, _: _Agent | None) -> None:
@@ -1546,7 +1567,7 @@ class World(Agents[_Agent]):
                     pairs.extend((a, b) for a in side for b in other)
         cut = next(self._cut_ids)
         self.faults[f"partition by {mode}"] += 1
-        self.sim.net.block(cut, pairs, {"reset": RESET, "fin": FIN}.get(str(mode), DROP))
+        self.sim.net.block(cut, pairs, {"reset": RESET, "fin": FIN, "garble": GARBLE}.get(str(mode), DROP))
         self._at(e.ends, lambda: self.sim.net.unblock(cut, self.sim.now))
 
     def _do_isolate(self, e: sc.Event, agent: _Agent) -> None:

@@ -54,6 +54,12 @@ KINDS: dict[str, int] = {
 #: ``KINDS``, as ``garble`` is.
 FIN_SHARE = 0.3
 FIN_SALT = 0xF1F1F1
+#: Partitions by a middlebox that mangles what crosses it, then passes nothing (``net.GARBLE``):
+#: each side reads a protocol error from the other, ``judge(BROKEN)`` under a split, at the
+#: moment it matters (a split of the voters mid-proposal too). A share of the silent ones,
+#: drawn apart from ``KINDS``.
+GARBLE_CUT_SHARE = 0.2
+GARBLE_CUT_SALT = 0x6A7C07
 #: A link that goes bad (``garble``, in a share of the seeds): its next 1 to 3 stream sends,
 #: either way, are corrupted (the receiver sees a protocol error), and then it drops everything
 #: until it heals, as a failing NIC or middlebox does. Drawn apart from ``KINDS``.
@@ -95,6 +101,14 @@ OVERHEARD_SALT = 0x0BE7E4
 #: no round, and the new node founded epoch 1 round 1 again, the token of the job's first).
 LAST_WORD_SHARE = 0.05
 LAST_WORD_SALT = 0x1A5730
+#: A share of the seeds (``WON_SHARE``, drawn apart) cut a leader off the moment a proposal of
+#: its wins (the accept that gives it what it needs is on the wire): the round forms where its
+#: leader is, and its voters never hear so. A majority of them may then vote for another
+#: term's proposal that covers it, and that vote replaces the only record they have of a round
+#: they were in (``Ballot.earlier`` keeps it; the ``power_at_switch`` of every seed tests what
+#: the next process of such a voter kept of it).
+WON_SHARE = 0.3
+WON_SALT = 0x30A7E
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as
 #: the job starts: each side may found a job of its own), and when the split heals a second
 #: one follows at once that moves one host across: a member of one side's round now reaches
@@ -137,13 +151,22 @@ CHURN_KINDS = tuple(k for k in KINDS if k not in ("shutdown", "sigterm", "sigter
 #: What a long seed keeps of its first minute's faults: those of the churn, and those drawn
 #: apart that let no agent go for good (a garble, the moments of a switch and a proposal, an
 #: island): a fault of a moment that comes only after the first minute is tried there too.
-KEPT_BY_LONG = frozenset(CHURN_KINDS) | {"garble", "power_at_switch", "newcomer_at_propose", "overheard"}
+KEPT_BY_LONG = frozenset(CHURN_KINDS) | {
+    "garble",
+    "power_at_switch",
+    "newcomer_at_propose",
+    "overheard",
+    "isolate_at_won",
+}
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
-AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch"}
+AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch", "isolate_at_won"}
 AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
 TRIGGERS = AT_ACCEPT | AT_PROPOSE
-FAULT_KINDS = (frozenset(KINDS) | {"garble", "newcomer_cut", "power_at_switch", "overheard", "last_word"}) - {
+FAULT_KINDS = (
+    frozenset(KINDS)
+    | {"garble", "newcomer_cut", "power_at_switch", "overheard", "last_word", "isolate_at_won"}
+) - {
     "workers_fail",
     "sigterm",
     "shutdown",
@@ -247,9 +270,14 @@ def generate(seed: int) -> Scenario:
     kinds = [k for k in KINDS if secret or k != "rogue"]
     weights = [KINDS[k] for k in kinds]
     events = [_event(rng, rng.choices(kinds, weights)[0], hosts) for _ in range(rng.randint(1, 10))]
-    events = _with_fins(seed, events) + _garbles(seed, hosts) + _startup(seed, hosts) + _regroup(seed, hosts)
+    events = (
+        _with_garbled_cuts(seed, _with_fins(seed, events))
+        + _garbles(seed, hosts)
+        + _startup(seed, hosts)
+        + _regroup(seed, hosts)
+    )
     events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed) + _switch(seed, hosts)
-    events += _overheard(seed, hosts, min_nodes, secret) + _last_word(seed)
+    events += _overheard(seed, hosts, min_nodes, secret) + _last_word(seed) + _won(seed)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -263,6 +291,20 @@ def _with_fins(seed: int, events: list[Event]) -> list[Event]:
     return [
         replace(e, args=("fin", *e.args[1:]))
         if e.kind in ("partition", "partition_at_accept") and rng.random() < FIN_SHARE
+        else e
+        for e in events
+    ]
+
+
+def _with_garbled_cuts(seed: int, events: list[Event]) -> list[Event]:
+    """A share of the silent partitions mangle what crosses them first (``GARBLE_CUT_SHARE``),
+    drawn from a stream of their own."""
+    rng = random.Random(seed ^ GARBLE_CUT_SALT)
+    return [
+        replace(e, args=("garble", *e.args[1:]))
+        if e.kind in ("partition", "partition_at_accept")
+        and e.args[0] == "drop"
+        and rng.random() < GARBLE_CUT_SHARE
         else e
         for e in events
     ]
@@ -313,6 +355,16 @@ def _overheard(seed: int, hosts: int, min_nodes: int, secret: bool) -> list[Even
     # Half the islands are heard once the others formed past round 1 (``OVERHEARD_AFTER``).
     after = OVERHEARD_AFTER if rng.random() < 0.5 else 0
     return [Event(0.0, "overheard", dur=apart, args=(island, late, hold, skew, after))]
+
+
+def _won(seed: int) -> list[Event]:
+    """A leader cut off as a proposal of its wins (``WON_SHARE``), from a stream of its own:
+    the event names no host (the leader when it comes); ``dur``: how long it is cut off."""
+    rng = random.Random(seed ^ WON_SALT)
+    if rng.random() >= WON_SHARE:
+        return []
+    at, cut = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3), round(rng.uniform(3.0, 8.0), 3)
+    return [Event(at, "isolate_at_won", -1, dur=TRIGGER_S + cut, args=(cut,))]
 
 
 def _last_word(seed: int) -> list[Event]:

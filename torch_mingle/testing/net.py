@@ -46,9 +46,19 @@ DROP, RESET = "drop", "reset"
 #: what it cannot route): a connect is accepted and closed, a send closes both ends (FIN).
 FIN = "fin"
 FIN_REASON = "closed by the peer (a proxy on the path closed it)"
+#: A cut by a middlebox that mangles what crosses it and then passes nothing (a failing
+#: proxy, a NAT or firewall that rewrites a flow it lost): each connection's first send across
+#: it arrives spoiled (the receiver sees a protocol error, ``Evidence.BROKEN``), the rest waits
+#: as behind a silent cut; connects wait too.
+GARBLE = "garble"
 #: Where a garbled send is spoiled: past a frame's length (``_wire.FRAME_HEADER``), so the
 #: receiver reads a frame that is not JSON rather than waiting for bytes that never come.
 GARBLE_AT = 4
+
+
+def _spoiled(data: bytes) -> bytes:
+    """``data`` with the frame's first body byte corrupted (``GARBLE_AT``)."""
+    return data[:GARBLE_AT] + b"\xff" + data[GARBLE_AT + 1 :]
 
 
 @record
@@ -146,6 +156,8 @@ class InMemoryNetwork:
         #: Hosts whose link corrupts stream bytes: how many more sends to or from each it spoils
         #: (a bad NIC or middlebox; the receiver sees a protocol error, ``Evidence.BROKEN``).
         self.garbled: dict[object, int] = {}
+        #: The ends whose send a ``GARBLE`` cut spoiled already (one per connection and cut).
+        self._spoilt: set[tuple[int, int]] = set()
         #: Connects waiting behind a silent cut: (client end, server end, target).
         self._pending_connects: list[tuple[int, int, object]] = []
         self.datagrams_sent = 0
@@ -193,6 +205,7 @@ class InMemoryNetwork:
 
     def unblock(self, cut: int, now: float) -> None:
         """Cut ``cut`` heals: what waited behind it is retransmitted."""
+        self._spoilt = {mark for mark in self._spoilt if mark[1] != cut}
         for pair in [p for p, cuts in self._blocks.items() if cut in cuts]:
             del self._blocks[pair][cut]
             if not self._blocks[pair]:
@@ -206,14 +219,14 @@ class InMemoryNetwork:
         self._release(now)
 
     def cut_mode(self, a: object, b: object) -> str | None:
-        """How traffic from ``a`` to ``b`` is cut (``DROP``, ``RESET``, ``FIN``), or None."""
+        """How traffic from ``a`` to ``b`` is cut (``DROP``, ``RESET``, ``FIN``, ``GARBLE``), or None."""
         if self._side and self._side.get(a, -1) != self._side.get(b, -2):
             return DROP
         cuts = self._blocks.get((a, b))
         if not cuts:
             return None
         modes = cuts.values()
-        return RESET if RESET in modes else FIN if FIN in modes else DROP
+        return RESET if RESET in modes else FIN if FIN in modes else GARBLE if GARBLE in modes else DROP
 
     def cut(self, a: object, b: object) -> bool:
         return self.cut_mode(a, b) is not None
@@ -294,7 +307,7 @@ class InMemoryNetwork:
             self._push(
                 now + 2 * latency, Delivery("closed", owner, end=client, reason=FIN_REASON, gen=end.gen)
             )
-        elif mode == DROP:
+        elif mode in (DROP, GARBLE):
             self._pending_connects.append((client, server, target))  # SYNs retried after the heal
         else:
             self._handshake(client, server, target, now, latency)
@@ -328,7 +341,10 @@ class InMemoryNetwork:
                 self._reset(end, now, "connection reset by peer (its host restarted)")
             return  # the host lost power: retransmitted into the void until the peer gives up
         mode = self.cut_mode(end.owner, peer.owner)
-        if mode == DROP:
+        if mode == GARBLE and peer.open and len(data) > GARBLE_AT and self._spoil(end, peer):
+            self._deliver_data(end, peer, _spoiled(data), now, knows)
+            return
+        if mode in (DROP, GARBLE):
             end.held.append((data, knows))
             return
         if mode == RESET:
@@ -344,9 +360,19 @@ class InMemoryNetwork:
             left = self.garbled.get(host, 0)
             if left > 0 and len(data) > GARBLE_AT:
                 self.garbled[host] = left - 1
-                data = data[:GARBLE_AT] + b"\xff" + data[GARBLE_AT + 1 :]  # the frame's first body byte
+                data = _spoiled(data)
                 break
         self._deliver_data(end, peer, data, now, knows)
+
+    def _spoil(self, end: _End, peer: _End) -> bool:
+        """Whether a ``GARBLE`` cut spoils this send of ``end``: the first of each connection
+        under each cut between the two hosts (both ways: the other end's first send too)."""
+        cuts = self._blocks.get((end.owner, peer.owner), {})
+        marks = {(end.id, cut) for cut, mode in cuts.items() if mode == GARBLE}
+        if not marks or marks <= self._spoilt:
+            return False
+        self._spoilt |= marks
+        return True
 
     def _deliver_data(self, end: _End, peer: _End, data: bytes, now: float, knows: object) -> None:
         delay = self._latency() + self.stalled.get(end.owner, 0.0) + self.stalled.get(peer.owner, 0.0)
@@ -404,7 +430,7 @@ class InMemoryNetwork:
         if peer is None or not peer.open or peer.dead:
             return
         mode = self.cut_mode(end.owner, peer.owner)
-        if mode == DROP:
+        if mode in (DROP, GARBLE):
             end.held.append(None)
             return
         if mode == RESET:
