@@ -58,7 +58,7 @@ FIN_SALT = 0xF1F1F1
 #: each side reads a protocol error from the other, ``judge(BROKEN)`` under a split, at the
 #: moment it matters (a split of the voters mid-proposal too). A share of the silent ones,
 #: drawn apart from ``KINDS``.
-GARBLE_CUT_SHARE = 0.2
+GARBLE_CUT_SHARE = 0.5
 GARBLE_CUT_SALT = 0x6A7C07
 #: A link that goes bad (``garble``, in a share of the seeds): its next 1 to 3 stream sends,
 #: either way, are corrupted (the receiver sees a protocol error), and then it drops everything
@@ -107,7 +107,7 @@ LAST_WORD_SALT = 0x1A5730
 #: term's proposal that covers it, and that vote replaces the only record they have of a round
 #: they were in (``Ballot.earlier`` keeps it; the ``power_at_switch`` of every seed tests what
 #: the next process of such a voter kept of it).
-WON_SHARE = 0.3
+WON_SHARE = 1.0
 WON_SALT = 0x30A7E
 #: A share of the seeds (``REGROUP_SHARE``, drawn apart) start split in two (a switch down as
 #: the job starts: each side may found a job of its own), and when the split heals a second
