@@ -378,7 +378,7 @@ class Discovery:
     def abandon(self, now: float) -> None:
         """Give up our own claim (the shell cannot host the term): resign it, let another node lead."""
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.entries()), None, now)
+            self._emit(self._resignation(self._own_claim), None, now)
         if self.role in (Role.CLAIMING, Role.LEADING):
             self._hold_claims_until = now + self.timing.suspect_ttl_s
             self._enter_discovery(now)
@@ -388,14 +388,20 @@ class Discovery:
         resign, and elect again above it (a claim of ours now would have a lower epoch)."""
         self.max_epoch_seen = max(self.max_epoch_seen, epoch)
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.entries()), None, now)
+            self._emit(self._resignation(self._own_claim), None, now)
         if self.role in (Role.CLAIMING, Role.LEADING):
             self._enter_discovery(now)
+
+    def _resignation(self, claim: Claim) -> Resign:
+        """The resignation of our term ``claim``: it says the rounds this node heard of and
+        those its term knew of (its status: a leader's own rounds), so that a node whose only
+        word of the job it is still knows that the job ran, and which round (seed 62014562)."""
+        return Resign(epoch=claim.epoch, heard=self.heard.with_keys(*self._status.heard).entries())
 
     def resign(self, now: float) -> None:
         """Stop leading (shutdown): tell the followers so they do not wait for a timeout."""
         if self.role is Role.LEADING and self._own_claim is not None:
-            self._emit(Resign(epoch=self._own_claim.epoch, heard=self.heard.entries()), None, now)
+            self._emit(self._resignation(self._own_claim), None, now)
         self.stop()
 
     def stop(self) -> None:

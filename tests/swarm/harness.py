@@ -80,7 +80,9 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
   or among the votes of other terms its later votes replaced, ``Ballot.earlier``) until the
   node votes for a later proposal of the same term, whose leader forms none of the earlier
   one once it made it (seed 40003081: a covering vote of another term replaced the record of
-  a round that formed after all).
+  a round that formed after all). A round formed once its leader's book took it, whether or
+  not an agent ran it (a leader cut off as it forms one delivers it to no agent: its voters
+  keep it all the same).
 * ``bounded-wait``: every agent call returns within its bound (docs/faults.md#every-wait-and-its-bound),
   and so does each of the handler's own waits (a store try, the probe, the look for a broken
   round) and torch's rank exchange (``join_timeout`` from the delivery).

@@ -20,6 +20,7 @@ from torch_mingle._claims import (
 )
 from torch_mingle._errors import StateError
 from torch_mingle._protocol import Discovery
+from torch_mingle._records import Heard
 from torch_mingle._wire import Announce, Codec, Datagram, MsgType, Probe, Query, Resign
 from torch_mingle.testing.sim import Simulation
 
@@ -255,6 +256,22 @@ def test_a_resignation_tells_which_rounds_of_the_job_ran_even_outside_the_replay
     data = Codec(key).encode(Datagram("job", 9, resign, sent_ms=now_ms - signed_ms_ago, nonce=5))
     core.receive_datagram(data, None, 0.01)
     assert core.heard.keys == ((2, 0xC, 3), (1, 0xA, 1))
+
+
+def test_a_resignation_names_the_rounds_its_term_knew_of_too():
+    # The term's own rounds reach the core through its status (``update_status``), not what
+    # it heard by datagram: the resignation, a late node's only word of the job, says both.
+    core = _alone_it_claims(Timing(election_window_s=0.01))
+    assert core.leader_ready(0.03, "10.0.0.5", 9)
+    core.update_status(
+        0.04, round=3, members=2, closed=False, min_nodes=1, max_nodes=2, established=True,
+        heard=Heard(((1, 50, 3),), ((1, 50, 1),)),
+    )  # fmt: skip
+    core.datagrams_to_send(0.04)
+    core.resign(0.05)
+    (data, _), *_ = core.datagrams_to_send(0.05)
+    body = Codec().decode(data).body
+    assert isinstance(body, Resign) and body.heard[0][:3] == (1, 50, 3)
 
 
 def test_leader_ready_is_refused_after_a_better_claim_arrived():
