@@ -270,8 +270,9 @@ def test_a_resignation_names_the_rounds_its_term_knew_of_too():
     core.datagrams_to_send(0.04)
     core.resign(0.05)
     (data, _), *_ = core.datagrams_to_send(0.05)
-    body = Codec().decode(data).body
-    assert isinstance(body, Resign) and body.heard[0][:3] == (1, 50, 3)
+    got = Codec().decode(data)
+    assert isinstance(got, Datagram) and isinstance(got.body, Resign)
+    assert got.body.heard[0][:3] == (1, 50, 3)
 
 
 def test_leader_ready_is_refused_after_a_better_claim_arrived():
