@@ -188,9 +188,9 @@ class JoinDesk:
         term._out(m, cached[1], cached[2])
 
     def update_parking(self, term: Desk, now: float) -> None:
-        # Parking depends on the round only (running, stale, closed) and on who joined since:
-        # a pass over every member per join would make a round of N joins O(N**2).
-        state = (term.book.current, term.book.stale, term.book.closed)
+        # Parking depends on the round only (whether it runs, ``RoundBook.runs``) and on who
+        # joined since: a pass over every member per join would make a round of N joins O(N**2).
+        state = (term.book.current, term.book.runs())
         changed = self.members(term) if state != self._parking_state else self.joined_since_parking
         self._parking_state, self.joined_since_parking = state, []
         for m in changed:

@@ -240,6 +240,9 @@ class RoundBook:
     _latest_known: bool = True
     #: ... how many joiners run in the current round ...
     _rejoined: int = 0
+    #: Whether a member of the current round joined again since it formed (even if that join
+    #: is gone since: a join that timed out or left ended its workers all the same): ``runs``.
+    _member_joined: bool = False
     #: ... and the nodes the next round waits for, with the round or history they come from.
     _base: tuple[object, frozenset[int]] | None = None
     #: The current round as a history (the base, while no joiner reports a newer one).
@@ -386,6 +389,7 @@ class RoundBook:
             self._unpend(node)
             self._returning.discard(node)
         self._rejoined = sum(1 for node in self.pending if node in rnd.member_set)
+        self._member_joined = self._rejoined > 0
         self._broken_by = set()
         self.arrived = set()
         self._min_reached_at = None
@@ -588,14 +592,18 @@ class RoundBook:
         more = len(self._broken_by) - 4
         return "; ".join(said) + (f"; {more} more" if more > 0 else "")
 
+    def runs(self) -> bool:
+        """Whether a healthy round runs: the current one, not broken, not closed, and none of its
+        members joined again since it formed (its workers stopped with that join, whether the
+        join is still there or timed out since: the next round is under way,
+        and a node that waits beside it waits for a round, with a deadline; seed 898: the
+        leader, its round's only member, joined again, found no quorum, and a spare parked
+        beside that round waited with no deadline long after the leader's own join timed out)."""
+        return self.current is not None and not self.stale and not self.closed and not self._member_joined
+
     def parked(self, node: int) -> bool:
         """True while a healthy round runs without ``node``: it waits for the job, not for a timeout."""
-        return (
-            self.current is not None
-            and not self.stale
-            and not self.closed
-            and node not in self.current.member_set
-        )
+        return self.runs() and node not in self.current.member_set  # type: ignore[union-attr]
 
     def explain(self) -> str:
         """Why no round forms now, naming the nodes the book waits for."""
@@ -773,6 +781,7 @@ class RoundBook:
         if old is None:
             if self.current is not None and req.node in self.current.member_set:
                 self._rejoined += 1
+                self._member_joined = True
         elif old.history is not None and old.history is self._latest:
             self._latest, self._latest_known = None, False
         self.pending[req.node] = req  # a node that joins again keeps its place in arrival order

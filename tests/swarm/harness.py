@@ -202,6 +202,9 @@ class Outcome:
     recovered_after_s: float | None
 
 
+#: How long after the others' first round past the island's trains one of its members' workers
+#: fail (``_nudge``): they run by then.
+NUDGE_S = 0.3
 #: How long after the others' power loss a ``last_word`` leader freezes: past the heartbeat
 #: timeout, so it counted them lost.
 LAST_WORD_LOST_S = 2.5
@@ -215,6 +218,9 @@ class _Island:
     event: sc.Event
     cut: int
     powered_off: bool = False
+    #: With ``OVERHEARD_AFTER``: a member of the others' first round numbered that or above had
+    #: its workers fail, so that their next proposal is formed from it.
+    nudged: bool = False
 
 
 @dataclass
@@ -822,11 +828,25 @@ class World(Agents[_Agent]):
 
     def _may_have_formed(self, key: tuple[int, int, int]) -> bool:
         """Whether proposal ``key`` won what forms it, by now: a majority of its base's voters
-        (``won``), or for a round of no base every member's accept; or it formed."""
-        if self._did_form(key) or any(k == key for won in self.won.values() for k, _ in won):
+        (``won``), or for a round of no base every member's accept, and a majority of the voters
+        of each proposal and rival round it covers; or it formed."""
+        if self._did_form(key):
             return True
         base, members = self.accepted.get(key, (None, ()))
-        return base is None and bool(members) and set(members) <= self.acceptors.get(key, set())
+        if base is None:
+            won = bool(members) and set(members) <= self.acceptors.get(key, set())
+        else:
+            won = any(k == key for k, _ in self.won.get(base, ()))
+        return won and all(self._has_majority_of(key, c) for c in self.covers.get(key, ()))
+
+    def _has_majority_of(self, key: tuple[int, int, int], other: tuple[int, int, int]) -> bool:
+        """Whether proposal ``key`` has the accepts of a majority of ``other``'s voters (True
+        where nobody ran or accepted ``other``: unknown counts as won)."""
+        counted = self._votes(key, other)
+        if counted is None:
+            return True
+        voters, have = counted
+        return not voters or 2 * have > len(voters)
 
     def _accounted_for(
         self, covers: frozenset[tuple[int, int, int]], target: tuple[int, int, int], *, bases: bool = False
@@ -942,8 +962,23 @@ class World(Agents[_Agent]):
             return self._lineage_known(base) if base is not None else None
         return None
 
+    def _nudge(self, log: _Round) -> None:
+        """With ``OVERHEARD_AFTER``: once the others' first round numbered that or above trains
+        (beside the island, none of its members), one of its members' workers fail, so that
+        their next proposal is formed from a round numbered past the island's (``_overhear``)."""
+        for island in self._overheard:
+            after = int(island.event.args[4]) if len(island.event.args) > 4 else 0  # type: ignore[call-overload]
+            ids = self._ids(set(island.event.args[0]))  # type: ignore[call-overload]
+            if island.nudged or not after or log.key[2] < after or ids & set(log.members):
+                continue
+            island.nudged = True
+            member = next(a for a in self.agents if a.node_id == log.members[-1])
+            fail = sc.Event(self.sim.now + NUDGE_S, "workers_fail", member.host)
+            self._at(fail.at, functools.partial(self._fire, fail))
+
     def _training(self, log: _Round) -> None:
         now = self.sim.now
+        self._nudge(log)
         self.checks += 3
         training = [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
         others = [r for r in training if r.lineage == log.lineage]
@@ -964,7 +999,7 @@ class World(Agents[_Agent]):
                     now,
                 )
             # (the job it continues is not for it to stop: only a lineage's first round is judged)
-            heard = self._heard_of(log, beside.lineage, process) if founds else []
+            heard = self._heard_of(log, beside.lineage, process)
             if heard:
                 raise Violation(
                     "one-round",
@@ -1436,10 +1471,14 @@ class World(Agents[_Agent]):
             if voter is None or leader is None:
                 continue
             late, hold, skew = (float(a) for a in e.args[1:4])  # type: ignore[arg-type]
-            if not any(set(r.members) <= ids for r in self.rounds.values()):
-                if form.base_key is None and not island.powered_off:  # once
-                    island.powered_off = True
-                    self._fire(sc.Event(now, "power", leader, dur=hold, args=("restart",)))
+            formed = any(set(r.members) <= ids for r in self.rounds.values())
+            # Their first proposal does not form (once): the island forms first, and with
+            # ``OVERHEARD_AFTER`` their line starts at round 2, above the island's round 1.
+            if form.base_key is None and not island.powered_off and (not formed or after):
+                island.powered_off = True
+                self._fire(sc.Event(now, "power", leader, dur=hold, args=("restart",)))
+                continue
+            if not formed:
                 continue
             if (form.base_key is not None) != bool(after) or (after and form.base_key[2] < after):  # type: ignore[index]
                 continue

@@ -270,13 +270,7 @@ MUTANTS: dict[str, Mutant] = {
 #: for a protocol error) moved when datagrams grew (the hostile host's truncations draw from
 #: their sizes): a replaced vote of another term that forms after all, and a protocol error
 #: that takes a vote where it matters, are too rare in 2,000 seeds.
-SURVIVING: frozenset[str] = frozenset(
-    {
-        "a vote another term's replaced is kept until it is heard formed",
-        "a replaced vote is on the disk",
-        "a broken protocol proves nothing",
-    }
-)
+SURVIVING: frozenset[str] = frozenset()
 
 
 @contextlib.contextmanager

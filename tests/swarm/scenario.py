@@ -87,7 +87,7 @@ SWITCH_SALT = 0x5717C4
 #: frames reach it late: the voter hears of the island's round by its stale datagrams (it
 #: follows no leader of them) after its join went out and before it votes, and its leader does
 #: not (seed 50005902: a round formed beside the island a member knew of).
-OVERHEARD_SHARE = 0.3
+OVERHEARD_SHARE = 0.6
 #: Half of them open later: at the others' first proposal formed from a round numbered this or
 #: above, so the island's round 1 is numbered below their base (seed 62037362: a leader took
 #: it for an ancestor of its base and formed beside it).
