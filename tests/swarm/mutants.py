@@ -265,11 +265,9 @@ MUTANTS: dict[str, Mutant] = {
 
 
 #: Rules whose mutant no seed catches yet (docs/faults.md#every-rule-has-a-mutant): each needs a
-#: schedule the generator does not draw, and is an open finding, not an excuse. Three since
-#: d20591f (issue 44): the one seed that caught each (143 for the two of a replaced vote, 822
-#: for a protocol error) moved when datagrams grew (the hostile host's truncations draw from
-#: their sizes): a replaced vote of another term that forms after all, and a protocol error
-#: that takes a vote where it matters, are too rare in 2,000 seeds.
+#: schedule the generator does not draw, and is an open finding, not an excuse. None now: the
+#: three of d20591f (a replaced vote kept, a replaced vote on the disk, a protocol error) are
+#: caught since the fault model draws their moments (``isolate_at_won``, garbling partitions).
 SURVIVING: frozenset[str] = frozenset()
 
 
