@@ -14,11 +14,13 @@ Invariants (``INVARIANTS``; each one is shown failing on a deliberately broken r
 * ``one-round``: no two rounds of the job train at the same time: a round trains from the
   moment every member's agent runs it until the first member stops running it (it joins
   again, dies, leaves, or its workers finish). The one exception is causal: a round may
-  found a lineage (``_Round.lineage``: a first round) beside a training round of another only
-  if none of its members could have heard of that lineage, directly or through anything any
-  node sent it, transitively (``Simulation.track_knowledge``), and no node is a member of a
-  round of each (a member counted in a round it never heard of is still in that job):
-  islands that never heard of each other. Each member is judged by what it knew at its
+  train beside a training round of another lineage (``_Round.lineage``: what a first round
+  founds) only if none of its members could have heard of that lineage, directly or through
+  anything any node sent it, transitively (``Simulation.track_knowledge``), and no node is a
+  member of a round of each (a member counted in a round it never heard of is still in that
+  job): islands that never heard of each other. A lineage's later rounds are judged so too,
+  not only its first: a term that heard of another line's round forms nothing beside it
+  (``OtherTerms.unaccounted``). Each member is judged by what it knew at its
   accept, or, for a round formed from a base before its accept, when the round formed
   (``knew_at_accept``). A new process under a node's id knows what its
   state file kept and what its node knew as its joins went out (the rule "what a node heard of
@@ -998,7 +1000,8 @@ class World(Agents[_Agent]):
                     "is a member of a round of each lineage: a fork",
                     now,
                 )
-            # (the job it continues is not for it to stop: only a lineage's first round is judged)
+            # A later round of a lineage too: a term that heard of another line's round forms
+            # nothing beside it until one of its members joins (``OtherTerms.unaccounted``).
             heard = self._heard_of(log, beside.lineage, process)
             if heard:
                 raise Violation(

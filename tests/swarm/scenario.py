@@ -114,7 +114,7 @@ WON_SALT = 0x30A7E
 #: one follows at once that moves one host across: a member of one side's round now reaches
 #: only the other side, whose next round may count it while its old side goes on without it
 #: (the two lines of one job meet in a node: ``OtherTerms.rivals``).
-REGROUP_SHARE = 0.1
+REGROUP_SHARE = 0.3
 REGROUP_SALT = 0x2E6209
 #: A share of the seeds (``NEWCOMER_SHARE``, drawn apart) cut a new member off the moment a
 #: round that counts it is proposed (the first vote for a proposal with a member its base did
