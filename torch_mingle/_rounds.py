@@ -594,16 +594,17 @@ class RoundBook:
 
     def runs(self) -> bool:
         """Whether a healthy round runs: the current one, not broken, not closed, and none of its
-        members joined again since it formed (its workers stopped with that join, whether the
-        join is still there or timed out since: the next round is under way,
-        and a node that waits beside it waits for a round, with a deadline; seed 898: the
-        leader, its round's only member, joined again, found no quorum, and a spare parked
-        beside that round waited with no deadline long after the leader's own join timed out)."""
+        members joined again since it formed (that join stopped its workers, whether it is still
+        there or timed out since). Once one did, the next round is under way, and a node that
+        waits beside it waits for a round, with a deadline (seed 898: the leader, its round's
+        only member, joined again and found no quorum, and a spare parked beside that round
+        waited with no deadline long after the leader's own join timed out)."""
         return self.current is not None and not self.stale and not self.closed and not self._member_joined
 
     def parked(self, node: int) -> bool:
         """True while a healthy round runs without ``node``: it waits for the job, not for a timeout."""
-        return self.runs() and node not in self.current.member_set  # type: ignore[union-attr]
+        rnd = self.current
+        return rnd is not None and self.runs() and node not in rnd.member_set
 
     def explain(self) -> str:
         """Why no round forms now, naming the nodes the book waits for."""

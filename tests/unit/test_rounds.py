@@ -581,3 +581,19 @@ def test_a_node_accepts_only_a_proposal_whose_leader_knew_what_it_knows(
     history, accepted, proposal, base, covers, ok
 ):
     assert may_accept(history, accepted, proposal, base, covers) is ok
+
+
+def test_a_spare_waits_for_a_round_once_a_member_of_the_running_one_joined_again():
+    """Swarm seed 898: the leader, its round's only member, joined again and found no quorum;
+    a spare parked beside that round must wait with a deadline from then on, also once the
+    member's join is gone (it timed out: its workers stopped all the same)."""
+    b = book(min_nodes=1, max_nodes=1, last_call=0.0)
+    first_round(b, (LEADER,))
+    join(b, 0x20)
+    assert b.runs() and b.parked(0x20)  # a spare beside a full, healthy round
+    join(b, LEADER)  # the member's workers stopped: the next round is under way
+    assert not b.runs() and not b.parked(0x20)
+    b.withdraw(LEADER)  # its join timed out
+    assert not b.runs() and not b.parked(0x20)
+    form(b, Form(members=(0x20,), reason="test"))  # the next round runs, and parks no one of it
+    assert b.runs() and not b.parked(0x20) and b.parked(LEADER)
