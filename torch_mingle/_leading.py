@@ -194,6 +194,12 @@ def give_way(node: Leader, epoch: int, now: float) -> None:
         "ends, and the election runs again above epoch %d",
         node.label, epoch, " (a contested election)" if contested else "", epoch,
     )  # fmt: skip
+    if node.term is not None:
+        # What the term learnt of the job (its joiners' rounds, what they heard) stays the
+        # node's: its next term must not form beside a round its last one knew of (seed
+        # 66004668: an island's leader gave way to a joiner of the job's round, led again at
+        # once, and formed alone beside that round).
+        node.core.hear(node.term.book.highest_heard())
     unlead(node, f"a newer term (epoch {epoch}) formed or proposed a round", now)
     node.core.give_way(now, epoch)
 
