@@ -172,6 +172,11 @@ def unlead(node: Leader, why: str, now: float, *, leaving: bool = False) -> None
     term = node.term
     if term is None:
         return
+    # What the term learnt of the job (its joiners' rounds, what they heard) stays the node's,
+    # however the term ends: its next term must not form beside a round its last one knew of
+    # (seed 66004668: an island's leader gave way to a joiner of the job's round, led again at
+    # once, and formed alone beside that round).
+    node.core.hear(term.book.highest_heard())
     term.stand_down(why, leaving=leaving, own_key=node.own_key() if leaving else None)
     flush_term(node, term, now)
     node.out.stop_listening()
@@ -194,12 +199,6 @@ def give_way(node: Leader, epoch: int, now: float) -> None:
         "ends, and the election runs again above epoch %d",
         node.label, epoch, " (a contested election)" if contested else "", epoch,
     )  # fmt: skip
-    if node.term is not None:
-        # What the term learnt of the job (its joiners' rounds, what they heard) stays the
-        # node's: its next term must not form beside a round its last one knew of (seed
-        # 66004668: an island's leader gave way to a joiner of the job's round, led again at
-        # once, and formed alone beside that round).
-        node.core.hear(node.term.book.highest_heard())
     unlead(node, f"a newer term (epoch {epoch}) formed or proposed a round", now)
     node.core.give_way(now, epoch)
 
