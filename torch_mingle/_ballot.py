@@ -75,7 +75,7 @@ class Ballot:
 
     def may_accept(self, rnd: Round, base: int, covers: frozenset[RoundKey]) -> bool:
         """Whether the proposal ``rnd`` accounts for what this node knows (``_quorum.may_accept``)."""
-        return may_accept(self.history, self.accepted, History.of(rnd), base, covers)
+        return may_accept(self.history, self.accepted, History.of(rnd), base, covers, self.earlier)
 
     def votes(self) -> bool:
         """Whether this node still votes: not once it said it leaves. Its leave took its vote

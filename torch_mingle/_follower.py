@@ -354,9 +354,11 @@ class FollowerSession:
         """This node recorded proposal ``number``: its vote for it."""
         self._out(Accept(number, ok=True).encode())
 
-    def refuse(self, number: int, history: History | None, accepted: History | None) -> None:
+    def refuse(
+        self, number: int, history: History | None, accepted: History | None, earlier: tuple[History, ...]
+    ) -> None:
         """This node may not accept proposal ``number``: what it knows, for the leader to account for."""
-        self._out(Accept(number, ok=False, history=history, accepted=accepted).encode())
+        self._out(Accept(number, ok=False, history=history, accepted=accepted, earlier=earlier).encode())
 
     def arrive(self, ticket: int, round_number: int, epoch: int) -> None:
         self._request(Arrive(ticket, round_number, epoch).encode())

@@ -27,6 +27,7 @@ from torch_mingle._places import MAX_PLACE_CHARS
 from torch_mingle._record import record
 from torch_mingle._records import (
     MAX_EPOCH,
+    MAX_HEARD,
     MAX_MEMBERS,
     MAX_ROUND,
     NOTHING_HEARD,
@@ -121,6 +122,8 @@ class Join:
     history: History | None = None
     ref: int | None = None
     accepted: History | None = None
+    #: The votes of other terms its later ones replaced, that may still have formed (``Ballot.earlier``).
+    earlier: tuple[History, ...] = ()
     #: The agent's ``join_timeout`` and what is left of it (0: none said).
     timeout_s: float = 0.0
     remaining_s: float = 0.0
@@ -142,6 +145,7 @@ class Join:
             history=self.history.to_json() if self.history and self.ref is None else None,
             ref=self.ref,
             accepted=self.accepted.to_json() if self.accepted else None,
+            earlier=[h.to_json() for h in self.earlier] or None,
             place=self.place or None,
             restarted=self.restarted or None,
             seen=self.seen.to_json(),
@@ -158,6 +162,7 @@ class Accept:
     ok: bool
     history: History | None = None
     accepted: History | None = None
+    earlier: tuple[History, ...] = ()
 
     def encode(self) -> bytes:
         if self.ok:
@@ -168,6 +173,7 @@ class Accept:
             ok=False,
             history=self.history.to_json() if self.history else None,
             accepted=self.accepted.to_json() if self.accepted else None,
+            earlier=[h.to_json() for h in self.earlier] or None,
         )
 
 
@@ -597,6 +603,7 @@ def _join(m: dict[str, Any]) -> Join:
         history=_history(m.get("history")) if ref is None else None,
         ref=bounded_int(ref, MAX_ROUND) if ref is not None else None,
         accepted=_history(m.get("accepted")),
+        earlier=_histories(m.get("earlier")),
         timeout_s=timeout_s,
         remaining_s=remaining_s or timeout_s,
         dport=_port(m.get("dport")),
@@ -615,6 +622,7 @@ def _accept(m: dict[str, Any]) -> Accept:
         ok=ok,
         history=None if ok else _history(m.get("history")),
         accepted=None if ok else _history(m.get("accepted")),
+        earlier=() if ok else _histories(m.get("earlier")),
     )
 
 
@@ -744,6 +752,15 @@ def _object(value: Any) -> dict[str, Any]:
 
 def _history(raw: Any) -> History | None:
     return History.from_json(raw) if raw is not None else None
+
+
+def _histories(raw: Any) -> tuple[History, ...]:
+    """A node's earlier votes (``Ballot.earlier``): at most ``MAX_HEARD`` (``MAX_EARLIER``)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_HEARD:
+        raise ValueError("bad earlier votes")
+    return tuple(History.from_json(h) for h in raw)
 
 
 def _status(raw: Any) -> Status | None:

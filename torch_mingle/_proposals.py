@@ -222,9 +222,10 @@ class Vote:
             "%s node %s refused round %s: it knows %s and accepted %s",
             term.label, node_hex(m.node), refusal.round, history, accepted,
         )  # fmt: skip
-        term.book.learn(history, accepted)
+        term.book.learn(history, accepted, refusal.earlier)
         proposal = self.current
-        if history is None and accepted is None and proposal is not None and proposal.form.unanimous:
+        knows_none = history is None and accepted is None and not refusal.earlier
+        if knows_none and proposal is not None and proposal.form.unanimous:
             log.warning(
                 "%s node %s refused the first round and knows of no other: it cannot record its "
                 "vote (its state directory?); the round forms without it, it joins the next one",

@@ -50,21 +50,33 @@ def may_accept(
     proposal: History,
     base: int,
     covers: frozenset[tuple[int, int, int]],
+    earlier: tuple[History, ...] = (),
 ) -> bool:
-    """Whether a node that knows ``history`` formed, and accepted ``accepted``, may accept
-    ``proposal`` (formed from round ``base``, accounting for the proposals ``covers``).
+    """Whether a node that knows ``history`` formed, and accepted ``accepted`` (and before it
+    the ``earlier`` votes of other terms it replaced), may accept ``proposal`` (formed from
+    round ``base``, accounting for the proposals ``covers``).
 
     Invariant: a node never accepts a proposal whose leader did not know what the node knows:
     a round it knows formed must be older than the proposal and no newer than its base (a
     proposal built on an older base was made without it: the node's accept of that round is
-    cleared once the round reaches it), and a proposal it accepted must be the same term's,
-    older than the proposal's base, or accounted for.
+    cleared once the round reaches it), and each proposal it accepted, its vote and the earlier
+    ones, must be the same term's, older than the proposal's base, or accounted for. An earlier
+    one too: it may have formed, and a later vote's proposal built on it says only that its
+    own leader knew it (seed 70000136: a proposal that covered only that later vote, built
+    on an older base, won its base beside it).
     """
     if history is not None and (not proposal.newer_than(history) or history.round > base):
         return False
-    if accepted is None or accepted.term == proposal.term or accepted.round <= base:
+    return all(_accounted(vote, proposal, base, covers) for vote in (accepted, *earlier))
+
+
+def _accounted(
+    vote: History | None, proposal: History, base: int, covers: frozenset[tuple[int, int, int]]
+) -> bool:
+    """Whether ``proposal`` (from round ``base``, covering ``covers``) accounts for ``vote``."""
+    if vote is None or vote.term == proposal.term or vote.round <= base:
         return True
     # Accounted for: that proposal, or a later one of its term (a leader forms none of its own
     # proposals once it proposed a later one).
-    epoch, leader, number = accepted.key
+    epoch, leader, number = vote.key
     return any(e == epoch and l_ == leader and n >= number for e, l_, n in covers)

@@ -269,8 +269,9 @@ class RoundBook:
             self.last_round_number = max(self.last_round_number, req.history.round)
             if req.history.term != (self.epoch, self.leader):
                 self.others.ran(req.history, self.base)
-        if req.join.accepted is not None:
-            self.join_report(req.join.accepted)
+        for vote in (req.join.accepted, *req.join.earlier):
+            if vote is not None:
+                self.join_report(vote)
         self.others.hear(req.join.seen)
         was_member = req.history is not None and req.history.has(req.node)
         returning = (
@@ -493,14 +494,18 @@ class RoundBook:
         if node in self.pending:
             self.abstained.add(node)
 
-    def learn(self, history: History | None, accepted: History | None) -> None:
+    def learn(
+        self, history: History | None, accepted: History | None, earlier: tuple[History, ...] = ()
+    ) -> None:
         """What a node told when it refused a proposal: a round it knows formed (the base may be
-        newer than the joiners said), or a proposal of another term it accepted."""
+        newer than the joiners said), or proposals of other terms it accepted (its vote, and the
+        ``earlier`` ones it replaced)."""
         if history is not None and history.newer_than(self._learned):
             self._learned = history
             self.last_round_number = max(self.last_round_number, history.round)
-        if accepted is not None:
-            self.join_report(accepted)
+        for vote in (accepted, *earlier):
+            if vote is not None:
+                self.join_report(vote)
 
     def next_number(self) -> int:
         """The next round's number: after every round this term knows of, formed or proposed."""

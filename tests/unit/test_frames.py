@@ -62,6 +62,7 @@ NODE_FRAMES: list[NodeFrame] = [
     ),
     Hello(node=0xB, epoch=3, leader=0xA, ip="fd00::2"),
     Join(ticket=4, ip="198.18.0.2", history=HIST, accepted=HIST, timeout_s=600.0, remaining_s=12.5),
+    Join(ticket=4, ip="198.18.0.2", accepted=HIST, earlier=(HIST, HIST)),
     Join(ticket=5, ip="198.18.0.2", ref=7, dport=5001, pport=6001, gone=((0xC, (3, 0xA, 7)), (0xD, None))),
     Join(
         ticket=6,
@@ -74,6 +75,7 @@ NODE_FRAMES: list[NodeFrame] = [
     ),
     Accept(8, ok=True),
     Accept(8, ok=False, history=HIST, accepted=None),
+    Accept(8, ok=False, history=None, accepted=HIST, earlier=(HIST,)),
     Arrive(ticket=3, round=8, epoch=3),
     Arrive(ticket=3, round=8),  # no epoch: the leader's own term's
     Leave(),

@@ -423,6 +423,22 @@ def test_a_departure_counts_for_the_newest_round_its_node_voted_for_not_the_lead
     assert 2 not in b.ledger.voters_of(other.members, other.key)
 
 
+def test_a_leader_accounts_for_the_earlier_votes_a_joiner_reports():
+    """Swarm seed 70000136: a joiner's vote (round 4 of epoch 3) replaced an earlier one of
+    another term (round 3 of epoch 2) that may have formed: the next round needs a majority of
+    the voters of each, told by the join or by a refusal."""
+    b = book(1)
+    b.current = Round(number=2, epoch=1, members=(1, 2, 3, 4), store_ip="198.18.0.1", store_port=1)
+    three = History(epoch=2, round=3, members=(5, 2, 3, 4))
+    four = History(epoch=3, round=4, members=(6, 2))
+    b.join(JoinRequest(node=2, join=Join(0, "198.18.0.2", accepted=four, earlier=(three,))), 0.0)
+    assert {p.key for p in b.uncertain()} == {three.key, four.key}
+    learnt = book(1)
+    learnt.current = b.current
+    learnt.learn(None, four, (three,))
+    assert {p.key for p in learnt.uncertain()} == {three.key, four.key}
+
+
 def test_a_departure_by_its_own_word_counts_for_its_round_and_an_unknown_one_for_none():
     b = book(1)
     later = History(epoch=3, round=7, members=(1, 2))

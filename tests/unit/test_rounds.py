@@ -583,6 +583,18 @@ def test_a_node_accepts_only_a_proposal_whose_leader_knew_what_it_knows(
     assert may_accept(history, accepted, proposal, base, covers) is ok
 
 
+def test_a_node_accepts_only_a_proposal_that_accounts_for_its_earlier_votes_too():
+    """Swarm seed 70000136: X voted for epoch 1's round 3 (it formed, X never heard), then for
+    epoch 2's round 4, built on it. A proposal of epoch 3 built on round 2 that covers only
+    round 4 was made without round 3: round 4 may never have formed, and round 3 then runs on."""
+    two, three, four = History(1, 2, (A, D, X)), History(1, 3, (A, D, X)), History(2, 4, (D, A, X))
+    proposal = History(3, 5, (X, A))
+    assert may_accept(two, four, proposal, 2, frozenset({four.key}), (three,)) is False
+    assert may_accept(two, four, proposal, 2, frozenset({four.key, three.key}), (three,)) is True
+    assert may_accept(two, four, proposal, 3, frozenset({four.key}), (three,)) is True  # built on it
+    assert may_accept(two, four, History(1, 5, (A, X)), 2, frozenset({four.key}), (three,)) is True  # its term
+
+
 def test_a_spare_waits_for_a_round_once_a_member_of_the_running_one_joined_again():
     """Swarm seed 898: the leader, its round's only member, joined again and found no quorum;
     a spare parked beside that round must wait with a deadline from then on, also once the
