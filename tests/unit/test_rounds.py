@@ -592,7 +592,8 @@ def test_a_node_accepts_only_a_proposal_that_accounts_for_its_earlier_votes_too(
     assert may_accept(two, four, proposal, 2, frozenset({four.key}), (three,)) is False
     assert may_accept(two, four, proposal, 2, frozenset({four.key, three.key}), (three,)) is True
     assert may_accept(two, four, proposal, 3, frozenset({four.key}), (three,)) is True  # built on it
-    assert may_accept(two, four, History(1, 5, (A, X)), 2, frozenset({four.key}), (three,)) is True  # its term
+    its_term = History(1, 5, (A, X))
+    assert may_accept(two, four, its_term, 2, frozenset({four.key}), (three,)) is True
 
 
 def test_a_spare_waits_for_a_round_once_a_member_of_the_running_one_joined_again():
