@@ -72,8 +72,10 @@ Lines = tuple[RoundKey, ...]
 MAX_LINES = 8
 
 
-#: Rounds a node keeps (and says) it heard of: the newest ones, one per term.
-MAX_HEARD = 4
+#: Rounds a node keeps (and says) it heard of: the newest ones, one per term and one per line,
+#: as many as a round names lines (a node that heard of more lines than it keeps could form a
+#: round beside one it forgot: seed 70007446, five sides of a split at the start).
+MAX_HEARD = MAX_LINES
 
 
 class WaitKind(enum.Enum):
@@ -134,7 +136,9 @@ class Heard:
 
     def with_keys(self, *entries: Entry | None) -> Heard:
         """This and ``entries`` (round keys, each with its line or not; None and round 0 are
-        nothing heard), newest per term; a line said once is kept."""
+        nothing heard), newest per term and per line (an older round of a line a newer one
+        continues is accounted for wherever that one is: ``OtherTerms.unaccounted``); a line
+        said once is kept."""
         merged: dict[tuple[int, int], tuple[RoundKey, RoundKey | None]] = {}
         mine = self._pairs()
         for key, line in (*mine, *(_split(e) for e in entries if e is not None)):
@@ -143,7 +147,14 @@ class Heard:
             old = merged.get(key[:2])
             if old is None or key[2] > old[0][2] or (key == old[0] and old[1] is None and line is not None):
                 merged[key[:2]] = (key, line)
-        kept = sorted(merged.values(), key=lambda kl: age(kl[0]), reverse=True)[:MAX_HEARD]
+        kept: list[tuple[RoundKey, RoundKey | None]] = []
+        lines: set[RoundKey | None] = set()
+        for key, line in sorted(merged.values(), key=lambda kl: age(kl[0]), reverse=True):
+            if line is not None and line in lines:
+                continue
+            kept.append((key, line))
+            lines.add(line)
+        kept = kept[:MAX_HEARD]
         if kept == mine:
             return self  # nothing new (the common case: a node hears its own round again)
         new_lines = tuple(line for _, line in kept)

@@ -73,8 +73,8 @@ _IDS = struct.Struct("!QQQH")
 _QUERY = struct.Struct("!QB")
 _KEY = struct.Struct("!QQI")
 _NO_KEY = bytes(_KEY.size)
-#: Round keys a datagram carries at most (``_rounds.MAX_HEARD``).
-MAX_KEYS = 4
+#: Round keys a datagram carries at most (``_records.MAX_HEARD``).
+MAX_KEYS = 8
 _ANNOUNCE = struct.Struct("!QIHHHHB")
 _RESIGN = struct.Struct("!Q")
 _PORT = struct.Struct("!H")

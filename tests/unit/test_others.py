@@ -64,3 +64,21 @@ def test_a_round_of_a_rivals_line_is_accounted_for_by_the_rival() -> None:
     rival = History(epoch=4, round=4, members=(A, X), lines=((1, A, 1),))
     assert _others((3, 0xE5, 3, 1, A, 1)).unaccounted(base, [rival], TERM) is None
     assert _others((3, 0xE5, 3, 1, X, 1)).unaccounted(base, [rival], TERM) == (3, 0xE5, 3)
+
+
+def test_a_node_keeps_every_line_it_heard_of_and_one_round_of_each() -> None:
+    """Swarm seed 70007446: five sides of a split at the start each formed a round 1, and one
+    of them a round 2 that continues its line. Kept four per term, the oldest island's round
+    fell out of what a node heard of, and a term formed a round beside it: the next round must
+    find each island unaccounted for, and a line's older round is its newer one's."""
+    islands = [(1, 0x10 + i, 1) for i in range(5)]
+    line = (1, 0x10, 1)
+    heard = NOTHING_HEARD.with_keys(*((*i, *i) for i in islands), (4, 0x10, 2, *line), (3, 0x10, 1, *line))
+    assert len(heard.keys) == 5  # the line's older rounds gave way to its round 2
+    assert (4, 0x10, 2) in heard.keys and (1, 0x10, 1) not in heard.keys and (3, 0x10, 1) not in heard.keys
+    base = History(epoch=5, round=2, members=(B, C), lines=((5, B, 1),))
+    for island in islands[1:]:
+        assert OtherTerms(heard=heard).unaccounted(base, [], TERM) is not None
+        known = [History(epoch=1, round=1, members=(i[1],), lines=(i,)) for i in islands[1:] if i != island]
+        known.append(History(epoch=4, round=2, members=(0x10,), lines=(line,)))
+        assert OtherTerms(heard=heard).unaccounted(base, known, TERM) == island
