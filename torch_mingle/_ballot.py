@@ -77,6 +77,12 @@ class Ballot:
         """Whether the proposal ``rnd`` accounts for what this node knows (``_quorum.may_accept``)."""
         return may_accept(self.history, self.accepted, History.of(rnd), base, covers, self.earlier)
 
+    def told(self) -> tuple[History, ...]:
+        """The votes its later ones replaced that a node tells a leader, with its vote (its joins,
+        its refusals): each may have formed, and the next round must account for it as for the
+        vote (``RoundBook.join_report``; ``may_accept`` refuses a proposal that does not)."""
+        return self.earlier
+
     def votes(self) -> bool:
         """Whether this node still votes: not once it said it leaves. Its leave took its vote
         (the leader that heard it counts it gone); a vote for a proposal that crossed the leave

@@ -156,7 +156,7 @@ class Joining:
             ip=ip,
             history=node.ballot.history,
             accepted=node.ballot.accepted,
-            earlier=node.ballot.earlier,
+            earlier=node.ballot.told(),
             timeout_s=join.timeout_s,
             remaining_s=remaining,
             dport=node.routes.discovery_port_towards(towards),

@@ -607,11 +607,6 @@ class Node:
         """The newest proposal this node accepted, newer than ``history``: its vote (``Ballot``)."""
         return self.ballot.accepted
 
-    @property
-    def earlier(self) -> tuple[History, ...]:
-        """Votes of other terms that later ones replaced, which may still have formed (``Ballot``)."""
-        return self.ballot.earlier
-
     def own_key(self) -> RoundKey | None:
         """The newest round this node was in or voted for: where its departure counts."""
         return self.ballot.own_key()

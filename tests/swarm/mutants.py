@@ -32,7 +32,7 @@ from typing import Any
 from unittest import mock
 
 from tests.swarm.__main__ import run_seed
-from torch_mingle import _agent, _ballot, _evidence, _others, _proposals, _quorum, _rounds, _world
+from torch_mingle import _agent, _ballot, _evidence, _others, _proposals, _quorum, _records, _rounds, _world
 from torch_mingle._agent import BreakSeen, ExitClean, Fail, JoinFlow
 from torch_mingle._ballot import Ballot, NodeState
 from torch_mingle._evidence import Evidence
@@ -117,6 +117,12 @@ def _leave_keeping_the_vote(self: Ledger, node: int, key: Any) -> None:
 
 def _quorum_met_by_a_majority(constraints: Any, accepted: Any, counts: Any = None, **_: Any) -> bool:
     return _quorum.quorum_met(constraints, accepted, counts)
+
+
+def _may_accept_on_the_last_vote(
+    history: Any, accepted: Any, proposal: Any, base: Any, covers: Any, _: Any = ()
+) -> bool:
+    return _quorum.may_accept(history, accepted, proposal, base, covers)
 
 
 def _tell_nothing(self: FollowerSession, heard: Any) -> None:
@@ -207,6 +213,13 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("a replaced vote is on the disk", "Ballot._keep (earlier)",
                "earlier is not recorded (a new process forgets the vote it replaced)",
                (_attr(_sim.SimNet, "persist", _persist_dropping("earlier")),)),
+        Mutant("a proposal accounts for the votes a node's later ones replaced",
+               "Ballot.told, _quorum.may_accept (earlier)",
+               "only a node's last vote counts (the code before seed 70000136's fix)",
+               (_attr(Ballot, "told", lambda self: ()),
+                _attr(_ballot, "may_accept", _may_accept_on_the_last_vote))),
+        Mutant("a node keeps a round of every line it heard of", "Heard.with_keys (MAX_HEARD)",
+               "it keeps four (the code before seed 70007446's fix)", (_attr(_records, "MAX_HEARD", 4),)),
         Mutant("a node that said it leaves votes no more", "Ballot.votes",
                "it votes for a proposal that crossed its leave",
                (_attr(Ballot, "votes", lambda self: True),)),
