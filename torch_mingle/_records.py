@@ -68,8 +68,10 @@ Gone = tuple[tuple[int, RoundKey | None], ...]
 #: each side found one; where they meet, the round that takes a member of the other line in
 #: needs a majority of that line's round too, and the line is then its own (``OtherTerms.rivals``).
 Lines = tuple[RoundKey, ...]
-#: Lines a round names at most.
-MAX_LINES = 8
+#: Lines a round names at most (its own, those it took in, and each proposal it accounted for):
+#: a round that names fewer than it continues makes the next term wait for a quorum of a line
+#: it cannot count (seed 1983: an 8-way split at the start named 10 and kept 8).
+MAX_LINES = 16
 
 
 #: Rounds a node keeps (and says) it heard of: the newest ones, one per term and one per line,

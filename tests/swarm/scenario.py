@@ -116,6 +116,14 @@ WON_SALT = 0x30A7E
 #: (the two lines of one job meet in a node: ``OtherTerms.rivals``).
 REGROUP_SHARE = 0.3
 REGROUP_SALT = 0x2E6209
+#: A share of the seeds of 6 hosts or more and ``min_nodes=1`` (``SHATTER_SHARE``, drawn
+#: apart) start with every host cut off from every other (a switch down as the job starts):
+#: each founds a job of its own. When that heals, one host still reaches the others but hears
+#: none of them (a one-way cut): they hear of its round, and none of its members can join them
+#: (seed 70007446: a node that heard of five islands kept four, and its term formed a round
+#: beside the one it forgot).
+SHATTER_SHARE = 0.5
+SHATTER_SALT = 0x5A77E2
 #: A share of the seeds (``NEWCOMER_SHARE``, drawn apart) cut a new member off the moment a
 #: round that counts it is proposed (the first vote for a proposal with a member its base did
 #: not hold: a round counts a new member without its vote), and restart its agent while it is
@@ -275,6 +283,7 @@ def generate(seed: int) -> Scenario:
         + _garbles(seed, hosts)
         + _startup(seed, hosts)
         + _regroup(seed, hosts)
+        + _shatter(seed, hosts, min_nodes)
     )
     events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed) + _switch(seed, hosts)
     events += _overheard(seed, hosts, min_nodes, secret) + _last_word(seed) + _won(seed)
@@ -375,6 +384,23 @@ def _last_word(seed: int) -> list[Event]:
         return []
     at, frozen = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3), round(rng.uniform(3.0, 6.0), 3)
     return [Event(at, "last_word", -1, dur=frozen, args=(round(rng.uniform(0.2, 1.5), 3),))]
+
+
+def _shatter(seed: int, hosts: int, min_nodes: int) -> list[Event]:
+    """Every host apart from the job's start, then one that only speaks (``SHATTER_SHARE``),
+    from a stream of its own."""
+    rng = random.Random(seed ^ SHATTER_SALT)
+    if rng.random() >= SHATTER_SHARE or hosts < 6 or min_nodes > 1:
+        return []
+    apart = round(rng.uniform(3.0, 6.0), 3)
+    loner = rng.randrange(hosts)
+    others = [h for h in range(hosts) if h != loner]
+    speaks = round(rng.uniform(4.0, 10.0), 3)
+    return [
+        Event(0.0, "partition", dur=apart, args=("drop", False, [[h] for h in range(hosts)])),
+        # One way: nothing of the others reaches the loner (``_do_partition``: side 0 to the rest).
+        Event(apart, "partition", dur=speaks, args=("drop", True, [others, [loner]])),
+    ]
 
 
 def _regroup(seed: int, hosts: int) -> list[Event]:
