@@ -285,10 +285,12 @@ MUTANTS: dict[str, Mutant] = {
 #:   formed unheard, a successor of it proposed by another term and lost, and a third term that
 #:   knew neither; the generator draws that about once in 3,500 seeds.
 #: * "a node accepts only what accounts for what it knows" (``may_accept``): since every vote a
-#:   node holds travels with its join (``Ballot.told``), a leader of this release always knows
-#:   what its voters know when it proposes, and the voter's check never decides. It guards a
-#:   leader that does not (a release before this one, in a job mid-upgrade; a bug), which the
-#:   swarm does not model.
+#:   node holds travels with its join (``Ballot.told``), a leader that counts a voter's current
+#:   join knows what it knows, and the voter's check never decides here. It guards a proposal
+#:   counted from a stale join (a leader that kept the join of a voter's earlier connection,
+#:   which votes elsewhere meanwhile and says hello again: docs/faults.md, seed 751), which the
+#:   simulator's TCP cannot order (a cut's queued bytes arrive at the heal, before a new
+#:   hello), and a leader of an earlier release in a job mid-upgrade.
 SURVIVING: frozenset[str] = frozenset(
     {
         "a proposal accounts for the votes a node's later ones replaced",
