@@ -60,7 +60,8 @@ def may_accept(
     a round it knows formed must be older than the proposal and no newer than its base (a
     proposal built on an older base was made without it: the node's accept of that round is
     cleared once the round reaches it), and each proposal it accepted, its vote and the earlier
-    ones, must be the same term's, older than the proposal's base, or accounted for. An earlier
+    ones, must be the same term's, no newer than the proposal's base on a line the proposal
+    continues, or accounted for. An earlier
     one too: it may have formed, and a later vote's proposal built on it says only that its
     own leader knew it (seed 70000136: a proposal that covered only that later vote, built
     on an older base, won its base beside it).
@@ -73,10 +74,21 @@ def may_accept(
 def _accounted(
     vote: History | None, proposal: History, base: int, covers: frozenset[tuple[int, int, int]]
 ) -> bool:
-    """Whether ``proposal`` (from round ``base``, covering ``covers``) accounts for ``vote``."""
-    if vote is None or vote.term == proposal.term or vote.round <= base:
+    """Whether ``proposal`` (from round ``base``, covering ``covers``) accounts for ``vote``: a
+    base numbered as high as the vote counts only on the vote's line (a round of another line
+    numbered as high says nothing of it: seed 71000544, a vote for an island's first round and
+    a proposal from the other island's round 1, sent as the voter said hello)."""
+    if vote is None or vote.term == proposal.term:
+        return True
+    if vote.round <= base and _on_its_line(vote, proposal):
         return True
     # Accounted for: that proposal, or a later one of its term (a leader forms none of its own
     # proposals once it proposed a later one).
     epoch, leader, number = vote.key
     return any(e == epoch and l_ == leader and n >= number for e, l_, n in covers)
+
+
+def _on_its_line(vote: History, proposal: History) -> bool:
+    """Whether ``proposal`` continues (or took in) the line of ``vote``; where either names no
+    lines (a release before lines), the number alone decides, as it did."""
+    return not vote.lines or not proposal.lines or vote.lines[0] in proposal.lines

@@ -285,12 +285,11 @@ MUTANTS: dict[str, Mutant] = {
 #:   formed unheard, a successor of it proposed by another term and lost, and a third term that
 #:   knew neither; the generator draws that about once in 3,500 seeds.
 #: * "a node accepts only what accounts for what it knows" (``may_accept``): since every vote a
-#:   node holds travels with its join (``Ballot.told``), a leader that counts a voter's current
-#:   join knows what it knows, and the voter's check never decides here. It guards a proposal
-#:   counted from a stale join (a leader that kept the join of a voter's earlier connection,
-#:   which votes elsewhere meanwhile and says hello again: docs/faults.md, seed 751), which the
-#:   simulator's TCP cannot order (a cut's queued bytes arrive at the heal, before a new
-#:   hello), and a leader of an earlier release in a job mid-upgrade.
+#:   node holds travels with its join (``Ballot.told``), it decides only where a proposal
+#:   reaches a voter whose join the leader has not counted: sent as the voter says hello
+#:   (seed 71000544 catches it, none of the first 2,000), or counted from a stale join (a
+#:   leader that kept the join of a voter's earlier connection: docs/faults.md, seed 751, which
+#:   the simulator's TCP cannot order), or from a leader of an earlier release.
 SURVIVING: frozenset[str] = frozenset(
     {
         "a proposal accounts for the votes a node's later ones replaced",

@@ -583,6 +583,21 @@ def test_a_node_accepts_only_a_proposal_whose_leader_knew_what_it_knows(
     assert may_accept(history, accepted, proposal, base, covers) is ok
 
 
+def test_a_base_numbered_as_high_as_a_vote_excuses_it_only_on_the_votes_line():
+    """Swarm seed 71000544: X voted for round 1 of an island (epoch 4), then got a proposal of
+    the other island's leader built on its own round 1, sent as X said hello (before X's join
+    told it anything). Round 1 of another line says nothing of X's vote."""
+    island, other = (4, D, 1), (1, A, 1)
+    vote = History(4, 1, (D, X), lines=(island,))
+    proposal = History(1, 2, (A, X), lines=(other,))
+    assert may_accept(None, vote, proposal, 1, frozenset()) is False
+    assert may_accept(None, vote, proposal, 1, frozenset({island})) is True  # covered
+    took_in = History(1, 2, (A, X), lines=(other, island))
+    assert may_accept(None, vote, took_in, 1, frozenset()) is True  # it continues the vote's line
+    # Where either names no lines (a release before lines), the number decides as it did.
+    assert may_accept(None, History(4, 1, (D, X)), proposal, 1, frozenset()) is True
+
+
 def test_a_node_accepts_only_a_proposal_that_accounts_for_its_earlier_votes_too():
     """Swarm seed 70000136: X voted for epoch 1's round 3 (it formed, X never heard), then for
     epoch 2's round 4, built on it. A proposal of epoch 3 built on round 2 that covers only
