@@ -61,10 +61,9 @@ def may_accept(
     proposal built on an older base was made without it: the node's accept of that round is
     cleared once the round reaches it), and each proposal it accepted, its vote and the earlier
     ones, must be the same term's, no newer than the proposal's base on a line the proposal
-    continues, or accounted for. An earlier
-    one too: it may have formed, and a later vote's proposal built on it says only that its
-    own leader knew it (seed 70000136: a proposal that covered only that later vote, built
-    on an older base, won its base beside it).
+    continues, or accounted for. An earlier one too: it may have formed, and a later vote's
+    proposal built on it says only that its own leader knew it (seed 70000136: a proposal that
+    covered only that later vote, built on an older base, won its base beside it).
     """
     if history is not None and (not proposal.newer_than(history) or history.round > base):
         return False

@@ -74,10 +74,11 @@ Lines = tuple[RoundKey, ...]
 MAX_LINES = 16
 
 
-#: Rounds a node keeps (and says) it heard of: the newest ones, one per term and one per line,
-#: as many as a round names lines (a node that heard of more lines than it keeps could form a
-#: round beside one it forgot: seed 70007446, five sides of a split at the start).
-MAX_HEARD = MAX_LINES
+#: Rounds a node keeps (and says) it heard of: the newest ones, one per term and one per line (a
+#: node that heard of more lines than it keeps could form a round beside one it forgot: seed
+#: 70007446, five sides of a split at the start kept four); as many as the largest datagram
+#: carries with everything else at its largest (``_wire.MAX_KEYS``).
+MAX_HEARD = 12
 
 
 class WaitKind(enum.Enum):

@@ -269,9 +269,7 @@ class RoundBook:
             self.last_round_number = max(self.last_round_number, req.history.round)
             if req.history.term != (self.epoch, self.leader):
                 self.others.ran(req.history, self.base)
-        for vote in (req.join.accepted, *req.join.earlier):
-            if vote is not None:
-                self.join_report(vote)
+        self.votes_told(req.join.accepted, req.join.earlier)
         self.others.hear(req.join.seen)
         was_member = req.history is not None and req.history.has(req.node)
         returning = (
@@ -296,6 +294,13 @@ class RoundBook:
             self.restarted_at[req.node] = known
         _, at, before = known
         return returning and before is not None and at - before < self.rules.rejoin_delay_s
+
+    def votes_told(self, accepted: History | None, earlier: tuple[History, ...]) -> None:
+        """A node's vote and the earlier ones it replaced (``Ballot.told``), by its join or its
+        refusal: each may have formed, and the next round must account for it."""
+        for vote in (accepted, *earlier):
+            if vote is not None:
+                self.join_report(vote)
 
     def join_report(self, accepted: History) -> None:
         """A proposal of another term that a node accepted: the next round must account for it."""
@@ -503,9 +508,7 @@ class RoundBook:
         if history is not None and history.newer_than(self._learned):
             self._learned = history
             self.last_round_number = max(self.last_round_number, history.round)
-        for vote in (accepted, *earlier):
-            if vote is not None:
-                self.join_report(vote)
+        self.votes_told(accepted, earlier)
 
     def next_number(self) -> int:
         """The next round's number: after every round this term knows of, formed or proposed."""

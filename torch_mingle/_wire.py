@@ -74,7 +74,7 @@ _QUERY = struct.Struct("!QB")
 _KEY = struct.Struct("!QQI")
 _NO_KEY = bytes(_KEY.size)
 #: Round keys a datagram carries at most (``_records.MAX_HEARD``).
-MAX_KEYS = 16
+MAX_KEYS = 12
 _ANNOUNCE = struct.Struct("!QIHHHHB")
 _RESIGN = struct.Struct("!Q")
 _PORT = struct.Struct("!H")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from torch_mingle import _loop, _wire
 from torch_mingle._frames import Challenge, LeaderFrame, NodeFrame, from_leader_stream, from_node
+from torch_mingle._records import MAX_HEARD
 from torch_mingle._wire import (
     DUPLICATE_WINDOW_MS,
     EPOCH_MAX,
@@ -263,3 +264,23 @@ def test_deflated_bytes_come_back_and_garbage_is_a_value_error(data):
         inflated(data.decode("latin-1"), 1 << 20)
     with pytest.raises(TypeError):
         inflated(data, 1 << 20)
+
+
+def test_the_largest_datagram_fits():
+    """Every field at its largest (a 255-byte job, ``MAX_ADDRS`` IPv6 addresses,
+    ``MAX_KEYS`` rounds heard of, each with its line, a tag) fits in ``MAX_DATAGRAM_BYTES``:
+    what a node heard of travels whole (``_records.MAX_HEARD``)."""
+    keys = tuple(
+        (EPOCH_MAX - i, 2**63 + i, 2**31 + i, EPOCH_MAX - i, 2**63 + i, 2**31) for i in range(_wire.MAX_KEYS)
+    )
+    addrs = tuple(f"fd00:{i + 1:x}:1234:5678:9abc:def0:1234:5678" for i in range(_wire.MAX_ADDRS))
+    bodies = [
+        Query(epoch_seen=EPOCH_MAX, addrs=addrs, round_seen=keys),
+        Announce(epoch=EPOCH_MAX, store_ip="fd00:1:2:3:4:5:6:7", store_port=65535, round=2**31, heard=keys),
+        Resign(epoch=EPOCH_MAX, heard=keys),
+    ]
+    assert _wire.MAX_KEYS == MAX_HEARD
+    for body in bodies:
+        data = Codec(KEY).encode(dgram(body, job="j" * 255))
+        assert len(data) <= MAX_DATAGRAM_BYTES
+        assert Codec(KEY).decode(data, wall_ms=NOW_MS) == dgram(body, job="j" * 255)
