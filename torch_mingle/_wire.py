@@ -54,9 +54,12 @@ MAGIC = b"MNGL"
 #: not by its number; 10: a leader's "wait" says why (``WaitKind``); 11: an announcement of a
 #: closed job says whether it failed (``ANNOUNCE_FAILED``), a flag version 10 refuses; 12: a
 #: resignation says the rounds its node heard of (``Resign.heard``), and each round heard of
-#: says its line where its sayer knew it (``_records.Heard.lines``).
+#: says its line where its sayer knew it (``_records.Heard.lines``); 13: a join and a refusal
+#: tell the votes their node's later ones replaced (``Ballot.told``), a base numbered as high
+#: as a vote excuses it only on the vote's line (``_quorum.may_accept``), and a datagram carries
+#: up to 12 rounds heard of (``MAX_KEYS``), which version 12 refuses.
 #: Nodes of different versions drop each other's datagrams (bad_version).
-VERSION = 12
+VERSION = 13
 MAX_DATAGRAM_BYTES = 1200
 TAG_BYTES = 32
 FLAG_TAG = 0x01

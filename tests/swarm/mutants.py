@@ -289,7 +289,7 @@ MUTANTS: dict[str, Mutant] = {
 #:   reaches a voter whose join the leader has not counted: sent as the voter says hello
 #:   (seed 71000544 catches it, none of the first 2,000), or counted from a stale join (a
 #:   leader that kept the join of a voter's earlier connection: docs/faults.md, seed 751, which
-#:   the simulator's TCP cannot order), or from a leader of an earlier release.
+#:   the simulator's TCP cannot order).
 SURVIVING: frozenset[str] = frozenset(
     {
         "a proposal accounts for the votes a node's later ones replaced",
