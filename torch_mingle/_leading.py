@@ -208,6 +208,13 @@ def flush_term(node: Leader, term: LeaderTerm, now: float) -> bool:
     # What the node heard of the job since its term began counts too: a round that ran
     # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
     term.hear(node.heard(), now)
+    # And what the term heard of from its joiners is its node's at once, on the disk: a new
+    # process of a leader that crashed before its next join must still know the job ran (seed
+    # 72012196: a restarted island leader formed a round beside the job a joiner had told it of).
+    learnt = node.heard().with_heard(term.book.highest_heard())
+    if learnt is not node.heard():
+        node.core.hear(learnt)
+        node.ballot.remember(learnt)
     for conn, frame in term.frames():
         node.out.send(conn, frame)
     for conn, _why in term.closes():
