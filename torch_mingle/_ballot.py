@@ -80,7 +80,7 @@ class Ballot:
     def told(self) -> tuple[History, ...]:
         """The votes its later ones replaced that a node tells a leader, with its vote (its joins,
         its refusals): each may have formed, and the next round must account for it as for the
-        vote (``RoundBook.join_report``; ``may_accept`` refuses a proposal that does not)."""
+        vote (``RoundBook.votes_told``; ``may_accept`` refuses a proposal that does not)."""
         return self.earlier
 
     def votes(self) -> bool:

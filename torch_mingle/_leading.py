@@ -172,11 +172,6 @@ def unlead(node: Leader, why: str, now: float, *, leaving: bool = False) -> None
     term = node.term
     if term is None:
         return
-    # What the term learnt of the job (its joiners' rounds, what they heard) stays the node's,
-    # however the term ends: its next term must not form beside a round its last one knew of
-    # (seed 66004668: an island's leader gave way to a joiner of the job's round, led again at
-    # once, and formed alone beside that round).
-    node.core.hear(term.book.highest_heard())
     term.stand_down(why, leaving=leaving, own_key=node.own_key() if leaving else None)
     flush_term(node, term, now)
     node.out.stop_listening()
@@ -208,9 +203,11 @@ def flush_term(node: Leader, term: LeaderTerm, now: float) -> bool:
     # What the node heard of the job since its term began counts too: a round that ran
     # makes a first round of its own need a quorum of that round (``RoundBook._no_quorum``).
     term.hear(node.heard(), now)
-    # And what the term heard of from its joiners is its node's at once, on the disk: a new
-    # process of a leader that crashed before its next join must still know the job ran (seed
-    # 72012196: a restarted island leader formed a round beside the job a joiner had told it of).
+    # And what the term heard of from its joiners is its node's at once, on the disk, however
+    # the term ends (``unlead`` flushes it): a new process of a leader that crashed before its
+    # next join must still know the job ran (seed 72012196), and so must the node's next term
+    # (seed 66004668: an island's leader gave way to a joiner of the job's round, led again at
+    # once, and formed alone beside that round).
     learnt = node.heard().with_heard(term.book.highest_heard())
     if learnt is not node.heard():
         node.core.hear(learnt)

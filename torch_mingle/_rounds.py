@@ -297,17 +297,11 @@ class RoundBook:
 
     def votes_told(self, accepted: History | None, earlier: tuple[History, ...]) -> None:
         """A node's vote and the earlier ones it replaced (``Ballot.told``), by its join or its
-        refusal: each may have formed, and the next round must account for it."""
+        refusal: each of another term may have formed, and the next round must account for it."""
         for vote in (accepted, *earlier):
-            if vote is not None:
-                self.join_report(vote)
-
-    def join_report(self, accepted: History) -> None:
-        """A proposal of another term that a node accepted: the next round must account for it."""
-        if not accepted.members or accepted.term == (self.epoch, self.leader):
-            return
-        self.last_round_number = max(self.last_round_number, accepted.round)
-        self.others.accepted(accepted, self.base)
+            if vote is not None and vote.members and vote.term != (self.epoch, self.leader):
+                self.last_round_number = max(self.last_round_number, vote.round)
+                self.others.accepted(vote, self.base)
 
     def said_it_left(self, node: int, said: RoundKey | None = None) -> None:
         """``node`` left the job by its own word, seen on its connection (``_evidence``): it no
