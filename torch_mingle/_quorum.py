@@ -82,9 +82,12 @@ def _accounted(
     if vote.round <= base and _on_its_line(vote, proposal):
         return True
     # Accounted for: that proposal, or a later one of its term (a leader forms none of its own
-    # proposals once it proposed a later one).
+    # proposals once it proposed a later one), covered or a line the proposal continues: a line
+    # is named by its first round, which its term proposed with no round of its own formed
+    # (seed 72014687: a vote for a first round that never formed, whose leader then formed its
+    # round 2 alone, refused every proposal built on that round 2, and the job never formed).
     epoch, leader, number = vote.key
-    return any(e == epoch and l_ == leader and n >= number for e, l_, n in covers)
+    return any(e == epoch and l_ == leader and n >= number for e, l_, n in (*covers, *proposal.lines))
 
 
 def _on_its_line(vote: History, proposal: History) -> bool:

@@ -598,6 +598,19 @@ def test_a_base_numbered_as_high_as_a_vote_excuses_it_only_on_the_votes_line():
     assert may_accept(None, History(4, 1, (D, X)), proposal, 1, frozenset()) is True
 
 
+def test_a_line_named_by_a_later_round_of_the_votes_term_accounts_for_the_vote():
+    """Swarm seed 72014687: X voted for A's first round (epoch 1), which never formed; A then
+    formed round 2 alone, a line of its own. A proposal of epoch 4 built on that round 2 names
+    its line: A proposed round 2 with no round formed, so round 1 never forms. Without this the
+    node refused every proposal and the job never formed."""
+    vote = History(1, 1, (A, X), lines=((1, A, 1),))
+    proposal = History(4, 4, (D, A), lines=((1, A, 2), (1, D, 1)))
+    assert may_accept(None, vote, proposal, 2, frozenset()) is True
+    # A line of another term, or an earlier round of that term, says nothing of the vote.
+    assert may_accept(None, vote, History(4, 4, (D, A), lines=((1, D, 2),)), 2, frozenset()) is False
+    assert may_accept(None, History(1, 3, (A, X), lines=((1, A, 3),)), proposal, 2, frozenset()) is False
+
+
 def test_a_node_accepts_only_a_proposal_that_accounts_for_its_earlier_votes_too():
     """Swarm seed 70000136: X voted for epoch 1's round 3 (it formed, X never heard), then for
     epoch 2's round 4, built on it. A proposal of epoch 3 built on round 2 that covers only
