@@ -645,6 +645,8 @@ class World(Agents[_Agent]):
         log = self.rounds.get(key)
         if log is None:
             log = self.rounds[key] = _Round(key, members, self._lineage_of(rnd.base))
+            # A round may form with no accept (its base's voters all left): its base is known.
+            self.accepted.setdefault(key, (rnd.base, rnd.members))
             self.lineage_members.setdefault(log.lineage, set()).update(members)
             self._check_quorum(key, rnd.base, where)
             self._check_kept(key)
@@ -1103,6 +1105,7 @@ class World(Agents[_Agent]):
             # a majority of its base's voters formed it. A first round forms only once every
             # member accepted it: each accept decides it, and is what it is judged by.
             self._formed.add(rnd.key)
+            self.accepted.setdefault(rnd.key, (rnd.base, rnd.members))  # its base, for the chain
             knew = self.knew_at_accept.setdefault(rnd.key, {})
             live = {a.node_id: a.node for a in self.agents if a.node.alive}
             for m in rnd.members:
