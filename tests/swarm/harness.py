@@ -155,6 +155,9 @@ DWELL_S = 1.0
 GARBLE_FOR_S = 0.05
 #: A fault of the moment a vote goes out strikes this long after it (the accept is on the wire).
 VOTE_OUT_S = 0.0005
+#: How long after a round starts training ``close_at_training`` powers off a member: its
+#: workers run by then (the rank exchange takes milliseconds here).
+CLOSE_RUNS_S = 0.3
 
 INVARIANTS = (
     "one-round", "quorum", "successors", "ranks", "world", "success", "false-failure", "rank-order",
@@ -481,7 +484,12 @@ class World(Agents[_Agent]):
                 won = key not in self._won_seen and self._may_have_formed(key)
                 if won:
                     self._won_seen.add(key)
-                self._voted(node, switched=replaced and self._matters(before), won=key if won else None)
+                self._voted(
+                    node,
+                    switched=replaced and self._matters(before),
+                    won=key if won else None,
+                    successor=key if replaced and rnd.base == before else None,
+                )
             return ok
 
         node.node.vote = accept  # type: ignore[method-assign]
@@ -658,6 +666,7 @@ class World(Agents[_Agent]):
         agent.round = log
         if log.delivered == set(members) and not log.ended:
             self._training(log)
+            self._close_at_training(log)
 
     def _votes(self, key: tuple[int, int, int], base: tuple[int, int, int]) -> tuple[set[int], int] | None:
         """The voters of ``base``, from the truth (``quorum``), and how many of them accepted
@@ -1365,6 +1374,14 @@ class World(Agents[_Agent]):
 
     _do_partition_at_accept = _do_sigterm_at_accept = _do_power_at_switch = _do_power_at_accept
     _do_newcomer_at_propose = _do_sigterm_at_propose = _do_isolate_at_won = _do_power_at_accept
+    _do_power_at_successor = _do_power_at_accept
+
+    def _do_close_at_training(self, e: sc.Event, agent: _Agent | None) -> None:
+        """Armed: it fires at once if a round trains now, else as the next one starts."""
+        self._triggers.append(e)
+        now = [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
+        if now:
+            self._close_at_training(max(now, key=lambda r: r.training_since))  # type: ignore[arg-type,return-value]
 
     def _matters(self, key: tuple[int, int, int] | None) -> bool:
         """Whether the proposal ``key`` formed or may still form (its term's process lives and
@@ -1377,11 +1394,19 @@ class World(Agents[_Agent]):
         term = process.node.term if process is not None and process.alive else None
         return term is not None and (term.claim.epoch, term.claim.leader) == key[:2]
 
-    def _voted(self, node: SimNode, *, switched: bool, won: tuple[int, int, int] | None = None) -> None:
+    def _voted(
+        self,
+        node: SimNode,
+        *,
+        switched: bool,
+        won: tuple[int, int, int] | None = None,
+        successor: tuple[int, int, int] | None = None,
+    ) -> None:
         """``node`` accepted a proposal (``switched``: it replaced its vote for a proposal of
         another term that formed or may still form, ``_matters``, which it must keep until it
         hears whether it formed, ``Ballot.earlier``; ``won``: the proposal, if this accept made
-        it win what forms it): an armed fault of that moment fires right after its vote went
+        it win what forms it; ``successor``: the proposal, if it is built on the node's last vote,
+        of another term): an armed fault of that moment fires right after its vote went
         out (in simulated time, not at the harness's next step: the window is milliseconds)."""
         now = self.sim.now
         host = next(a.host for a in self.agents if a.node is node)
@@ -1394,16 +1419,38 @@ class World(Agents[_Agent]):
                 and trigger.kind in sc.AT_ACCEPT
                 and (switched or trigger.kind != "power_at_switch")
                 and (won is not None or trigger.kind != "isolate_at_won")
+                and (successor is not None or trigger.kind != "power_at_successor")
             ):
                 target = host
-                if trigger.kind == "isolate_at_won":  # the leader of the proposal that won
-                    target = next((a.host for a in self.agents if a.node_id == won[1] and a.node.alive), -1)  # type: ignore[index]
+                # The leader of the proposal that won, or of the successor.
+                lead = won if trigger.kind == "isolate_at_won" else successor
+                if trigger.kind in ("isolate_at_won", "power_at_successor"):
+                    target = next((a.host for a in self.agents if a.node_id == lead[1] and a.node.alive), -1)  # type: ignore[index]
                     if target < 0:
                         continue  # its leader is gone already
                 self._fired(trigger)
                 fault = self._fault_of(trigger, target)
                 self.heal = max(self.heal, fault.ends)
                 self.sim.later(VOTE_OUT_S, node, lambda _now, f=fault: self._fire(f))
+
+    def _close_at_training(self, log: _Round) -> None:
+        """``CLOSE_SHARE``: as the round ``log`` trains, an armed ``close_at_training`` powers
+        off one of its members once the workers run, and ``args[0]`` seconds later
+        (before that loss is noticed) its leader's agent, done, calls ``shutdown()``."""
+        now = self.sim.now
+        for trigger in list(self._triggers):
+            if trigger.kind != "close_at_training" or trigger.at > now:
+                continue
+            alive = {a.node_id: a.host for a in self.agents if a.node.alive}
+            lost = next((alive[m] for m in log.members[1:] if m in alive), None)
+            closer = alive.get(log.members[0])
+            if lost is None or closer is None:
+                continue  # (it waits for a round with a member to lose and a leader to close it)
+            self._fired(trigger)
+            at = now + CLOSE_RUNS_S
+            after = at + float(trigger.args[0])  # type: ignore[arg-type]
+            self._at(at, functools.partial(self._fire, sc.Event(at, "power", lost)))
+            self._at(after, functools.partial(self._fire, sc.Event(after, "shutdown", closer)))
 
     def _fired(self, trigger: sc.Event) -> None:
         """A fault of a moment, armed, meets its moment: it is no longer armed, and counts fired."""

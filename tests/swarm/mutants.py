@@ -279,11 +279,9 @@ MUTANTS: dict[str, Mutant] = {
 
 #: Rules whose mutant no seed of the first 2,000 catches (docs/faults.md#every-rule-has-a-mutant):
 #: open findings, not excuses. The three of d20591f are caught since the fault model draws their
-#: moments (``isolate_at_won``, garbling partitions). Open since seed 70000136's fix:
-#: * "a proposal accounts for the votes a node's later ones replaced": caught by seeds 70000136
-#:   and 70003622 (and their regressions), by none of the first 2,000: it needs a round that
-#:   formed unheard, a successor of it proposed by another term and lost, and a third term that
-#:   knew neither; the generator draws that about once in 3,500 seeds.
+#: moments (``isolate_at_won``, garbling partitions). "a proposal accounts for the votes a
+#: node's later ones replaced" is caught since the fault model draws its moment too (a
+#: successor's leader powered off as a node votes for it, ``power_at_successor``). Open:
 #: * "a node accepts only what accounts for what it knows" (``may_accept``): since every vote a
 #:   node holds travels with its join (``Ballot.told``), it decides only where a proposal
 #:   reaches a voter whose join the leader has not counted: sent as the voter says hello
@@ -292,7 +290,6 @@ MUTANTS: dict[str, Mutant] = {
 #:   the simulator's TCP cannot order).
 SURVIVING: frozenset[str] = frozenset(
     {
-        "a proposal accounts for the votes a node's later ones replaced",
         "a node accepts only what accounts for what it knows",
     }
 )

@@ -124,6 +124,20 @@ REGROUP_SALT = 0x2E6209
 #: beside the one it forgot).
 SHATTER_SHARE = 0.5
 SHATTER_SALT = 0x5A77E2
+#: A share of the seeds (``SUCCESSOR_SHARE``, drawn apart) power off a leader the moment a
+#: node votes for its proposal built on a round of another term that the node voted for (a
+#: successor of the node's last vote): the successor may never form, and the next term may
+#: know neither (seed 70000136: a third term covered only the successor and won the older
+#: round's voters beside it; the node's vote for that round, replaced, must go with its join).
+SUCCESSOR_SHARE = 0.3
+SUCCESSOR_SALT = 0x5CC550
+#: A share of the seeds (``CLOSE_SHARE``, drawn apart) close the job as a round trains
+#: (``close_at_training``, at the next round that starts): one of its members loses power once
+#: the workers run, and its leader's agent, its workers done, calls ``shutdown()`` before that
+#: loss is noticed (``args``: how long after). The round must break, not wait for the missing
+#: member (a ``shutdown`` among the faults of ``KINDS`` comes in 1 seed in 20, rarely then).
+CLOSE_SHARE = 0.1
+CLOSE_SALT = 0xC105ED
 #: A share of the seeds (``NEWCOMER_SHARE``, drawn apart) cut a new member off the moment a
 #: round that counts it is proposed (the first vote for a proposal with a member its base did
 #: not hold: a round counts a new member without its vote), and restart its agent while it is
@@ -165,15 +179,21 @@ KEPT_BY_LONG = frozenset(CHURN_KINDS) | {
     "newcomer_at_propose",
     "overheard",
     "isolate_at_won",
+    "power_at_successor",
 }
 #: How long after its time a fault of a moment waits for that moment.
 TRIGGER_S = 6.0
-AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {"power_at_switch", "isolate_at_won"}
+AT_ACCEPT = frozenset(k for k in KINDS if k.endswith("_at_accept")) | {
+    "power_at_switch",
+    "isolate_at_won",
+    "power_at_successor",
+}
 AT_PROPOSE = frozenset({"newcomer_at_propose", "sigterm_at_propose"})
-TRIGGERS = AT_ACCEPT | AT_PROPOSE
+TRIGGERS = AT_ACCEPT | AT_PROPOSE | {"close_at_training"}
 FAULT_KINDS = (
     frozenset(KINDS)
     | {"garble", "newcomer_cut", "power_at_switch", "overheard", "last_word", "isolate_at_won"}
+    | {"power_at_successor", "close_at_training"}
 ) - {
     "workers_fail",
     "sigterm",
@@ -286,7 +306,8 @@ def generate(seed: int) -> Scenario:
         + _shatter(seed, hosts, min_nodes)
     )
     events += _newcomer(seed) + _preempt(seed, hosts) + _leave_at_propose(seed) + _switch(seed, hosts)
-    events += _overheard(seed, hosts, min_nodes, secret) + _last_word(seed) + _won(seed)
+    events += _overheard(seed, hosts, min_nodes, secret) + _last_word(seed) + _won(seed) + _successor(seed)
+    events += _close_at_training(seed)
     events = _long(seed, hosts, max_nodes, secret, events)
     events.sort(key=lambda e: e.at)
     # Places from the seed's parity, not from ``rng``: what the generator draws stays the same.
@@ -374,6 +395,27 @@ def _won(seed: int) -> list[Event]:
         return []
     at, cut = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3), round(rng.uniform(3.0, 8.0), 3)
     return [Event(at, "isolate_at_won", -1, dur=TRIGGER_S + cut, args=(cut,))]
+
+
+def _successor(seed: int) -> list[Event]:
+    """A successor's leader powered off as a node votes for it (``SUCCESSOR_SHARE``), from a
+    stream of its own: the event names no host (that leader when it comes); ``args``: how long
+    it is down."""
+    rng = random.Random(seed ^ SUCCESSOR_SALT)
+    if rng.random() >= SUCCESSOR_SHARE:
+        return []
+    at, back = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3), round(rng.uniform(0.5, 4.0), 3)
+    return [Event(at, "power_at_successor", -1, dur=TRIGGER_S + back, args=(back,))]
+
+
+def _close_at_training(seed: int) -> list[Event]:
+    """The job closed as a round trains, with one of its members lost (``CLOSE_SHARE``), from a
+    stream of its own: the event names no host (the round's when it comes)."""
+    rng = random.Random(seed ^ CLOSE_SALT)
+    if rng.random() >= CLOSE_SHARE:
+        return []
+    at, after = round(rng.uniform(FAULTS_FROM_S, FAULTS_UNTIL_S), 3), round(rng.uniform(0.0, 1.2), 3)
+    return [Event(at, "close_at_training", -1, dur=TRIGGER_S, args=(after,))]
 
 
 def _last_word(seed: int) -> list[Event]:
