@@ -993,7 +993,7 @@ class World(Agents[_Agent]):
         now = self.sim.now
         self._nudge(log)
         self.checks += 3
-        training = [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
+        training = self._rounds_training()
         others = [r for r in training if r.lineage == log.lineage]
         process = {a.node_id: a.node for a in self.agents}  # the newest process of each node id
         founds = not any(r.lineage == log.lineage for r in self.trained)  # the lineage's first round
@@ -1379,9 +1379,13 @@ class World(Agents[_Agent]):
     def _do_close_at_training(self, e: sc.Event, agent: _Agent | None) -> None:
         """Armed: it fires at once if a round trains now, else as the next one starts."""
         self._triggers.append(e)
-        now = [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
+        now = self._rounds_training()
         if now:
             self._close_at_training(max(now, key=lambda r: r.training_since))  # type: ignore[arg-type,return-value]
+
+    def _rounds_training(self) -> list[_Round]:
+        """The rounds that train now (they started and have not ended)."""
+        return [r for r in self.rounds.values() if r.training_since is not None and not r.ended]
 
     def _matters(self, key: tuple[int, int, int] | None) -> bool:
         """Whether the proposal ``key`` formed or may still form (its term's process lives and
@@ -1422,10 +1426,10 @@ class World(Agents[_Agent]):
                 and (successor is not None or trigger.kind != "power_at_successor")
             ):
                 target = host
-                # The leader of the proposal that won, or of the successor.
-                lead = won if trigger.kind == "isolate_at_won" else successor
-                if trigger.kind in ("isolate_at_won", "power_at_successor"):
-                    target = next((a.host for a in self.agents if a.node_id == lead[1] and a.node.alive), -1)  # type: ignore[index]
+                # The leader of the proposal that won, or of the successor, where it is one of theirs.
+                lead = {"isolate_at_won": won, "power_at_successor": successor}.get(trigger.kind)
+                if lead is not None:
+                    target = next((a.host for a in self.agents if a.node_id == lead[1] and a.node.alive), -1)
                     if target < 0:
                         continue  # its leader is gone already
                 self._fired(trigger)

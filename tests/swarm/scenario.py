@@ -132,10 +132,11 @@ SHATTER_SALT = 0x5A77E2
 SUCCESSOR_SHARE = 0.3
 SUCCESSOR_SALT = 0x5CC550
 #: A share of the seeds (``CLOSE_SHARE``, drawn apart) close the job as a round trains
-#: (``close_at_training``, at the next round that starts): one of its members loses power once
-#: the workers run, and its leader's agent, its workers done, calls ``shutdown()`` before that
-#: loss is noticed (``args``: how long after). The round must break, not wait for the missing
-#: member (a ``shutdown`` among the faults of ``KINDS`` comes in 1 seed in 20, rarely then).
+#: (``close_at_training``: the round that trains when it comes, or the next to start): one of
+#: its members loses power once the workers run, and its leader's agent, its workers done,
+#: calls ``shutdown()`` before that loss is noticed (``args``: how long after). The round must
+#: break, not wait for the missing member (a ``shutdown`` among the faults of ``KINDS`` comes
+#: in 1 seed in 20, rarely then).
 CLOSE_SHARE = 0.1
 CLOSE_SALT = 0xC105ED
 #: A share of the seeds (``NEWCOMER_SHARE``, drawn apart) cut a new member off the moment a
